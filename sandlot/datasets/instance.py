@@ -1,0 +1,93 @@
+"""``Instance``: one SWE-bench style task and how to build its environment and run its tests.
+
+Field names follow the SWE-bench harness dataset schema (``instance_id``, ``repo``,
+``base_commit``, ``patch``, ``test_patch``, ``FAIL_TO_PASS``, ``PASS_TO_PASS``, ``version``,
+``problem_statement``; see ``swebench.harness.constants`` and the dataset card of
+``princeton-nlp/SWE-bench``). The remaining fields say how to run the instance anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_LOG_PARSER = "parse_log_pytest"
+DEFAULT_EVAL_TIMEOUT_S = 1800.0
+
+
+def _as_test_list(value: Any, field: str) -> list[str]:
+    """Accept a list of test ids or a JSON string holding one (the HF datasets store strings)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{field} is a string but not valid JSON ({exc.msg} at char {exc.pos}); "
+                f"give a list of test ids or a JSON-encoded list"
+            ) from exc
+    if hasattr(value, "tolist"):  # numpy arrays coming out of parquet readers
+        value = value.tolist()
+    if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
+        raise ValueError(f"{field} must be a list of test id strings, got {type(value).__name__}")
+    return list(value)
+
+
+class Instance(BaseModel):
+    """An SWE-bench style instance.
+
+    Attributes:
+        instance_id: unique id, e.g. ``"astropy__astropy-12907"``.
+        repo: ``"owner/name"``; selects the ``swebench`` log parser and test command by default.
+        base_commit: commit the model's patch applies to.
+        patch: the gold patch (used for ``--predictions gold``).
+        test_patch: the patch adding/updating the tests that grade the instance.
+        FAIL_TO_PASS: tests that must go from failing to passing.
+        PASS_TO_PASS: tests that must keep passing.
+        version: the repo version key of the ``swebench`` specifications.
+        problem_statement: the issue text shown to the agent.
+        image: sandbox image (``"host"`` or a rootfs path for ``local``; an image name otherwise).
+        repo_source: where to get the repo when the image does not hold it: a git URL (cloned
+            inside the sandbox) or a host path to a repository or mirror (uploaded). Relative
+            paths are resolved against the dataset file by the loaders.
+        post_setup_cmd: environment setup run in ``workdir`` once the repo is in place.
+        workdir: the repository's directory inside the sandbox.
+        env: environment variables for setup and tests.
+        test_cmd: the command that runs the tests; derived from ``swebench`` specs when absent.
+        log_parser: name of a ``swebench.harness.log_parsers`` function (``parse_log_pytest``).
+        eval_timeout: limit for running the tests, in seconds.
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    instance_id: str = Field(min_length=1)
+    repo: str = ""
+    base_commit: str = Field(min_length=1)
+    patch: str = ""
+    test_patch: str
+    FAIL_TO_PASS: list[str]
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    version: str | None = None
+    problem_statement: str = ""
+    image: str = "host"
+    repo_source: str | None = None
+    post_setup_cmd: str | None = None
+    workdir: str = "/testbed"
+    env: dict[str, str] = Field(default_factory=dict)
+    test_cmd: str | None = None
+    log_parser: str | None = None
+    eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0)
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _parse_test_lists(cls, value: Any, info: Any) -> list[str]:
+        return _as_test_list(value, info.field_name)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_as_str(cls, value: Any) -> Any:
+        # HF rows carry versions like 3.0 as floats in some exports; specs key them as "3.0".
+        return str(value) if isinstance(value, int | float) else value

@@ -1,0 +1,35 @@
+"""The sandbox protocol and its backends."""
+
+from sandlot.sandboxes.base import Command, Sandbox
+from sandlot.sandboxes.errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxSetupError,
+    SandboxStartError,
+)
+from sandlot.sandboxes.open import open
+from sandlot.sandboxes.registry import available_backends, get_backend, register_backend
+from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.sandboxes.spec import SandboxSpec
+
+__all__ = [
+    "TIMEOUT_EXIT_CODE",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "Command",
+    "ExecResult",
+    "Sandbox",
+    "SandboxDeadError",
+    "SandboxError",
+    "SandboxFileError",
+    "SandboxSetupError",
+    "SandboxSpec",
+    "SandboxStartError",
+    "available_backends",
+    "get_backend",
+    "open",
+    "register_backend",
+]

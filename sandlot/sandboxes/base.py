@@ -1,0 +1,230 @@
+"""The backend-neutral ``Sandbox`` protocol.
+
+A sandbox is opened from a :class:`SandboxSpec`, runs one-shot commands, moves files, and is
+always cleaned up. ``async with`` runs ``start()`` and ``close()``; ``close()`` is idempotent,
+never raises, and also runs when the surrounding task is cancelled. The vocabulary follows
+SWE-ReX (deployment = lifecycle, runtime = execution); here one object carries both.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import shlex
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar
+
+import anyio
+from pydantic import BaseModel, ConfigDict
+
+from sandlot.sandboxes.errors import SandboxDeadError, SandboxSetupError
+from sandlot.sandboxes.result import ExecResult
+from sandlot.sandboxes.spec import SandboxSpec
+
+log = logging.getLogger("sandlot.sandboxes")
+
+Command = str | Sequence[str]
+"""A shell command line (run by ``bash -c``) or an argv list (quoted with ``shlex.join``)."""
+
+_SETUP_TAIL_LINES = 40
+# Closing must finish even when the caller is being cancelled; this bounds how long it may take.
+_CLOSE_BUDGET_S = 60.0
+
+
+class NoOptions(BaseModel):
+    """Options model of a backend that has none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def as_shell(cmd: Command) -> str:
+    """Return ``cmd`` as one shell command line (argv lists are quoted with ``shlex.join``)."""
+    return cmd if isinstance(cmd, str) else shlex.join(cmd)
+
+
+def output_tail(text: str, lines: int = _SETUP_TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``text``."""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+class Sandbox(abc.ABC):
+    """One isolated place to run commands. Subclasses implement one backend.
+
+    Subclasses set ``name`` (the registry key) and ``Options`` (a pydantic model with
+    ``extra="forbid"`` of backend-specific settings), and implement the ``_start``/``_close``
+    hooks plus the command and file methods.
+
+    Args:
+        spec: what to open.
+        options: backend-specific options, an instance of the subclass's ``Options``.
+    """
+
+    name: ClassVar[str]
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
+        self.spec = spec or SandboxSpec()
+        self.options = options if options is not None else self.Options()
+        if not isinstance(self.options, self.Options):
+            raise TypeError(
+                f"{type(self).__name__} takes options of type {self.Options.__name__}, "
+                f"got {type(self.options).__name__}"
+            )
+        self.id = f"sandlot-{uuid.uuid4().hex[:12]}"
+        self._started = False
+        self._closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Create the sandbox and run ``spec.post_setup_cmd``.
+
+        On any failure the partly created sandbox is closed before the error propagates.
+
+        Raises:
+            SandboxStartError: the backend could not create the sandbox.
+            SandboxSetupError: ``post_setup_cmd`` failed; carries the command and its output tail.
+            BackendUnavailableError: the backend cannot run on this machine.
+        """
+        if self._closed:
+            raise SandboxDeadError(f"sandbox {self.id} was closed; open a new one")
+        if self._started:
+            return
+        try:
+            await self._start()
+            self._started = True
+            if self.spec.post_setup_cmd:
+                await self._post_setup(self.spec.post_setup_cmd)
+        except BaseException:
+            await self.close()
+            raise
+        log.debug("sandbox %s (%s) started", self.id, self.name)
+
+    async def _post_setup(self, cmd: str) -> None:
+        r = await self.exec(cmd, timeout=self.spec.post_setup_timeout_s)
+        if not r.ok:
+            combined = r.stdout + ("\n" if r.stdout and r.stderr else "") + r.stderr
+            raise SandboxSetupError(cmd, r.exit_code, output_tail(combined))
+
+    async def close(self) -> None:
+        """Release everything the sandbox holds. Idempotent; never raises; survives cancellation."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
+            try:
+                await self._close()
+            except Exception:
+                log.exception("closing sandbox %s (%s) failed", self.id, self.name)
+        log.debug("sandbox %s (%s) closed", self.id, self.name)
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once ``close()`` has been called."""
+        return self._closed
+
+    async def __aenter__(self) -> Sandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxDeadError(f"sandbox {self.id} is closed")
+        if not self._started:
+            raise SandboxDeadError(f"sandbox {self.id} is not started; use `async with` or start()")
+
+    @abc.abstractmethod
+    async def _start(self) -> None:
+        """Backend hook: create the sandbox (``post_setup_cmd`` is run by ``start``)."""
+
+    @abc.abstractmethod
+    async def _close(self) -> None:
+        """Backend hook: destroy the sandbox. May raise; ``close`` logs and swallows."""
+
+    # ----------------------------------------------------------------- commands
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        """Run one command to completion with ``bash -c``.
+
+        Args:
+            cmd: a shell command line, or an argv list (quoted for the shell).
+            timeout: wall-clock limit in seconds; ``None`` for no limit. At the limit the command
+                and every process it started are killed and the partial output is returned.
+            cwd: working directory inside the sandbox; defaults to ``spec.workdir``.
+            env: extra environment variables for this command only.
+            stdin: bytes (or UTF-8 text) fed to the command's standard input.
+
+        Returns:
+            The ``ExecResult``; a non-zero exit or a timeout is a result, not an exception.
+
+        Raises:
+            SandboxDeadError: the sandbox is closed or died.
+            SandboxError: an infrastructure fault of the backend.
+        """
+
+    @abc.abstractmethod
+    async def is_alive(self) -> bool:
+        """``True`` while the sandbox can run commands. Never raises."""
+
+    # ----------------------------------------------------------------- files
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Return the exact bytes of the file at absolute ``path`` inside the sandbox.
+
+        Raises:
+            SandboxFileError: the file does not exist or cannot be read.
+            SandboxDeadError: the sandbox is closed or died.
+        """
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` (text is UTF-8 encoded) to ``path``, creating parent directories.
+
+        Raises:
+            SandboxFileError: the path is not writable in the sandbox.
+            SandboxDeadError: the sandbox is closed or died.
+        """
+
+    @abc.abstractmethod
+    async def upload(self, local_path: str | Path, remote_path: str) -> None:
+        """Copy a host file or directory tree to ``remote_path`` inside the sandbox.
+
+        A directory is copied recursively so that ``remote_path`` becomes that directory.
+
+        Raises:
+            FileNotFoundError: ``local_path`` does not exist.
+            SandboxFileError: the destination is not writable.
+        """
+
+    @abc.abstractmethod
+    async def download(self, remote_path: str, local_path: str | Path) -> None:
+        """Copy a file or directory tree from the sandbox to ``local_path`` on the host.
+
+        Raises:
+            SandboxFileError: ``remote_path`` does not exist in the sandbox.
+        """
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("started" if self._started else "new")
+        return f"<{type(self).__name__} {self.id} image={self.spec.image!r} {state}>"

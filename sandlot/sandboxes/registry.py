@@ -1,0 +1,71 @@
+"""Backend registry: built-in backends plus the ``sandlot.backends`` entry-point group.
+
+A third-party package registers a backend by declaring, in its ``pyproject.toml``::
+
+    [project.entry-points."sandlot.backends"]
+    mycloud = "mypkg.sandbox:MyCloudSandbox"
+
+Backend classes are imported lazily, so a cloud SDK is imported only when its backend is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib.metadata import entry_points
+
+from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.errors import BackendNotFoundError
+
+ENTRY_POINT_GROUP = "sandlot.backends"
+DEFAULT_BACKEND = "local"
+
+_BUILTIN: dict[str, str] = {
+    "local": "sandlot.sandboxes.local.sandbox:LocalSandbox",
+}
+_registered: dict[str, type[Sandbox]] = {}
+
+
+def register_backend(name: str, cls: type[Sandbox]) -> None:
+    """Register ``cls`` under ``name`` for this process (overrides built-ins and entry points)."""
+    _registered[name] = cls
+
+
+def _entry_point_targets() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_backends() -> list[str]:
+    """Sorted names of every backend known here (built-in, entry point, registered)."""
+    return sorted({*_BUILTIN, *_entry_point_targets(), *_registered})
+
+
+def resolve_backend_name(name: str | None = None) -> str:
+    """Pick the backend: ``name``, else ``$SANDLOT_BACKEND``, else ``$DEPLOYMENT``, else local."""
+    for candidate in (name, os.environ.get("SANDLOT_BACKEND"), os.environ.get("DEPLOYMENT")):
+        if candidate:
+            return candidate.strip().lower()
+    return DEFAULT_BACKEND
+
+
+def get_backend(name: str | None = None) -> type[Sandbox]:
+    """Return the ``Sandbox`` subclass for ``name`` (resolved with :func:`resolve_backend_name`).
+
+    Raises:
+        BackendNotFoundError: no backend has that name; the message lists the known ones.
+    """
+    resolved = resolve_backend_name(name)
+    if resolved in _registered:
+        return _registered[resolved]
+    target = _BUILTIN.get(resolved) or _entry_point_targets().get(resolved)
+    if target is None:
+        raise BackendNotFoundError(
+            f"unknown sandbox backend {resolved!r}; known backends: "
+            f"{', '.join(available_backends())}. Set it with --backend, SANDLOT_BACKEND or "
+            f"DEPLOYMENT, or register one in the {ENTRY_POINT_GROUP!r} entry-point group."
+        )
+    module_name, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Sandbox)):
+        raise BackendNotFoundError(f"backend {resolved!r} points at {target}, not a Sandbox class")
+    return cls

@@ -1,0 +1,36 @@
+"""``SandboxSpec``: one description of a sandbox, understood by every backend."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SandboxSpec(BaseModel):
+    """What to open. Unknown keys are rejected, so a typo in a config never goes unnoticed.
+
+    Attributes:
+        image: what the sandbox runs on. For ``local``: ``"host"`` (the host's root, read-only)
+            or a path to a root filesystem directory; for container backends an image name.
+        post_setup_cmd: a shell command run once by ``start()``; failure aborts the start.
+        post_setup_timeout_s: time limit of ``post_setup_cmd`` in seconds.
+        env: environment variables set for every command.
+        workdir: absolute path of the private writable working directory (the default cwd).
+        cpu: CPU limit in cores (container backends) / CPU-seconds hint (``local``), or ``None``.
+        memory_mb: memory limit in MiB, or ``None`` for the backend default.
+        timeout_s: lifetime of the sandbox in seconds; backends that support it kill it after.
+        network: allow outbound network. Off by default: model-written code is hostile.
+        labels: free-form labels attached to remote resources (used by ``sandlot gc``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = "host"
+    post_setup_cmd: str | None = None
+    post_setup_timeout_s: float = Field(default=600.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "/testbed"
+    cpu: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=3600.0, gt=0)
+    network: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)
