@@ -1,0 +1,187 @@
+"""``sandlot eval``: evaluate predictions on SWE-bench style instances (standalone reward)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sandlot.datasets.instance import Instance
+from sandlot.datasets.loaders import load_instances
+from sandlot.rewards.predictions import load_predictions
+from sandlot.rewards.result import EvalResult, EvalStatus
+from sandlot.rewards.runner import RunOutcome, run_evaluation
+from sandlot.sandboxes.errors import BackendNotFoundError
+from sandlot.sandboxes.registry import get_backend, resolve_backend_name
+
+
+def _split_ids(values: tuple[str, ...]) -> list[str]:
+    return [v for value in values for v in value.replace(",", " ").split()]
+
+
+def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
+    if not wanted:
+        return instances
+    known = {i.instance_id for i in instances}
+    missing = [w for w in wanted if w not in known]
+    if missing:
+        raise click.BadParameter(
+            f"not in the dataset: {', '.join(missing)}", param_hint="--instance-ids"
+        )
+    keep = set(wanted)
+    return [i for i in instances if i.instance_id in keep]
+
+
+@click.command("eval")
+@click.option(
+    "--dataset",
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Instances: a .jsonl/.json/.parquet file or a directory of them.",
+)
+@click.option(
+    "--predictions",
+    required=True,
+    help="Predictions .jsonl/.json (instance_id, model_name_or_path, model_patch), "
+    "or the word `gold` for the reference patches.",
+)
+@click.option(
+    "--backend",
+    default=None,
+    help="Sandbox backend (default: $SANDLOT_BACKEND, then $DEPLOYMENT, then local).",
+)
+@click.option(
+    "-j",
+    "--workers",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Evaluations running at once.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds for each test command (default: each instance's eval_timeout).",
+)
+@click.option(
+    "--instance-ids",
+    multiple=True,
+    help="Only these instances (repeat, or separate with commas/spaces).",
+)
+@click.option(
+    "--run-id", default=None, help="Names the run; re-using it skips instances already evaluated."
+)
+@click.option(
+    "--output-dir",
+    default=Path("logs/run_evaluation"),
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where logs and reports go.",
+)
+def eval_command(
+    dataset: Path,
+    predictions: str,
+    backend: str | None,
+    workers: int,
+    timeout: float | None,
+    instance_ids: tuple[str, ...],
+    run_id: str | None,
+    output_dir: Path,
+) -> None:
+    """Evaluate model patches on SWE-bench style instances and write SWE-bench style reports."""
+    console = Console(stderr=True)
+    try:
+        backend_name = resolve_backend_name(backend)
+        get_backend(backend_name)
+    except BackendNotFoundError as exc:
+        raise click.BadParameter(str(exc), param_hint="--backend") from exc
+    try:
+        instances = _select(load_instances(dataset), _split_ids(instance_ids))
+        preds = load_predictions(predictions, instances)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    run_id = run_id or time.strftime("sandlot-%Y%m%d-%H%M%S")
+    todo = sum(1 for i in instances if i.instance_id in preds)
+    console.print(
+        f"[bold]sandlot eval[/] run [cyan]{run_id}[/]: {todo} prediction(s) on "
+        f"{len(instances)} instance(s), backend [cyan]{backend_name}[/], {workers} worker(s)"
+    )
+    started = time.monotonic()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("evaluating", total=todo)
+        resolved = 0
+
+        def on_result(result: EvalResult) -> None:
+            nonlocal resolved
+            resolved += result.resolved
+            progress.update(task, advance=1, description=f"evaluating ({resolved} resolved)")
+
+        try:
+            outcome = anyio.run(
+                lambda: run_evaluation(
+                    instances,
+                    preds,
+                    run_id=run_id,
+                    output_dir=output_dir,
+                    backend=backend_name,
+                    workers=workers,
+                    timeout=timeout,
+                    on_result=on_result,
+                )
+            )
+        except KeyboardInterrupt:
+            console.print(
+                f"[yellow]interrupted[/]; finished instances are saved. Resume with "
+                f"--run-id {run_id}"
+            )
+            raise SystemExit(130) from None
+    _print_summary(console, outcome, time.monotonic() - started)
+
+
+def _print_summary(console: Console, outcome: RunOutcome, elapsed: float) -> None:
+    report = outcome.report
+    table = Table(title="sandlot eval summary", show_header=False)
+    for key in (
+        "total",
+        "submitted",
+        "completed",
+        "resolved",
+        "unresolved",
+        "empty_patch",
+        "error",
+    ):
+        table.add_row(key.replace("_", " "), str(report[f"{key}_instances"]))
+    table.add_row("resumed from earlier run", str(len(outcome.resumed)))
+    table.add_row("wall time", f"{elapsed:.1f} s")
+    console.print(table)
+    problems = [r for r in outcome.results.values() if r.status not in (EvalStatus.RESOLVED,)]
+    if problems:
+        detail = Table(title="not resolved")
+        for col in ("instance_id", "status", "detail"):
+            detail.add_column(col)
+        for r in sorted(problems, key=lambda r: r.instance_id):
+            why = (r.error or "; ".join(r.log_warnings) or _failing(r)).splitlines()
+            detail.add_row(r.instance_id, r.status.value, why[0][:120] if why else "")
+        console.print(detail)
+    # The headline goes to stdout so scripts can read it.
+    click.echo(
+        f"{report['resolved_instances']}/{report['total_instances']} resolved; "
+        f"report: {outcome.report_path}"
+    )
+
+
+def _failing(r: EvalResult) -> str:
+    failed = r.FAIL_TO_PASS.failure + r.PASS_TO_PASS.failure
+    return f"failing: {', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}" if failed else ""

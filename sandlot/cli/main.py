@@ -1,0 +1,27 @@
+"""The ``sandlot`` command line."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from sandlot import __version__
+from sandlot.cli.eval_cmd import eval_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sandlot")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """sandlot: sandboxes and SWE-bench style rewards for software-engineering agents."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+cli.add_command(eval_command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()

@@ -1,0 +1,187 @@
+"""``evaluate``: SWE-bench style test-patch evaluation of one ``model_patch`` in a fresh sandbox.
+
+Steps, as in the SWE-bench harness (``swebench.harness.run_evaluation.run_instance``): open a
+sandbox for the instance; bring the repository to ``base_commit``; apply the model patch with
+the harness's fallbacks; reset the files ``test_patch`` touches; apply ``test_patch``; run the
+test command; parse its log with ``swebench``'s parser; grade with ``swebench``'s grading.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from sandlot.datasets.instance import Instance
+from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
+from sandlot.rewards.environment import instance_spec, prepare_repo
+from sandlot.rewards.grading import grade
+from sandlot.rewards.result import EvalResult, EvalStatus
+from sandlot.rewards.scripts import (
+    MODEL_PATCH_PATH,
+    PATCH_APPLY_COMMANDS,
+    TEST_PATCH_PATH,
+    apply_test_patch_script,
+    patch_files,
+    reset_test_files_script,
+)
+from sandlot.sandboxes.base import Sandbox, output_tail
+from sandlot.sandboxes.errors import SandboxError, SandboxSetupError
+from sandlot.sandboxes.open import open as open_sandbox
+from sandlot.sandboxes.registry import resolve_backend_name
+
+log = logging.getLogger("sandlot.rewards")
+
+_STEP_TIMEOUT_S = 600.0
+
+
+class _EvalError(Exception):
+    """A step failed in a way that makes the instance an ``error`` (message says which)."""
+
+    def __init__(self, status: EvalStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def evaluate(
+    instance: Instance,
+    model_patch: str | None,
+    *,
+    backend: str | None = None,
+    model_name_or_path: str = "",
+    timeout: float | None = None,
+    sandbox_options: BaseModel | dict[str, Any] | None = None,
+) -> EvalResult:
+    """Evaluate ``model_patch`` on ``instance`` in a fresh sandbox and grade it.
+
+    Never raises for a bad patch, a failing setup or a dead sandbox: those become an
+    ``EvalResult`` with an error status, so one instance never takes down a batch. Only
+    cancellation propagates, after the sandbox is closed.
+
+    Args:
+        instance: the task; ``test_cmd`` and ``log_parser`` default from ``swebench`` specs.
+        model_patch: a unified diff against ``base_commit``; empty or ``None`` is ``empty_patch``.
+        backend: sandbox backend name (``None`` resolves ``SANDLOT_BACKEND``/``DEPLOYMENT``).
+        model_name_or_path: recorded in the result.
+        timeout: seconds allowed for the test command; defaults to ``instance.eval_timeout``.
+        sandbox_options: backend-specific options passed to ``sandlot.open``.
+
+    Returns:
+        The ``EvalResult``; ``reward`` is 1.0 exactly when ``resolved``.
+    """
+    started = time.monotonic()
+    base: dict[str, Any] = {
+        "instance_id": instance.instance_id,
+        "model_name_or_path": model_name_or_path,
+    }
+    if not model_patch or not model_patch.strip():
+        return EvalResult(**base, status=EvalStatus.EMPTY_PATCH)
+    timings: dict[str, float] = {}
+    try:
+        test_cmd = resolve_test_cmd(instance)
+        parser = resolve_log_parser(instance)
+        backend_name = resolve_backend_name(backend)
+        spec = instance_spec(instance, backend_name)
+        async with open_sandbox(backend_name, spec, options=sandbox_options) as sb:
+            t = time.monotonic()
+            await prepare_repo(sb, instance)
+            timings["setup"] = time.monotonic() - t
+
+            t = time.monotonic()
+            apply_cmd = await _apply_model_patch(sb, instance, model_patch)
+            await _prepare_tests(sb, instance)
+            timings["apply"] = time.monotonic() - t
+
+            t = time.monotonic()
+            limit = timeout if timeout is not None else instance.eval_timeout
+            # 2>&1 inside the sandbox keeps the real interleaving of the test runner's output.
+            run = await sb.exec(f"exec 2>&1\n{test_cmd}", timeout=limit, cwd=instance.workdir)
+            timings["tests"] = time.monotonic() - t
+    except _EvalError as exc:
+        timings["total"] = time.monotonic() - started
+        return EvalResult(**base, status=exc.status, error=str(exc), timings_s=timings)
+    except SandboxSetupError as exc:
+        return _error(base, f"environment setup failed: {exc}", timings, started)
+    except SandboxError as exc:
+        return _error(base, f"sandbox failure ({type(exc).__name__}): {exc}", timings, started)
+    except (ValueError, OSError, LookupError) as exc:
+        return _error(base, f"{type(exc).__name__}: {exc}", timings, started)
+    except Exception as exc:  # one instance must never take down the batch
+        log.exception("evaluation of %s failed unexpectedly", instance.instance_id)
+        return _error(base, f"unexpected {type(exc).__name__}: {exc}", timings, started)
+
+    graded = grade(
+        instance,
+        run.stdout,
+        parser=parser,
+        tests_exit_code=None if run.timed_out else run.exit_code,
+    )
+    resolved = graded.resolved and not run.timed_out
+    status = (
+        EvalStatus.TIMED_OUT
+        if run.timed_out
+        else (EvalStatus.RESOLVED if resolved else EvalStatus.UNRESOLVED)
+    )
+    timings["total"] = time.monotonic() - started
+    return EvalResult(
+        **base,
+        status=status,
+        resolved=resolved,
+        reward=1.0 if resolved else 0.0,
+        patch_applied=True,
+        patch_apply_command=apply_cmd,
+        tests_status=graded.tests_status,
+        FAIL_TO_PASS=graded.fail_to_pass,
+        PASS_TO_PASS=graded.pass_to_pass,
+        tests_exit_code=None if run.timed_out else run.exit_code,
+        tests_timed_out=run.timed_out,
+        log_warnings=graded.warnings,
+        timings_s=timings,
+        log=run.stdout + run.stderr,
+    )
+
+
+def _error(
+    base: dict[str, Any], message: str, timings: dict[str, float], started: float
+) -> EvalResult:
+    timings["total"] = time.monotonic() - started
+    return EvalResult(**base, status=EvalStatus.ERROR, error=message, timings_s=timings)
+
+
+async def _apply_model_patch(sb: Sandbox, instance: Instance, model_patch: str) -> str:
+    """Apply the patch with the harness's fallbacks; return the command that worked."""
+    if not model_patch.endswith("\n"):
+        model_patch += "\n"  # git apply rejects a diff whose last line lacks its newline
+    await sb.write_file(MODEL_PATCH_PATH, model_patch)
+    attempts = []
+    for cmd in PATCH_APPLY_COMMANDS:
+        r = await sb.exec(
+            f"{cmd} {MODEL_PATCH_PATH}", timeout=_STEP_TIMEOUT_S, cwd=instance.workdir
+        )
+        if r.ok:
+            return cmd
+        attempts.append(f"$ {cmd}\n{output_tail(r.stdout + r.stderr, 10)}")
+    raise _EvalError(
+        EvalStatus.PATCH_FAILED,
+        "patch failed to apply with every fallback:\n" + "\n".join(attempts),
+    )
+
+
+async def _prepare_tests(sb: Sandbox, instance: Instance) -> None:
+    """Reset the files ``test_patch`` touches to ``base_commit``, then apply ``test_patch``."""
+    files = patch_files(instance.test_patch)
+    test_patch = (
+        instance.test_patch if instance.test_patch.endswith("\n") else instance.test_patch + "\n"
+    )
+    await sb.write_file(TEST_PATCH_PATH, test_patch)
+    reset = reset_test_files_script(instance.base_commit, files)
+    script = f"set -e\n{reset}{apply_test_patch_script()}\n"
+    r = await sb.exec(script, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
+    if not r.ok:
+        raise _EvalError(
+            EvalStatus.ERROR,
+            "test_patch failed to apply after resetting the test files (check the "
+            f"instance's base_commit and test_patch):\n{output_tail(r.stdout + r.stderr)}",
+        )

@@ -1,0 +1,129 @@
+"""Parse a test log and grade it with the ``swebench`` harness's own parsers and grading.
+
+Grading is ``swebench.harness.grading.get_eval_tests_report`` + ``get_resolution_status``
+(swebench 4.1): an instance is resolved when every ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test
+passed (``RESOLVED_FULL``). Two defences against logs forged by the code under test sit in
+front of it, in the spirit of SWE-bench 5's spoof-resistant grading (issue #620):
+
+* a test reported with conflicting statuses (a real ``FAILED`` line and a printed ``PASSED``
+  line) keeps its worst status;
+* a log that shows no failing test while the test command's exit status, which travels out of
+  band, says it failed, is distrusted: nothing in it counts as passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from sandlot._optional import require
+from sandlot.datasets.instance import Instance
+from sandlot.rewards.result import TestOutcome
+
+LogParser = Callable[[str, Any], dict[str, str]]
+
+_FAILING = ("FAILED", "ERROR")
+_PASSING = ("PASSED", "XFAIL")
+# Ranking used when one test shows up with several statuses: the worst wins.
+_SEVERITY = {"ERROR": 4, "FAILED": 3, "SKIPPED": 2, "XFAIL": 1, "PASSED": 0}
+
+
+@dataclass
+class Grade:
+    """The graded outcome of one test log."""
+
+    resolved: bool
+    tests_status: dict[str, str]
+    fail_to_pass: TestOutcome
+    pass_to_pass: TestOutcome
+    warnings: list[str] = field(default_factory=list)
+
+
+def parser_context(instance: Instance) -> Any:
+    """The ``test_spec`` argument swebench's parsers take; they read only these attributes."""
+    return SimpleNamespace(
+        instance_id=instance.instance_id,
+        repo=instance.repo,
+        version=instance.version,
+        FAIL_TO_PASS=instance.FAIL_TO_PASS,
+        PASS_TO_PASS=instance.PASS_TO_PASS,
+    )
+
+
+def parse_statuses(log: str, parser: LogParser, context: Any) -> tuple[dict[str, str], list[str]]:
+    """Run ``parser`` over ``log``; resolve tests reported with conflicting statuses.
+
+    Returns:
+        ``(test id → status, warnings)``; each warning names a test whose statuses conflicted.
+    """
+    statuses = dict(parser(log, context))
+    seen: dict[str, set[str]] = {}
+    for line in log.splitlines():
+        try:
+            found = parser(line, context)
+        except Exception:  # a parser that needs multi-line context may choke on one line
+            continue
+        for test, status in found.items():
+            seen.setdefault(test, set()).add(status)
+    warnings = []
+    for test, reported in sorted(seen.items()):
+        if len(reported) > 1:
+            worst = max(reported, key=lambda s: _SEVERITY.get(s, 5))
+            statuses[test] = worst
+            warnings.append(f"test {test} reported as {', '.join(sorted(reported))}; kept {worst}")
+    return statuses, warnings
+
+
+def grade(
+    instance: Instance,
+    log: str,
+    *,
+    parser: LogParser,
+    tests_exit_code: int | None,
+) -> Grade:
+    """Grade ``log`` (the test command's output) for ``instance``.
+
+    Args:
+        instance: supplies ``FAIL_TO_PASS``, ``PASS_TO_PASS`` and ``repo``.
+        log: the test command's output, nothing else.
+        parser: a ``swebench.harness.log_parsers`` function.
+        tests_exit_code: the test command's exit status, observed outside the log.
+
+    Raises:
+        BackendUnavailableError: ``swebench`` is not installed (extra ``sandlot[eval]``).
+    """
+    constants = require("swebench.harness.constants", "eval")
+    grading = require("swebench.harness.grading", "eval")
+
+    statuses, warnings = parse_statuses(log, parser, parser_context(instance))
+    any_failing = any(s in _FAILING for s in statuses.values())
+    trusted = statuses
+    if tests_exit_code not in (None, 0) and not any_failing:
+        warnings.append(
+            f"test command exited {tests_exit_code} but the log shows no failing test; "
+            "the log is not trusted and no test counts as passed"
+        )
+        trusted = {}
+    eval_type = (
+        constants.EvalType.FAIL_ONLY
+        if instance.repo in constants.FAIL_ONLY_REPOS
+        else constants.EvalType.PASS_AND_FAIL
+    )
+    report = grading.get_eval_tests_report(
+        trusted,
+        {
+            constants.FAIL_TO_PASS: instance.FAIL_TO_PASS,
+            constants.PASS_TO_PASS: instance.PASS_TO_PASS,
+        },
+        eval_type=eval_type,
+    )
+    resolved = grading.get_resolution_status(report) == constants.ResolvedStatus.FULL.value
+    return Grade(
+        resolved=resolved,
+        tests_status=statuses,
+        fail_to_pass=TestOutcome(**report[constants.FAIL_TO_PASS]),
+        pass_to_pass=TestOutcome(**report[constants.PASS_TO_PASS]),
+        warnings=warnings,
+    )

@@ -1,0 +1,86 @@
+"""Reports in the SWE-bench harness formats.
+
+Per instance: ``report.json`` = ``{instance_id: {patch_is_None, patch_exists,
+patch_successfully_applied, resolved, tests_status}}`` as
+``swebench.harness.grading.get_eval_report`` writes it, plus sandlot's own keys
+(``status``, ``tests_exit_code``, ...). Per run: the keys of
+``swebench.harness.reporting.make_run_report`` (schema_version 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sandlot.rewards.predictions import Prediction
+from sandlot.rewards.result import EvalResult
+
+RUN_REPORT_SCHEMA_VERSION = 2
+
+
+def instance_report(result: EvalResult, prediction: Prediction) -> dict[str, Any]:
+    """The per-instance ``report.json`` content for a completed evaluation."""
+    return {
+        result.instance_id: {
+            "patch_is_None": prediction.model_patch is None,
+            "patch_exists": bool(prediction.model_patch),
+            "patch_successfully_applied": result.patch_applied,
+            "resolved": result.resolved,
+            "tests_status": {
+                "FAIL_TO_PASS": result.FAIL_TO_PASS.model_dump(),
+                "PASS_TO_PASS": result.PASS_TO_PASS.model_dump(),
+                "FAIL_TO_FAIL": {"success": [], "failure": []},
+                "PASS_TO_FAIL": {"success": [], "failure": []},
+            },
+            "status": result.status.value,
+            "tests_exit_code": result.tests_exit_code,
+            "tests_timed_out": result.tests_timed_out,
+            "log_warnings": result.log_warnings,
+            "timings_s": result.timings_s,
+        }
+    }
+
+
+def run_report(
+    instance_ids: Iterable[str],
+    predictions: Mapping[str, Prediction],
+    results: Mapping[str, EvalResult],
+) -> dict[str, Any]:
+    """The run report, with the SWE-bench harness's keys and counting rules.
+
+    Args:
+        instance_ids: every instance of the (filtered) dataset.
+        predictions: the submitted predictions, by ``instance_id``.
+        results: the results obtained so far, by ``instance_id``.
+    """
+    ids = list(instance_ids)
+    incomplete, empty, completed, resolved, unresolved, error = (set[str]() for _ in range(6))
+    for iid in ids:
+        pred = predictions.get(iid)
+        result = results.get(iid)
+        if pred is None:
+            incomplete.add(iid)
+        elif not (pred.model_patch or "").strip():
+            empty.add(iid)
+        elif result is None or not result.status.completed:
+            error.add(iid)
+        else:
+            completed.add(iid)
+            (resolved if result.resolved else unresolved).add(iid)
+    return {
+        "total_instances": len(ids),
+        "submitted_instances": len(predictions),
+        "completed_instances": len(completed),
+        "resolved_instances": len(resolved),
+        "unresolved_instances": len(unresolved),
+        "empty_patch_instances": len(empty),
+        "error_instances": len(error),
+        "completed_ids": sorted(completed),
+        "incomplete_ids": sorted(incomplete),
+        "empty_patch_ids": sorted(empty),
+        "submitted_ids": sorted(predictions),
+        "resolved_ids": sorted(resolved),
+        "unresolved_ids": sorted(unresolved),
+        "error_ids": sorted(error),
+        "schema_version": RUN_REPORT_SCHEMA_VERSION,
+    }

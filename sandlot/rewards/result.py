@@ -1,0 +1,74 @@
+"""``EvalResult``: the outcome of evaluating one ``model_patch`` against one instance."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+
+class EvalStatus(str, Enum):
+    """How an evaluation ended. ``resolved``/``unresolved``/``timed_out`` completed grading."""
+
+    RESOLVED = "resolved"
+    UNRESOLVED = "unresolved"
+    TIMED_OUT = "timed_out"
+    EMPTY_PATCH = "empty_patch"
+    PATCH_FAILED = "error: patch failed to apply"
+    ERROR = "error"
+
+    @property
+    def completed(self) -> bool:
+        """``True`` when the tests ran and were graded (SWE-bench's "completed" instances)."""
+        return self in (EvalStatus.RESOLVED, EvalStatus.UNRESOLVED, EvalStatus.TIMED_OUT)
+
+    @property
+    def is_error(self) -> bool:
+        """``True`` for the statuses the SWE-bench run report counts under ``error_ids``."""
+        return self in (EvalStatus.PATCH_FAILED, EvalStatus.ERROR)
+
+
+class TestOutcome(BaseModel):
+    """Success/failure split of one test list (the harness's ``tests_status`` entries)."""
+
+    success: list[str] = Field(default_factory=list)
+    failure: list[str] = Field(default_factory=list)
+
+
+class EvalResult(BaseModel):
+    """Everything known about one evaluation.
+
+    Attributes:
+        instance_id: the instance evaluated.
+        model_name_or_path: the model that wrote the patch (``"gold"`` for reference patches).
+        status: how it ended (see ``EvalStatus``).
+        resolved: every ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passed (RESOLVED_FULL).
+        reward: 1.0 when resolved, else 0.0.
+        patch_applied: the model patch applied with one of the fallbacks.
+        patch_apply_command: the command that applied it (``git apply --verbose``, ...).
+        tests_status: per-test status parsed from the log (``PASSED``, ``FAILED``, ...).
+        FAIL_TO_PASS / PASS_TO_PASS: success and failure lists, as the harness reports them.
+        tests_exit_code: exit status of the test command (``None`` when it did not run).
+        tests_timed_out: the test command hit ``eval_timeout``.
+        log_warnings: reasons the log was distrusted (conflicting or spoofed statuses).
+        error: what went wrong for error statuses, naming the step and what to do.
+        timings_s: seconds spent per step (``setup``, ``apply``, ``tests``, ``total``).
+        log: the test command's output (combined stdout and stderr).
+    """
+
+    instance_id: str
+    model_name_or_path: str = ""
+    status: EvalStatus
+    resolved: bool = False
+    reward: float = 0.0
+    patch_applied: bool = False
+    patch_apply_command: str | None = None
+    tests_status: dict[str, str] = Field(default_factory=dict)
+    FAIL_TO_PASS: TestOutcome = Field(default_factory=TestOutcome)
+    PASS_TO_PASS: TestOutcome = Field(default_factory=TestOutcome)
+    tests_exit_code: int | None = None
+    tests_timed_out: bool = False
+    log_warnings: list[str] = Field(default_factory=list)
+    error: str | None = None
+    timings_s: dict[str, float] = Field(default_factory=dict)
+    log: str = ""

@@ -1,0 +1,175 @@
+"""Evaluate many predictions concurrently, write SWE-bench style logs and reports, resume runs.
+
+Layout (the harness's ``logs/run_evaluation`` layout under ``output_dir``)::
+
+    <output_dir>/<run_id>/<model>/<instance_id>/{patch.diff, eval.sh, test_output.txt,
+                                                 report.json, result.json, run_instance.log}
+    <output_dir>/<run_id>/<model>.<run_id>.json        # the run report
+
+``report.json`` exists only for completed evaluations, so a re-run with the same ``run_id``
+skips those and retries errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from pydantic import BaseModel
+
+from sandlot.datasets.instance import Instance
+from sandlot.datasets.swebench_specs import resolve_test_cmd
+from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.predictions import Prediction
+from sandlot.rewards.report import instance_report, run_report
+from sandlot.rewards.result import EvalResult
+from sandlot.rewards.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, eval_script, patch_files
+
+REPORT_FILE = "report.json"
+RESULT_FILE = "result.json"
+
+
+def model_dir_name(model_name_or_path: str) -> str:
+    """The harness's directory name for a model (``/`` → ``__``)."""
+    return (model_name_or_path or "unknown").replace("/", "__")
+
+
+@dataclass
+class RunOutcome:
+    """What a run produced: the run report, every result, and where the report was written."""
+
+    report: dict[str, Any]
+    results: dict[str, EvalResult]
+    report_path: Path
+    resumed: list[str] = field(default_factory=list)
+
+
+def _instance_dir(output_dir: Path, run_id: str, pred: Prediction) -> Path:
+    return output_dir / run_id / model_dir_name(pred.model_name_or_path) / pred.instance_id
+
+
+def _load_previous(directory: Path) -> EvalResult | None:
+    if not (directory / REPORT_FILE).is_file() or not (directory / RESULT_FILE).is_file():
+        return None
+    try:
+        return EvalResult.model_validate_json((directory / RESULT_FILE).read_text())
+    except ValueError:
+        return None  # a half-written result from a killed run: evaluate again
+
+
+def _write_artifacts(
+    directory: Path, instance: Instance, pred: Prediction, result: EvalResult
+) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "patch.diff").write_text(pred.model_patch or "")
+    try:
+        script = eval_script(
+            workdir=instance.workdir,
+            base_commit=instance.base_commit,
+            test_files=patch_files(instance.test_patch),
+            test_cmd=resolve_test_cmd(instance),
+        )
+        (directory / "eval.sh").write_text(script)
+    except ValueError:
+        pass  # no test command can be derived; result.error already says so
+    if result.log or result.status.completed:
+        (directory / "test_output.txt").write_text(
+            f"{START_TEST_OUTPUT}\n{result.log}\n{END_TEST_OUTPUT}\n"
+            if not result.tests_timed_out
+            else f"{START_TEST_OUTPUT}\n{result.log}\n>>>>> Tests Timed Out\n"
+        )
+    lines = [f"instance_id: {result.instance_id}", f"status: {result.status.value}"]
+    if result.patch_apply_command:
+        lines.append(f"patch applied with: {result.patch_apply_command}")
+    lines.append(f"tests_exit_code: {result.tests_exit_code}")
+    lines += [f"warning: {w}" for w in result.log_warnings]
+    lines.append("timings_s: " + json.dumps({k: round(v, 3) for k, v in result.timings_s.items()}))
+    if result.error:
+        lines.append(f"error: {result.error}")
+    (directory / "run_instance.log").write_text("\n".join(lines) + "\n")
+    (directory / RESULT_FILE).write_text(result.model_dump_json(indent=2, exclude={"log"}))
+    if result.status.completed:
+        # Written last: its presence marks the instance as done for resumed runs.
+        (directory / REPORT_FILE).write_text(json.dumps(instance_report(result, pred), indent=4))
+
+
+async def run_evaluation(
+    instances: Sequence[Instance],
+    predictions: dict[str, Prediction],
+    *,
+    run_id: str,
+    output_dir: Path,
+    backend: str | None = None,
+    workers: int = 4,
+    timeout: float | None = None,
+    sandbox_options: BaseModel | dict[str, Any] | None = None,
+    on_result: Callable[[EvalResult], None] | None = None,
+) -> RunOutcome:
+    """Evaluate ``predictions`` on ``instances``, ``workers`` at a time, writing as results come.
+
+    Args:
+        instances: the dataset (already filtered to the instances to run).
+        predictions: ``instance_id`` → ``Prediction``; instances without one are "incomplete".
+        run_id: names the run directory; re-using it skips instances with a ``report.json``.
+        output_dir: root of the logs (``<output_dir>/<run_id>/...``).
+        backend: sandbox backend name.
+        workers: evaluations running at once (>= 1).
+        timeout: seconds for each test command, overriding each instance's ``eval_timeout``.
+        sandbox_options: backend-specific options.
+        on_result: called after each instance finishes (progress display).
+
+    Returns:
+        The run report (SWE-bench keys), every result, and the report's path.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    results: dict[str, EvalResult] = {}
+    resumed: list[str] = []
+    todo: list[tuple[Instance, Prediction]] = []
+    for inst in instances:
+        pred = predictions.get(inst.instance_id)
+        if pred is None:
+            continue
+        previous = _load_previous(_instance_dir(output_dir, run_id, pred))
+        if previous is not None:
+            results[inst.instance_id] = previous
+            resumed.append(inst.instance_id)
+            if on_result:
+                on_result(previous)
+        else:
+            todo.append((inst, pred))
+
+    limiter = anyio.CapacityLimiter(workers)
+
+    async def one(inst: Instance, pred: Prediction) -> None:
+        async with limiter:
+            result = await evaluate(
+                inst,
+                pred.model_patch,
+                backend=backend,
+                model_name_or_path=pred.model_name_or_path,
+                timeout=timeout,
+                sandbox_options=sandbox_options,
+            )
+        directory = _instance_dir(output_dir, run_id, pred)
+        await anyio.to_thread.run_sync(_write_artifacts, directory, inst, pred, result)
+        results[inst.instance_id] = result
+        if on_result:
+            on_result(result)
+
+    first_model = next(iter(predictions.values())).model_name_or_path if predictions else "none"
+    report_path = output_dir / run_id / f"{model_dir_name(first_model)}.{run_id}.json"
+    try:
+        async with anyio.create_task_group() as tg:
+            for inst, pred in todo:
+                tg.start_soon(one, inst, pred)
+    finally:
+        # Also on Ctrl-C: the report then covers what finished, and a re-run resumes the rest.
+        report = run_report([i.instance_id for i in instances], predictions, results)
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(json.dumps(report, indent=4) + "\n")
+    return RunOutcome(report=report, results=results, report_path=report_path, resumed=resumed)
