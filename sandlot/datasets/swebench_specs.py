@@ -1,0 +1,165 @@
+"""Test commands and log parsers taken from the ``swebench`` harness's per-repo specifications.
+
+Pinned release: ``sandlot[eval]`` requires ``swebench>=4.1,<5``. 4.1.0 is the last release whose
+``swebench.harness.constants`` exposes ``MAP_REPO_VERSION_TO_SPECS`` (repo → version → spec dict
+with ``test_cmd``, ``install``, ...); 5.x removed the per-repo specifications from
+``harness.constants``, so instances without an explicit ``test_cmd`` could no longer be run.
+
+How swebench 4.1.0 composes the command it runs between its test-output markers
+(``swebench/harness/test_spec/``), which :func:`resolve_test_cmd` reproduces:
+
+- Python repos (``MAP_REPO_TO_EXT[repo] == "py"``; ``python.make_eval_script_list_py``):
+  ``" ".join([specs["test_cmd"], *get_test_directives(instance)])``; the spec's ``test_cmd`` is a
+  string for every Python repo, and the directives are the files the ``test_patch`` touches
+  (dotted module names for ``django/django``).
+- Other languages (``utils.make_eval_script_list_common``): every command of
+  ``utils.get_test_cmds(instance)`` (the spec's ``test_cmd``, a string or a list), each on its own
+  line of the eval script, without directives; JavaScript repos listed in
+  ``javascript.MAP_REPO_TO_TEST_CMDS`` compute their commands from the test patch instead.
+
+Log parsers are the ``parse_log_*`` functions of the ``swebench.harness.log_parsers`` modules;
+``MAP_REPO_TO_PARSER`` picks one per known repo.
+
+``swebench`` is imported lazily, on the first call that needs it; when it is missing the
+``ImportError`` names the ``sandlot[eval]`` extra.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from sandlot.datasets.instance import DEFAULT_LOG_PARSER, Instance
+
+LogParser = Callable[[str, Any], dict[str, str]]
+"""``parser(log, test_spec) -> {test_id: status}``, the signature of swebench's log parsers."""
+
+_PARSER_PREFIX = "parse_log_"
+
+
+class SpecError(ValueError):
+    """An instance's test command or log parser cannot be resolved."""
+
+
+def _swebench(module: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{module} could not be imported ({exc}); deriving test commands and log parsers "
+            f"needs swebench: pip install 'sandlot[eval]'"
+        ) from exc
+
+
+def resolve_test_cmd(instance: Instance) -> str:
+    """Return the command that runs ``instance``'s tests (run with the repository as cwd).
+
+    Args:
+        instance: an :class:`Instance`. Its ``test_cmd``, when set, is returned unchanged
+            (``swebench`` is not imported). Otherwise ``repo`` and ``version`` select
+            ``MAP_REPO_VERSION_TO_SPECS[repo][version]`` of swebench 4.1 and the command is
+            composed as the harness does (see the module docstring): for Python repos the
+            spec's ``test_cmd`` followed by the test directives of ``test_patch``, e.g.
+            ``"pytest -rA astropy/io/tests/test_x.py"``; for other languages the spec's commands,
+            one per line.
+
+    Raises:
+        SpecError: no ``test_cmd`` and none can be derived (repo or version unset, repo or
+            version unknown to swebench's specs, or a spec without a test command). The
+            message names the instance, repo and version and says to set ``test_cmd``.
+        ImportError: ``swebench`` is needed but not installed (names ``sandlot[eval]``).
+    """
+    if instance.test_cmd:
+        return instance.test_cmd
+
+    def fail(reason: str) -> SpecError:
+        return SpecError(
+            f"instance {instance.instance_id!r} (repo {instance.repo or '<unset>'!r}, "
+            f"version {instance.version!r}) has no test_cmd and none can be derived from "
+            f"swebench's specifications: {reason}; set test_cmd on the instance"
+        )
+
+    if not instance.repo or instance.version is None:
+        raise fail("both repo and version are needed to look up a spec")
+    constants = _swebench("swebench.harness.constants")
+    by_version = constants.MAP_REPO_VERSION_TO_SPECS.get(instance.repo)
+    if by_version is None:
+        raise fail("the repo has no specs")
+    spec = by_version.get(instance.version)
+    if spec is None:
+        known = ", ".join(repr(v) for v in by_version)
+        raise fail(f"the repo's specs have no version {instance.version!r} (known: {known})")
+    if not spec.get("test_cmd"):
+        raise fail("the spec has no test_cmd")
+
+    record = instance.model_dump()
+    if constants.MAP_REPO_TO_EXT.get(instance.repo) == "py":
+        directives = _swebench("swebench.harness.test_spec.python").get_test_directives(record)
+        return " ".join([spec["test_cmd"], *directives])
+    javascript = _swebench("swebench.harness.test_spec.javascript")
+    custom = javascript.MAP_REPO_TO_TEST_CMDS.get(instance.repo)
+    if custom is not None:
+        commands = custom(record)
+    else:
+        commands = _swebench("swebench.harness.test_spec.utils").get_test_cmds(record)
+    return "\n".join(commands)
+
+
+@functools.cache
+def _log_parsers() -> dict[str, LogParser]:
+    package = _swebench("swebench.harness.log_parsers")
+    parsers: dict[str, LogParser] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        module = _swebench(f"{package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if name.startswith(_PARSER_PREFIX) and callable(value):
+                parsers.setdefault(name, value)
+    return parsers
+
+
+def available_log_parsers() -> list[str]:
+    """Return the sorted names of swebench's log parsers (``parse_log_django``, ...).
+
+    They are the ``parse_log_*`` functions of every ``swebench.harness.log_parsers`` module.
+
+    Raises:
+        ImportError: ``swebench`` is not installed (names ``sandlot[eval]``).
+    """
+    return sorted(_log_parsers())
+
+
+def resolve_log_parser(instance: Instance) -> LogParser:
+    """Return the swebench log parser that grades ``instance``'s test output.
+
+    Args:
+        instance: an :class:`Instance`. ``instance.log_parser`` names a function of the
+            ``swebench.harness.log_parsers`` modules, with or without its ``parse_log_``
+            prefix (``"parse_log_django"`` or ``"django"``). When it is unset, the parser is
+            ``MAP_REPO_TO_PARSER[instance.repo]`` for repos swebench knows, else
+            ``parse_log_pytest``.
+
+    Returns:
+        ``parser(log, test_spec) -> {test_id: status}`` where status is a
+        ``swebench.harness.constants.TestStatus`` value (``"PASSED"``, ``"FAILED"``, ...).
+
+    Raises:
+        SpecError: ``log_parser`` names no known parser; the message lists the valid names.
+        ImportError: ``swebench`` is not installed (names ``sandlot[eval]``).
+    """
+    parsers = _log_parsers()
+    name = instance.log_parser
+    if name is None:
+        by_repo = _swebench("swebench.harness.log_parsers").MAP_REPO_TO_PARSER
+        parser: LogParser = by_repo.get(instance.repo, parsers[DEFAULT_LOG_PARSER])
+        return parser
+    full = name if name.startswith(_PARSER_PREFIX) else _PARSER_PREFIX + name
+    if full not in parsers:
+        raise SpecError(
+            f"instance {instance.instance_id!r}: unknown log_parser {name!r}; valid names "
+            f"(the {_PARSER_PREFIX} prefix is optional): {', '.join(sorted(parsers))}"
+        )
+    return parsers[full]
