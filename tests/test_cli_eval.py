@@ -1,0 +1,98 @@
+"""`sandlot eval` from the command line: bad input is named, good input is graded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sandlot.cli.main import cli
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-mini"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The swe-mini instances, with their repositories built next to a copy of the file."""
+    root = tmp_path_factory.mktemp("swe-mini")
+    subprocess.run(
+        [sys.executable, str(EXAMPLES / "make_repos.py"), "--dest", str(root / "repos")],
+        check=True,
+        capture_output=True,
+    )
+    shutil.copy(EXAMPLES / "instances.jsonl", root / "instances.jsonl")
+    return root / "instances.jsonl"
+
+
+def _eval(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["eval", *args])
+    return result.exit_code, result.output
+
+
+def test_unknown_backend_lists_known_ones(dataset: Path) -> None:
+    code, out = _eval("--dataset", str(dataset), "--predictions", "gold", "--backend", "nosuch")
+    assert code == 2
+    assert "nosuch" in out and "local" in out
+
+
+def test_unknown_instance_id_in_predictions_names_it_and_the_line(
+    dataset: Path, tmp_path: Path
+) -> None:
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(
+        json.dumps(
+            {"instance_id": "ledger__ledger-1", "model_name_or_path": "m", "model_patch": ""}
+        )
+        + "\n"
+        + json.dumps(
+            {"instance_id": "ghost__ghost-9", "model_name_or_path": "m", "model_patch": "x"}
+        )
+        + "\n"
+    )
+    code, out = _eval("--dataset", str(dataset), "--predictions", str(preds))
+    assert code == 1
+    assert "ghost__ghost-9" in out and "line 2" in out
+
+
+def test_missing_instance_field_names_field_and_record(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"instance_id": "x__y-1", "test_patch": "", "FAIL_TO_PASS": ["t"]}) + "\n"
+    )
+    code, out = _eval("--dataset", str(bad), "--predictions", "gold")
+    assert code == 1
+    assert "base_commit" in out and "x__y-1" in out
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_gold_on_selected_instances(dataset: Path, tmp_path: Path) -> None:
+    code, out = _eval(
+        "--dataset",
+        str(dataset),
+        "--predictions",
+        "gold",
+        "--backend",
+        "local",
+        "--instance-ids",
+        "ledger__ledger-1,textkit__textkit-2",
+        "--run-id",
+        "cli",
+        "--output-dir",
+        str(tmp_path),
+        "-j",
+        "2",
+    )
+    assert code == 0, out
+    assert "2/2 resolved" in out
+    report = json.loads((tmp_path / "cli" / "gold.cli.json").read_text())
+    assert report["resolved_ids"] == ["ledger__ledger-1", "textkit__textkit-2"]
+
+
+def test_unknown_instance_id_in_filter(dataset: Path) -> None:
+    code, out = _eval("--dataset", str(dataset), "--predictions", "gold", "--instance-ids", "nope")
+    assert code == 2 and "nope" in out
