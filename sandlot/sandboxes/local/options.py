@@ -1,0 +1,75 @@
+"""``LocalOptions``: settings of the ``local`` backend that no other backend has."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MIB = 1024 * 1024
+
+DEFAULT_HIDDEN_PATHS: tuple[str, ...] = (
+    "~/.ssh",
+    "~/.gnupg",
+    "~/.aws",
+    "~/.azure",
+    "~/.config/gcloud",
+    "~/.kube",
+    "~/.docker",
+    "~/.netrc",
+    "~/.git-credentials",
+    "~/.config/gh",
+    "~/.pypirc",
+    "~/.npmrc",
+    "~/.modal.toml",
+    "~/.cache/huggingface/token",
+    "~/.huggingface/token",
+    "~/.claude",
+    "~/.bash_history",
+    "/etc/shadow",
+    "/etc/gshadow",
+)
+"""Host paths masked inside ``image="host"`` jails: credential stores of the invoking user's real
+home (``~`` is that home) and the password hashes. Model-written commands are hostile input."""
+
+DEFAULT_INHERITED_ENV: tuple[str, ...] = ("PYENV_ROOT", "PYENV_VERSION", "VIRTUAL_ENV")
+"""Host variables copied into ``image="host"`` jails when set: they locate the host's toolchain
+(pyenv shims need ``PYENV_ROOT`` once ``HOME`` points elsewhere) and hold no secrets."""
+
+
+class LocalOptions(BaseModel):
+    """Options of the ``local`` backend (pass as ``sandlot.open("local", isolation="none")``).
+
+    Attributes:
+        isolation: ``"bwrap"`` runs every command in a bubblewrap jail; ``"none"`` runs commands
+            directly on the host with no isolation at all (a WARNING is logged per sandbox).
+        bwrap_path: name (looked up on ``PATH``) or absolute path of the ``bwrap`` executable.
+        max_output_bytes: cap in bytes on each of stdout and stderr of one ``exec``; the head is
+            kept, the rest is read and discarded, and the result is marked ``truncated``.
+        max_processes: process cap of the sandbox: the ``pids.max`` of its pids cgroup when one
+            can be created, and ``RLIMIT_NPROC`` (not enforced for real root; see the sandbox
+            docstring).
+        max_file_size_mb: largest file, in MiB, a command may write (``RLIMIT_FSIZE``).
+        cpu_time_s: CPU seconds each process may use (``RLIMIT_CPU``), or ``None`` for no limit.
+        pids_cgroup: put each sandbox in its own pids cgroup when the host allows it (cgroup v1
+            ``pids`` hierarchy or a cgroup v2 subtree with ``pids`` delegated, writable by us).
+        root_dir: host directory holding the per-sandbox directories; ``None`` uses
+            ``$SANDLOT_LOCAL_ROOT``, else the system temporary directory.
+        hidden_paths: host paths replaced by an empty read-only directory (or ``/dev/null`` for a
+            file) inside ``image="host"`` jails; a leading ``~/`` means the invoking user's home.
+        inherit_env: names of host environment variables copied into ``image="host"`` jails when
+            set. Nothing else of the host environment is passed.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    bwrap_path: str = "bwrap"
+    max_output_bytes: int = Field(default=10 * MIB, gt=0)
+    max_processes: int = Field(default=4096, gt=0)
+    max_file_size_mb: int = Field(default=4096, gt=0)
+    cpu_time_s: int | None = Field(default=None, gt=0)
+    pids_cgroup: bool = True
+    root_dir: str | None = None
+    hidden_paths: tuple[str, ...] = DEFAULT_HIDDEN_PATHS
+    inherit_env: tuple[str, ...] = DEFAULT_INHERITED_ENV

@@ -1,0 +1,599 @@
+"""``LocalSandbox``: the embedded backend; a bubblewrap jail per sandbox, no daemon, no account."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import posixpath
+import shlex
+import shutil
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import anyio
+from pydantic import BaseModel
+
+from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.errors import (
+    BackendUnavailableError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.sandboxes.local.archive import build_archive, extract_archive
+from sandlot.sandboxes.local.cgroup import PidsCgroup
+from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
+from sandlot.sandboxes.local.jail import (
+    DEFAULT_PATH,
+    JAIL_CGROUP_PROCS,
+    JAIL_HOME,
+    JailConfig,
+    check_workdir,
+    jail_argv,
+)
+from sandlot.sandboxes.local.limits import Limits, shell_prelude
+from sandlot.sandboxes.local.options import MIB, LocalOptions
+from sandlot.sandboxes.local.process import Completed, ProcessGroups, run_process
+from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.sandboxes.spec import SandboxSpec
+
+log = logging.getLogger("sandlot.sandboxes.local")
+
+# A file operation that takes this long is stuck (e.g. reading a FIFO planted by a command).
+_FILE_OP_TIMEOUT_S = 600.0
+_ERROR_TAIL_CHARS = 2000
+
+# Every command's shell writes this byte to stderr before anything else, so an exit without it
+# means bwrap failed to build the jail and the command never ran.
+_STARTED = b"\x1e"
+_STARTED_CMD = "printf '\\036' >&2; "
+_SETUP_ATTEMPTS = 3
+
+_WRITE_SCRIPT = 'mkdir -p -- "$1" && cat >"$2"'
+_UNTAR_SCRIPT = 'mkdir -p -- "$1" && exec tar -x -f - --no-same-owner -C "$1"'
+
+
+def _bwrap_missing(path: str) -> BackendUnavailableError:
+    return BackendUnavailableError(
+        f"the local backend needs bubblewrap, but {path!r} was not found. Install it with "
+        f"`apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap` "
+        f"(Fedora/RHEL), or point `bwrap_path` at it. To run commands directly on this host "
+        f'with NO isolation at all, open the sandbox with isolation="none".'
+    )
+
+
+def _tail(data: bytes) -> str:
+    return data.decode("utf-8", "replace").strip()[-_ERROR_TAIL_CHARS:]
+
+
+def _text(data: bytes, dropped: int, stream: str) -> str:
+    text = data.decode("utf-8", "replace")
+    if dropped:
+        text += (
+            f"\n[sandlot: {stream} truncated: kept the first {len(data)} bytes, "
+            f"discarded the remaining {dropped} bytes]\n"
+        )
+    return text
+
+
+class LocalSandbox(Sandbox):
+    """A sandbox on this machine: every command runs in a fresh bubblewrap jail.
+
+    The jail (see :mod:`sandlot.sandboxes.local.jail`) shows the image read-only (``"host"``:
+    this machine's ``/``; or a root filesystem directory), hides credential stores of the host
+    user's home (``LocalOptions.hidden_paths``), and gives the sandbox private writable
+    ``spec.workdir``, ``/tmp`` and ``$HOME`` (``/sandlot/home``), all kept in one host
+    directory per sandbox that ``close()`` deletes. The network is off unless ``spec.network``.
+    Commands run as the calling user with every capability dropped and a minimal environment
+    (``PATH``, ``HOME``, ``LANG``, ``TERM``, ``PAGER``, ``GIT_PAGER``, ``SANDLOT_WORKDIR``,
+    ``LocalOptions.inherit_env``, ``spec.env``, then the command's ``env``); nothing else of
+    the host environment gets in.
+
+    Each ``exec`` is one ``bwrap`` process running ``bash -c cmd``: working directory and
+    exported variables do not carry over to the next command, and background processes are
+    killed when the command's shell exits (the jail's PID namespace ends with it); persistent
+    shells are a separate feature. Commands of one sandbox may run concurrently. ``start()``
+    spawns no process (only ``post_setup_cmd`` does) and builds the static part of the bwrap
+    command line once; each command then pays for one bwrap start, which rebuilds every mount
+    of the jail (a few milliseconds).
+
+    Limits (``LocalOptions``, ``spec.memory_mb``), applied per process by the command's shell:
+    ``RLIMIT_FSIZE`` (``max_file_size_mb``; exceeding it kills the writer with SIGXFSZ, exit
+    153), ``RLIMIT_CPU`` (``cpu_time_s``; SIGXCPU, exit 152, and SIGKILL one second later),
+    ``RLIMIT_AS`` (``memory_mb``: virtual address space per process, not total memory;
+    runtimes that reserve large address ranges such as the JVM or Go need headroom) and
+    ``RLIMIT_NPROC`` (``max_processes``). The kernel does not enforce ``RLIMIT_NPROC`` for real
+    root (uid 0 is exempt whatever its capabilities), and for other users it counts all their
+    processes on the host. The process cap that does hold, also for root, is the sandbox's
+    pids cgroup (``pids.max = max_processes``), created when the host has a writable pids
+    cgroup (``pids_cgroup``); without it a fork bomb run by root is only stopped by the
+    command's timeout. Disk usage and CPU share are not limited; ``spec.cpu`` is ignored.
+    ``spec.timeout_s`` is the sandbox's lifetime: commands are cut at it and the sandbox then
+    raises ``SandboxDeadError``.
+
+    What the jail does not stop: reading whatever of the image the calling user may read (for
+    the host image run as root, all of ``/`` except the hidden paths); with ``spec.network``
+    on, everything the host network reaches, including services on the host's loopback;
+    creating user namespaces (more kernel attack surface); filling the disk through the
+    workdir.
+
+    ``isolation="none"`` runs ``bash -c cmd`` directly on the host: no jail, no namespaces, the
+    host network. The workdir is the sandbox's host directory (``$SANDLOT_WORKDIR``); paths
+    given to ``cwd``, the file methods, ``upload`` and ``download`` that lie under
+    ``spec.workdir`` are mapped to it, but a command itself must use relative paths or
+    ``$SANDLOT_WORKDIR``. ``/tmp`` is the host's (``$TMPDIR`` points at a private one).
+    Background processes in the command's process group are killed when it exits. Processes
+    that leave the group (``setsid``) outlive the command; ``close()`` kills them only when the
+    sandbox has a pids cgroup, otherwise they outlive the sandbox too.
+
+    Args:
+        spec: what to open (``image``, ``workdir``, ``env``, ``network``, ``memory_mb``, ...).
+        options: a :class:`LocalOptions`.
+    """
+
+    name: ClassVar[str] = "local"
+    Options: ClassVar[type[BaseModel]] = LocalOptions
+    options: LocalOptions
+
+    def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
+        super().__init__(spec, options)
+        self._dirs: HostDirs | None = None
+        self._cgroup: PidsCgroup | None = None
+        self._jail: list[str] = []
+        self._env: dict[str, str] = {}
+        self._prelude = ""
+        self._groups = ProcessGroups()
+        self._deadline = math.inf
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def isolated(self) -> bool:
+        """``True`` when commands run in a bubblewrap jail (``isolation="bwrap"``)."""
+        return self.options.isolation == "bwrap"
+
+    @property
+    def host_dir(self) -> Path | None:
+        """The sandbox's directory on the host (``None`` before ``start()``)."""
+        return self._dirs.root if self._dirs else None
+
+    @property
+    def host_workdir(self) -> Path | None:
+        """The host directory behind ``spec.workdir`` (``None`` before ``start()``)."""
+        return self._dirs.work if self._dirs else None
+
+    @property
+    def pids_cgroup(self) -> Path | None:
+        """Directory of the sandbox's pids cgroup, or ``None`` when the host has none for us."""
+        return self._cgroup.path if self._cgroup else None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def _rootfs(self) -> Path:
+        image = self.spec.image
+        if image == "host":
+            return Path("/")
+        rootfs = Path(image).absolute()
+        if not self.isolated:
+            raise SandboxStartError('isolation="none" runs on the host only; use image="host"')
+        if not rootfs.is_dir():
+            raise SandboxStartError(
+                f"the local backend runs image='host' or a root filesystem directory; "
+                f"{image!r} is not a directory (container images need the docker backend)"
+            )
+        return rootfs
+
+    def _find_bwrap(self) -> str:
+        found = shutil.which(self.options.bwrap_path)
+        if found is None:
+            raise _bwrap_missing(self.options.bwrap_path)
+        return found
+
+    async def _start(self) -> None:
+        spec, opts = self.spec, self.options
+        rootfs = self._rootfs()
+        bwrap = self._find_bwrap() if self.isolated else ""
+        problem = check_workdir(spec.workdir, rootfs)
+        if problem:
+            raise SandboxStartError(problem)
+        parent = sandboxes_dir(opts.root_dir)
+        try:
+            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            dirs = HostDirs(parent / self.id)
+            dirs.create()
+        except OSError as exc:
+            raise SandboxStartError(f"cannot create the sandbox directory: {exc}") from exc
+        self._dirs = dirs
+        source = rootfs / spec.workdir.lstrip("/")
+        if rootfs != Path("/") and source.is_dir():
+            await anyio.to_thread.run_sync(copy_tree, source, dirs.work)
+        if opts.pids_cgroup:
+            self._cgroup = PidsCgroup.create(self.id, opts.max_processes)
+        limits = Limits(
+            max_processes=opts.max_processes,
+            max_file_size_bytes=opts.max_file_size_mb * MIB,
+            cpu_time_s=opts.cpu_time_s,
+            memory_bytes=spec.memory_mb * MIB if spec.memory_mb else None,
+        )
+        procs = None
+        if self._cgroup is not None:
+            procs = JAIL_CGROUP_PROCS if self.isolated else str(self._cgroup.procs_file)
+        self._prelude = shell_prelude(limits, procs)
+        self._env = self._base_env(rootfs, dirs)
+        if self.isolated:
+            home = Path.home()
+            hidden = [str(home / p[2:]) if p.startswith("~/") else p for p in opts.hidden_paths]
+            self._jail = jail_argv(
+                JailConfig(
+                    bwrap=bwrap,
+                    rootfs=rootfs,
+                    workdir=spec.workdir,
+                    dirs=dirs,
+                    network=spec.network,
+                    hidden=hidden,
+                    sandboxes_dir=parent,
+                    cgroup_procs=self._cgroup.procs_file if self._cgroup else None,
+                )
+            )
+        else:
+            log.warning(
+                "sandbox %s uses isolation='none': its commands run directly on this host as "
+                "uid %d with full access to its files, processes and network. NOTHING IS "
+                "ISOLATED; use it only for trusted commands.",
+                self.id,
+                os.getuid(),
+            )
+        self._deadline = time.monotonic() + spec.timeout_s
+
+    def _base_env(self, rootfs: Path, dirs: HostDirs) -> dict[str, str]:
+        on_host = rootfs == Path("/")
+        env: dict[str, str] = {}
+        if on_host:
+            env.update({k: os.environ[k] for k in self.options.inherit_env if k in os.environ})
+        env.update(
+            PATH=os.environ.get("PATH", DEFAULT_PATH) if on_host else DEFAULT_PATH,
+            HOME=JAIL_HOME if self.isolated else str(dirs.home),
+            LANG="C.UTF-8",
+            TERM="dumb",
+            PAGER="cat",
+            GIT_PAGER="cat",
+            SANDLOT_WORKDIR=self.spec.workdir if self.isolated else str(dirs.work),
+        )
+        if not self.isolated:
+            env["TMPDIR"] = str(dirs.tmp)
+        env.update(self.spec.env)
+        return env
+
+    async def _close(self) -> None:
+        self._groups.kill_all()
+        if self._cgroup is not None:
+            await self._cgroup.destroy()
+        if self._dirs is not None:
+            await anyio.to_thread.run_sync(self._dirs.remove)
+
+    async def is_alive(self) -> bool:
+        """``True`` while started, not closed, within its lifetime, and its directory exists."""
+        return (
+            self._started
+            and not self._closed
+            and time.monotonic() < self._deadline
+            and self._dirs is not None
+            and self._dirs.exists()
+        )
+
+    def _ensure_usable(self) -> HostDirs:
+        self._check_open()
+        assert self._dirs is not None
+        if time.monotonic() >= self._deadline:
+            self._groups.kill_all()
+            raise SandboxDeadError(
+                f"sandbox {self.id} reached the end of its lifetime (timeout_s="
+                f"{self.spec.timeout_s})"
+            )
+        if not self._dirs.exists():
+            raise SandboxDeadError(
+                f"sandbox {self.id} is gone: its host directory {self._dirs.root} was removed"
+            )
+        return self._dirs
+
+    # ----------------------------------------------------------------- running
+
+    def _resolve(self, path: str) -> str:
+        """``path`` made absolute (relative to the workdir) and normalised, as commands see it."""
+        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
+
+    def _seen(self, path: str) -> str:
+        """Where ``path`` (absolute, sandbox view) is for the process that will use it."""
+        if self.isolated:
+            return path
+        assert self._dirs is not None
+        workdir = self.spec.workdir
+        if path == workdir or path.startswith(workdir.rstrip("/") + "/"):
+            return str(self._dirs.work) + path[len(workdir) :]
+        return path
+
+    def _argv(self, argv: Sequence[str], cwd: str) -> list[str]:
+        if self.isolated:
+            return [*self._jail, "--chdir", cwd, "--", *argv]
+        return list(argv)
+
+    async def _run(
+        self,
+        argv: list[str],
+        *,
+        marked: bool,
+        env: Mapping[str, str],
+        timeout: float | None,
+        stdin: bytes | Path | None = None,
+        max_output_bytes: int | None = None,
+        stdout_path: Path | None = None,
+    ) -> Completed:
+        """Run ``argv`` (see :meth:`_argv`); retry when bwrap failed before starting it.
+
+        ``marked`` says the command starts with :data:`_STARTED_CMD`; the marker is removed.
+        """
+        for attempt in range(1, _SETUP_ATTEMPTS + 1):
+            done = await self._run_once(
+                argv,
+                env=env,
+                timeout=timeout,
+                stdin=stdin,
+                max_output_bytes=max_output_bytes,
+                stdout_path=stdout_path,
+            )
+            if marked and done.stderr.startswith(_STARTED):
+                return dataclasses.replace(done, stderr=done.stderr[len(_STARTED) :])
+            failure = self._jail_failure(done, marked)
+            if failure is None or "Can't chdir" in failure:
+                return done
+            # The host's mount table changed while bwrap copied it (containers starting or
+            # stopping under /var), or the kernel was short of something: the command never
+            # ran, so running it again is safe.
+            log.debug("sandbox %s: bwrap failed (attempt %d): %s", self.id, attempt, failure)
+            await anyio.sleep(0.02 * attempt)
+        raise SandboxError(
+            f"bubblewrap could not set up the jail of sandbox {self.id}: {failure}",
+            retryable=True,
+        )
+
+    def _jail_failure(self, done: Completed, marked: bool) -> str | None:
+        """bwrap's error when it failed before starting the command, else ``None``."""
+        if not self.isolated or done.timed_out or done.returncode == 0:
+            return None
+        # A marked command always writes the marker first, so a missing marker means the
+        # command never ran. Unmarked commands are our own (cat, tar), which never print this.
+        if marked or done.stderr.startswith(b"bwrap: "):
+            return _tail(done.stderr)
+        return None
+
+    async def _run_once(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str],
+        timeout: float | None,
+        stdin: bytes | Path | None,
+        max_output_bytes: int | None,
+        stdout_path: Path | None,
+    ) -> Completed:
+        dirs = self._ensure_usable()
+        remaining = self._deadline - time.monotonic()
+        lifetime_bound = timeout is None or timeout >= remaining
+        try:
+            done = await run_process(
+                argv,
+                env=env,
+                cwd=None if self.isolated else dirs.work,
+                stdin=stdin,
+                timeout=remaining if lifetime_bound else timeout,
+                max_output_bytes=max_output_bytes,
+                stdout_path=stdout_path,
+                groups=self._groups,
+                kill_group_on_exit=not self.isolated,
+            )
+        except OSError as exc:
+            if not dirs.exists():
+                raise SandboxDeadError(f"sandbox {self.id} is gone: {exc}") from exc
+            if isinstance(exc, FileNotFoundError):
+                raise BackendUnavailableError(f"cannot run {argv[0]!r}: {exc}") from exc
+            raise SandboxError(f"cannot start a process: {exc}", retryable=True) from exc
+        if self._closed:
+            raise SandboxDeadError(f"sandbox {self.id} was closed while a command was running")
+        if done.timed_out and lifetime_bound:
+            raise SandboxDeadError(
+                f"sandbox {self.id} reached the end of its lifetime (timeout_s="
+                f"{self.spec.timeout_s}) while a command was running"
+            )
+        if done.returncode != 0 and not dirs.exists():
+            raise SandboxDeadError(f"sandbox {self.id} is gone: its host directory was removed")
+        return done
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        """Run ``bash -c cmd`` in a fresh jail and wait for it.
+
+        Args:
+            cmd: a shell command line, or an argv list (quoted for the shell).
+            timeout: wall-clock limit in seconds (``None``: only the sandbox lifetime). At the
+                limit every process of the command is killed; the result has
+                ``timed_out=True``, ``exit_code=124`` and the output printed until then.
+            cwd: working directory in the sandbox, relative ones from ``spec.workdir`` (the
+                default). One that does not exist gives exit status 1 and a message on stderr.
+            env: variables added to the sandbox environment for this command only.
+            stdin: bytes, or text sent as UTF-8, fed to standard input (default: empty).
+
+        Returns:
+            The ``ExecResult``. Each of stdout and stderr keeps its first
+            ``LocalOptions.max_output_bytes`` bytes, then a truncation note (``truncated``).
+            A command killed by signal N exits with ``128 + N``.
+
+        Raises:
+            SandboxDeadError: the sandbox is closed, was removed, or reached its lifetime.
+            SandboxError: no process could be started (``retryable``), or bubblewrap failed to
+                build the jail three times in a row.
+        """
+        self._ensure_usable()
+        workdir = self.spec.workdir
+        target = self._resolve(cwd) if cwd is not None else workdir
+        cd = ""
+        if not self.isolated and target != workdir:
+            # No bwrap --chdir here; fail like it does when the directory is missing.
+            cd = f"cd -- {shlex.quote(self._seen(target))} || exit 1; "
+        script = _STARTED_CMD + self._prelude + cd + as_shell(cmd)
+        done = await self._run(
+            self._argv(["bash", "-c", script], target),
+            marked=True,
+            env={**self._env, **env} if env else self._env,
+            timeout=timeout,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            max_output_bytes=self.options.max_output_bytes,
+        )
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if done.timed_out else done.returncode,
+            stdout=_text(done.stdout, done.stdout_dropped, "stdout"),
+            stderr=_text(done.stderr, done.stderr_dropped, "stderr"),
+            timed_out=done.timed_out,
+            duration_s=done.duration_s,
+            truncated=bool(done.stdout_dropped or done.stderr_dropped),
+        )
+
+    # ----------------------------------------------------------------- files
+
+    async def _file_op(
+        self,
+        argv: list[str],
+        what: str,
+        *,
+        stdin: bytes | Path | None = None,
+        stdout_path: Path | None = None,
+    ) -> bytes:
+        done = await self._run(
+            self._argv(argv, self.spec.workdir),
+            marked=False,
+            env=self._env,
+            timeout=_FILE_OP_TIMEOUT_S,
+            stdin=stdin,
+            stdout_path=stdout_path,
+        )
+        if done.timed_out:
+            raise SandboxFileError(f"{what} in sandbox {self.id}: timed out")
+        if done.returncode != 0:
+            raise SandboxFileError(f"{what} in sandbox {self.id}: {_tail(done.stderr)}")
+        return done.stdout
+
+    async def read_file(self, path: str) -> bytes:
+        """Return the exact bytes of a file, read by ``cat`` inside the jail.
+
+        Args:
+            path: file in the sandbox; relative paths start at ``spec.workdir``.
+
+        Raises:
+            SandboxFileError: the file is missing or unreadable (the message names ``path``).
+            SandboxDeadError: the sandbox is closed or died.
+        """
+        self._ensure_usable()
+        target = self._resolve(path)
+        return await self._file_op(["cat", "--", self._seen(target)], f"cannot read {target!r}")
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write a file from inside the jail, creating parent directories.
+
+        The write happens in the jail, so a symlink planted at ``path`` cannot lead outside the
+        sandbox's writable directories.
+
+        Args:
+            path: file in the sandbox; relative paths start at ``spec.workdir``.
+            data: the content; text is written as UTF-8.
+
+        Raises:
+            SandboxFileError: the path is not writable in the sandbox (the message names it).
+            SandboxDeadError: the sandbox is closed or died.
+        """
+        self._ensure_usable()
+        target = self._resolve(path)
+        parent = posixpath.dirname(target)
+        await self._file_op(
+            ["bash", "-c", _WRITE_SCRIPT, "sandlot-write", self._seen(parent), self._seen(target)],
+            f"cannot write {target!r}",
+            stdin=data.encode() if isinstance(data, str) else data,
+        )
+
+    def _staging_file(self) -> Path:
+        assert self._dirs is not None
+        return self._dirs.transfer / f"{uuid.uuid4().hex}.tar"
+
+    async def upload(self, local_path: str | Path, remote_path: str) -> None:
+        """Copy a host file or directory tree into the sandbox.
+
+        The tree travels as a tar stream into ``tar -x`` inside the jail. Symbolic links are
+        copied as links, file modes are kept, ownership becomes the sandbox user's.
+
+        Args:
+            local_path: host file or directory.
+            remote_path: path in the sandbox that becomes that file or directory (relative
+                paths start at ``spec.workdir``); parents are created, an existing directory
+                is merged into.
+
+        Raises:
+            FileNotFoundError: ``local_path`` does not exist.
+            SandboxFileError: the destination is not writable.
+            SandboxDeadError: the sandbox is closed or died.
+        """
+        self._ensure_usable()
+        target = self._resolve(remote_path)
+        parent, base = posixpath.split(target)
+        if not base:
+            raise SandboxFileError(f"cannot upload onto {target!r}")
+        archive = self._staging_file()
+        try:
+            await anyio.to_thread.run_sync(build_archive, Path(local_path), base, archive)
+            await self._file_op(
+                ["bash", "-c", _UNTAR_SCRIPT, "sandlot-upload", self._seen(parent)],
+                f"cannot upload to {target!r}",
+                stdin=archive,
+            )
+        finally:
+            archive.unlink(missing_ok=True)
+
+    async def download(self, remote_path: str, local_path: str | Path) -> None:
+        """Copy a file or directory tree from the sandbox to the host.
+
+        ``tar -c`` runs inside the jail; the archive is checked member by member before
+        extraction (no absolute paths, no ``..``, nothing written through a symlink that leads
+        outside ``local_path``, no device files). Symbolic links arrive as links.
+
+        Args:
+            remote_path: file or directory in the sandbox (relative to ``spec.workdir``).
+            local_path: host path that becomes that file or directory; parents are created.
+
+        Raises:
+            SandboxFileError: ``remote_path`` does not exist, or the archive is unsafe.
+            SandboxDeadError: the sandbox is closed or died.
+        """
+        self._ensure_usable()
+        target = self._resolve(remote_path)
+        parent, base = posixpath.split(target)
+        base = base or "."
+        archive = self._staging_file()
+        try:
+            await self._file_op(
+                ["tar", "-c", "-f", "-", "-C", self._seen(parent), "--", base],
+                f"cannot download {target!r}",
+                stdout_path=archive,
+            )
+            await anyio.to_thread.run_sync(extract_archive, archive, base, Path(local_path))
+        finally:
+            archive.unlink(missing_ok=True)

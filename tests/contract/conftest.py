@@ -1,0 +1,173 @@
+"""The backend contract suite: every backend runs these very same tests.
+
+Each test takes the ``sandbox`` fixture (a started sandbox, closed afterwards) or
+``open_sandbox`` (a factory: ``open_sandbox(**spec_or_option_fields)`` returns a sandbox that is
+not started yet), and runs once per entry of :data:`TARGETS`. A target names a backend, the
+fields it is opened with, how to tell that it cannot run here (the tests are then skipped with
+that reason), and its capabilities:
+
+* ``kill_from_outside``: an async hook that kills a started sandbox behind its back, the way a
+  crash, an OOM kill or ``docker kill`` would. ``None`` skips the ``SandboxDeadError`` test.
+* ``isolated``: commands see the sandbox's own paths (``pwd`` is ``spec.workdir``) and the
+  network is off by default. ``False`` for ``local`` with ``isolation="none"``.
+
+Adding a backend is a few lines here, for example docker::
+
+    def _docker_unavailable() -> str | None:
+        try:
+            import docker
+
+            docker.from_env().ping()
+        except Exception as exc:
+            return f"docker is not usable here: {exc}"
+        return None
+
+
+    async def _docker_kill(sb: Sandbox) -> None:
+        import docker
+
+        container = docker.from_env().containers.get(sb.container_id)
+        await anyio.to_thread.run_sync(container.kill)
+
+
+    TARGETS.append(
+        ContractTarget(
+            id="docker",
+            backend="docker",
+            fields={"image": "python:3.12-slim"},
+            unavailable=_docker_unavailable,
+            kill_from_outside=_docker_kill,
+        )
+    )
+
+Run one target with ``pytest tests/contract -k docker``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+
+import sandlot
+from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.local import LocalSandbox
+
+
+@dataclass(frozen=True)
+class ContractTarget:
+    """One backend configuration the contract suite runs against.
+
+    Attributes:
+        id: test id suffix, e.g. ``"local-bwrap"``.
+        backend: registry name given to ``sandlot.open``.
+        fields: spec fields and backend options every sandbox of this target is opened with.
+        unavailable: returns why the target cannot run on this machine, or ``None``.
+        kill_from_outside: async hook that kills a started sandbox from outside, or ``None``.
+        isolated: commands see sandbox paths and have no network unless ``network=True``.
+    """
+
+    id: str
+    backend: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    unavailable: Callable[[], str | None] = lambda: None
+    kill_from_outside: Callable[[Sandbox], Awaitable[None]] | None = None
+    isolated: bool = True
+
+    def open(self, **fields: Any) -> Sandbox:
+        """A new, not yet started sandbox of this target; ``fields`` override ``self.fields``."""
+        return sandlot.open(self.backend, **{**self.fields, **fields})
+
+    def require_isolated(self) -> None:
+        """Skip the calling test on targets whose commands are not isolated."""
+        if not self.isolated:
+            pytest.skip(f"{self.id} does not isolate commands")
+
+
+def _bwrap_missing() -> str | None:
+    return None if shutil.which("bwrap") else "bubblewrap (bwrap) is not installed"
+
+
+async def _remove_local_sandbox(sb: Sandbox) -> None:
+    # A local sandbox has no long-lived process: it is its host directory. Removing that
+    # (a tmp cleaner, `sandlot gc`, a full disk wiped by an operator) is how it dies.
+    assert isinstance(sb, LocalSandbox) and sb.host_dir is not None
+    await anyio.to_thread.run_sync(shutil.rmtree, sb.host_dir)
+
+
+TARGETS: list[ContractTarget] = [
+    ContractTarget(
+        id="local-bwrap",
+        backend="local",
+        fields={"isolation": "bwrap"},
+        unavailable=_bwrap_missing,
+        kill_from_outside=_remove_local_sandbox,
+    ),
+    ContractTarget(
+        id="local-none",
+        backend="local",
+        fields={"isolation": "none"},
+        kill_from_outside=_remove_local_sandbox,
+        isolated=False,
+    ),
+]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=TARGETS, ids=[t.id for t in TARGETS])
+def target(request: pytest.FixtureRequest) -> ContractTarget:
+    """The contract target under test (skipped when it cannot run here)."""
+    chosen: ContractTarget = request.param
+    reason = chosen.unavailable()
+    if reason:
+        pytest.skip(reason)
+    return chosen
+
+
+@pytest.fixture
+def open_sandbox(target: ContractTarget) -> Callable[..., Sandbox]:
+    """Factory of not-yet-started sandboxes of the current target."""
+    return target.open
+
+
+@pytest.fixture
+async def sandbox(open_sandbox: Callable[..., Sandbox]) -> AsyncIterator[Sandbox]:
+    """A started sandbox of the current target, closed after the test."""
+    async with open_sandbox() as sb:
+        yield sb
+
+
+class TickProbe:
+    """Detects leftover processes the same way on every backend.
+
+    Put :attr:`command` in front of a command: it starts a background loop that rewrites a file
+    in the workdir every 50 ms. Once the command has been killed (timeout, cancellation),
+    :meth:`assert_stopped` checks that the file has stopped changing, i.e. the loop died too.
+    """
+
+    command = "(while :; do date +%s%N > .tick; sleep 0.05; done) & "
+
+    def __init__(self, sb: Sandbox) -> None:
+        self.sb = sb
+        self.path = f"{sb.spec.workdir}/.tick"
+
+    async def assert_stopped(self) -> None:
+        """Fail unless the loop ran and no longer runs."""
+        first = await self.sb.read_file(self.path)
+        assert first.strip(), "the background loop never ran"
+        await anyio.sleep(0.5)
+        assert await self.sb.read_file(self.path) == first, "a background process survived"
+
+
+@pytest.fixture
+def tick_probe() -> Callable[[Sandbox], TickProbe]:
+    """``tick_probe(sb)`` makes a :class:`TickProbe` for sandbox ``sb``."""
+    return TickProbe

@@ -1,0 +1,140 @@
+"""Contract: running commands (``Sandbox.exec``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from sandlot import TIMEOUT_EXIT_CODE, ExecResult, Sandbox
+
+if TYPE_CHECKING:
+    from conftest import ContractTarget, TickProbe
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_stdout_and_stderr_are_kept_apart(sandbox: Sandbox) -> None:
+    r = await sandbox.exec("echo out; echo err >&2; echo out2")
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "out\nout2\n", "err\n")
+    assert r.ok and not r.truncated and not r.timed_out
+
+
+async def test_non_zero_exit_is_a_result(sandbox: Sandbox) -> None:
+    for code in (1, 3, 42, 255):
+        r = await sandbox.exec(f"echo before; exit {code}")
+        assert (r.exit_code, r.stdout, r.ok) == (code, "before\n", False)
+
+
+async def test_missing_program_exits_127(sandbox: Sandbox) -> None:
+    r = await sandbox.exec("sandlot-no-such-program-xyz")
+    assert r.exit_code == 127
+    assert "sandlot-no-such-program-xyz" in r.stderr
+
+
+async def test_killed_by_signal_reports_128_plus_n(sandbox: Sandbox) -> None:
+    assert (await sandbox.exec("kill -TERM $$")).exit_code == 128 + 15
+    assert (await sandbox.exec("kill -KILL $$")).exit_code == 128 + 9
+
+
+async def test_argv_list_is_quoted(sandbox: Sandbox) -> None:
+    r = await sandbox.exec(["printf", "%s|", "a b", "$HOME", "it's", ""])
+    assert r.stdout == "a b|$HOME|it's||"
+
+
+async def test_duration_is_measured(sandbox: Sandbox) -> None:
+    r = await sandbox.exec("sleep 0.3")
+    assert 0.25 <= r.duration_s < 10
+
+
+async def test_timeout_returns_partial_output(sandbox: Sandbox) -> None:
+    started = time.monotonic()
+    r = await sandbox.exec("echo started; echo warn >&2; sleep 30; echo never", timeout=1)
+    assert r.timed_out and r.exit_code == TIMEOUT_EXIT_CODE and not r.ok
+    assert r.stdout == "started\n" and r.stderr == "warn\n"
+    assert time.monotonic() - started < 10
+
+
+async def test_timeout_kills_the_whole_process_tree(
+    sandbox: Sandbox, tick_probe: Callable[[Sandbox], TickProbe]
+) -> None:
+    probe = tick_probe(sandbox)
+    r = await sandbox.exec(probe.command + "sleep 30", timeout=0.5)
+    assert r.timed_out
+    await probe.assert_stopped()
+
+
+async def test_background_jobs_do_not_keep_exec_waiting(sandbox: Sandbox) -> None:
+    started = time.monotonic()
+    r = await sandbox.exec("sleep 30 & echo launched", timeout=20)
+    assert (r.exit_code, r.stdout, r.timed_out) == (0, "launched\n", False)
+    assert time.monotonic() - started < 10
+
+
+async def test_env_from_spec_and_per_exec(open_sandbox: Callable[..., Sandbox]) -> None:
+    async with open_sandbox(env={"A": "spec", "B": "spec"}) as sb:
+        r = await sb.exec('echo "$A $B $C"', env={"B": "exec", "C": "exec"})
+        assert r.stdout == "spec exec exec\n"
+        assert (await sb.exec('echo "$A $B $C"')).stdout == "spec spec \n"
+
+
+async def test_state_does_not_persist_between_execs(sandbox: Sandbox) -> None:
+    await sandbox.exec("mkdir -p sub && cd sub && export SANDLOT_X=1")
+    r = await sandbox.exec('echo "${SANDLOT_X:-unset}"; ls -d sub')
+    assert r.stdout.split() == ["unset", "sub"]
+
+
+async def test_cwd_defaults_to_workdir(sandbox: Sandbox, target: ContractTarget) -> None:
+    target.require_isolated()
+    assert (await sandbox.exec("pwd")).stdout == f"{sandbox.spec.workdir}\n"
+    assert (await sandbox.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
+
+
+async def test_relative_cwd_is_inside_workdir(sandbox: Sandbox) -> None:
+    await sandbox.exec("mkdir -p a/b")
+    assert (await sandbox.exec("pwd", cwd="a/b")).stdout.endswith("/a/b\n")
+    absolute = f"{sandbox.spec.workdir}/a"
+    assert (await sandbox.exec("pwd", cwd=absolute)).stdout.endswith("/a\n")
+
+
+async def test_missing_cwd_is_a_failed_result(sandbox: Sandbox) -> None:
+    r = await sandbox.exec("echo ran", cwd="no/such/dir")
+    assert r.exit_code != 0 and "ran" not in r.stdout
+
+
+async def test_stdin_bytes_and_text(sandbox: Sandbox) -> None:
+    assert (await sandbox.exec("cat", stdin="héllo\n")).stdout == "héllo\n"
+    payload = bytes(range(256)) * 1000
+    assert (await sandbox.exec("wc -c", stdin=payload)).stdout.strip() == str(len(payload))
+    assert (await sandbox.exec("cat | wc -c")).stdout.strip() == "0"
+
+
+async def test_invalid_utf8_output_is_replaced(sandbox: Sandbox) -> None:
+    r = await sandbox.exec(r"printf 'ok \377\376 end'")
+    assert r.stdout.startswith("ok ") and r.stdout.endswith(" end") and "\ufffd" in r.stdout
+
+
+async def test_large_output_is_capped_and_marked(sandbox: Sandbox) -> None:
+    r = await sandbox.exec("head -c 50000000 /dev/zero | tr '\\0' a; echo small >&2", timeout=120)
+    assert r.exit_code == 0 and r.truncated
+    assert r.stdout.startswith("a" * 100_000)
+    assert len(r.stdout) < 50_000_000
+    assert r.stderr == "small\n"
+
+
+async def test_concurrent_execs_in_one_sandbox(sandbox: Sandbox) -> None:
+    results: dict[int, ExecResult] = {}
+
+    async def run(i: int) -> None:
+        results[i] = await sandbox.exec(f"sleep 1; echo {i}; echo e{i} >&2")
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(run, i)
+    assert time.monotonic() - started < 5.5  # sequential would take at least 6 s
+    for i, r in results.items():
+        assert (r.exit_code, r.stdout, r.stderr) == (0, f"{i}\n", f"e{i}\n")

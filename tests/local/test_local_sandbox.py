@@ -1,0 +1,159 @@
+"""Behaviour specific to the ``local`` backend (the shared behaviour is in tests/contract)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+from local_helpers import needs_bwrap, needs_pids_cgroup
+
+import sandlot
+from sandlot import SandboxDeadError, SandboxStartError
+from sandlot.sandboxes.local import LocalOptions, LocalSandbox
+
+pytestmark = pytest.mark.anyio
+
+
+def _local(**fields: object) -> LocalSandbox:
+    sb = sandlot.open("local", **fields)
+    assert isinstance(sb, LocalSandbox)
+    return sb
+
+
+async def test_open_routes_option_keywords() -> None:
+    sb = _local(isolation="none", max_output_bytes=123, image="host")
+    assert sb.options == LocalOptions(isolation="none", max_output_bytes=123)
+    with pytest.raises(ValueError, match="max_output_bytes"):
+        sandlot.open("local", max_output_bytes=0)
+
+
+async def test_small_output_cap_keeps_head_and_says_so() -> None:
+    async with _local(max_output_bytes=1000) as sb:
+        r = await sb.exec("seq 1 100000; seq 1 5 >&2")
+    head, _, note = r.stdout.partition("\n[sandlot: stdout truncated")
+    assert head == "\n".join(str(i) for i in range(1, 100_001))[:1000]
+    assert "kept the first 1000 bytes" in note and r.truncated
+    assert r.stderr == "1\n2\n3\n4\n5\n"
+
+
+@needs_bwrap
+async def test_host_dir_layout_and_removal_on_close() -> None:
+    async with _local() as sb:
+        assert sb.host_dir is not None and sb.host_workdir is not None
+        await sb.exec("echo hi > f; mkdir -p ro/deep && touch ro/deep/x && chmod -R a-w ro")
+        assert (sb.host_workdir / "f").read_text() == "hi\n"
+        r = await sb.exec('echo "$HOME $SANDLOT_WORKDIR"; touch ~/h /tmp/t && echo ok')
+        assert r.stdout == "/sandlot/home /testbed\nok\n"
+        host_dir = sb.host_dir
+    assert not host_dir.exists()
+
+
+@needs_bwrap
+async def test_custom_workdir() -> None:
+    async with _local(workdir="/work_here") as sb:
+        assert (await sb.exec("pwd")).stdout == "/work_here\n"
+        await sb.write_file("/work_here/a", b"a")
+        assert (await sb.exec("cat a")).stdout == "a"
+
+
+@needs_bwrap
+async def test_unusable_workdir_or_image_fails_to_start() -> None:
+    with pytest.raises(SandboxStartError, match="does not exist in the image"):
+        await _local(workdir="/usr/sandlot-no-such-dir").start()
+    with pytest.raises(SandboxStartError, match="reserved"):
+        await _local(workdir="/proc").start()
+    with pytest.raises(SandboxStartError, match="not a directory"):
+        await _local(image="python:3.12").start()
+
+
+def _hardlink_or_copy(source: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+
+
+def _minimal_rootfs(root: Path) -> None:
+    """bash, cat, mkdir, tar and their shared libraries under ``root``."""
+    programs = [shutil.which(p) for p in ("bash", "cat", "mkdir", "tar", "ls")]
+    libraries: set[str] = set()
+    for program in programs:
+        assert program is not None
+        ldd = subprocess.run(["ldd", program], capture_output=True, text=True, check=True)
+        libraries.update(w for w in ldd.stdout.split() if w.startswith("/"))
+        _hardlink_or_copy(os.path.realpath(program), root / "usr/bin" / Path(program).name)
+    for lib in libraries:
+        _hardlink_or_copy(os.path.realpath(lib), root / lib.lstrip("/"))
+    for name in ("bin", "lib", "lib64"):
+        if not (root / name).exists():
+            (root / name).symlink_to(f"usr/{name}")
+    (root / "etc").mkdir()
+    (root / "etc/marker").write_text("rootfs\n")
+    (root / "testbed").mkdir()
+    (root / "testbed/seed.txt").write_text("seed\n")
+
+
+@needs_bwrap
+async def test_rootfs_directory_image(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    _minimal_rootfs(rootfs)
+    async with _local(image=str(rootfs)) as sb:
+        r = await sb.exec("cat /etc/marker seed.txt; ls /root /work 2>&1; echo $PATH")
+        assert r.stdout.startswith("rootfs\nseed\n")
+        assert "No such file" in r.stdout  # host directories are not there
+        assert "/usr/bin" in r.stdout
+        await sb.write_file("seed.txt", b"changed")
+        assert await sb.read_file("/testbed/seed.txt") == b"changed"
+    assert (rootfs / "testbed/seed.txt").read_text() == "seed\n"
+
+
+async def test_isolation_none_maps_the_workdir() -> None:
+    async with _local(isolation="none") as sb:
+        assert sb.host_workdir is not None
+        r = await sb.exec('pwd; echo "$SANDLOT_WORKDIR"; echo "$TMPDIR"')
+        workdir, advertised, tmpdir = r.stdout.split()
+        assert workdir == advertised == str(sb.host_workdir)
+        assert tmpdir != "/tmp" and await anyio.Path(tmpdir).is_dir()
+        await sb.write_file("/testbed/sub/f.txt", b"mapped")
+        assert await anyio.Path(sb.host_workdir / "sub/f.txt").read_bytes() == b"mapped"
+        assert (await sb.exec("pwd", cwd="/testbed/sub")).stdout == f"{sb.host_workdir}/sub\n"
+
+
+async def test_lifetime_ends_the_sandbox() -> None:
+    async with _local(timeout_s=1.0) as sb:
+        with pytest.raises(SandboxDeadError, match="lifetime"):
+            await sb.exec("sleep 20")
+        assert not await sb.is_alive()
+        with pytest.raises(SandboxDeadError, match="lifetime"):
+            await sb.exec("true")
+
+
+@needs_bwrap
+@needs_pids_cgroup
+async def test_pids_cgroup_holds_the_commands_and_goes_away() -> None:
+    async with _local() as sb:
+        cgroup = sb.pids_cgroup
+        assert cgroup is not None
+        assert (cgroup / "pids.max").read_text().strip() == "4096"
+        r = await sb.exec("cat /proc/self/cgroup")
+        assert f"pids:/{cgroup.name}" in r.stdout or f"::/{cgroup.name}" in r.stdout
+    assert not cgroup.exists()
+
+
+@needs_bwrap
+async def test_many_sandboxes_at_once() -> None:
+    results: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        async with _local() as sb:
+            results[i] = (await sb.exec(f"echo {i}")).stdout
+
+    async with anyio.create_task_group() as tg:
+        for i in range(40):
+            tg.start_soon(one, i)
+    assert results == {i: f"{i}\n" for i in range(40)}

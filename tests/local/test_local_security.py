@@ -1,0 +1,316 @@
+"""What a hostile command in a ``local`` sandbox can and cannot do.
+
+Nothing here sends traffic off this machine: network checks use a listener on the host's
+loopback, which a jail without network cannot reach and one with network can.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from local_helpers import (
+    needs_bwrap,
+    needs_pids_cgroup,
+    wait_until_no_process_has,
+    wait_until_some_process_has,
+)
+
+import sandlot
+from sandlot import BackendUnavailableError, SandboxFileError
+from sandlot.sandboxes.local import LocalSandbox
+
+pytestmark = pytest.mark.anyio
+
+
+def _local(**fields: object) -> LocalSandbox:
+    sb = sandlot.open("local", **fields)
+    assert isinstance(sb, LocalSandbox)
+    return sb
+
+
+# ----------------------------------------------------------------- filesystem
+
+
+@needs_bwrap
+async def test_cannot_write_outside_its_own_directories() -> None:
+    name = f"sandlot-pwn-{uuid.uuid4().hex[:8]}"
+    targets = [f"/etc/{name}", f"/root/{name}", f"/usr/{name}", f"/{name}", f"/var/tmp/{name}"]
+    async with _local() as sb:
+        for target in targets:
+            r = await sb.exec(f"echo pwned > {target}")
+            assert r.exit_code != 0, target
+        r = await sb.exec(f"echo private > /tmp/{name}; cat /tmp/{name}")
+        assert r.stdout == "private\n"
+    for target in [*targets, f"/tmp/{name}"]:
+        assert not await anyio.Path(target).exists(), target
+
+
+@needs_bwrap
+@pytest.mark.parametrize("root_dir", ["default", "visible"])
+async def test_cannot_touch_another_sandbox(root_dir: str, visible_dir: Path) -> None:
+    fields = {} if root_dir == "default" else {"root_dir": str(visible_dir)}
+    async with _local(**fields) as a, _local(**fields) as b:
+        assert b.host_dir is not None and b.host_workdir is not None
+        await b.write_file("secret.txt", b"b's data")
+        r = await a.exec(
+            f"cat {b.host_workdir}/secret.txt; echo pwned > {b.host_workdir}/pwn; "
+            f"ls -A {b.host_dir.parent}"
+        )
+        assert "b's data" not in r.stdout and b.id not in r.stdout
+        assert not (b.host_workdir / "pwn").exists()
+        assert await b.read_file("secret.txt") == b"b's data"
+
+
+@needs_bwrap
+async def test_write_file_through_a_planted_symlink_stays_inside(
+    visible_dir: Path, tmp_path: Path
+) -> None:
+    visible_victim = visible_dir / "victim.txt"  # seen read-only inside the jail
+    hidden_victim = tmp_path / "victim.txt"  # under the host's /tmp: not seen at all
+    for victim in (visible_victim, hidden_victim):
+        victim.write_text("original")
+    async with _local() as sb:
+        await sb.exec(f"ln -s {visible_victim} visible_link; ln -s {hidden_victim} hidden_link")
+        with pytest.raises(SandboxFileError):
+            await sb.write_file("visible_link", b"pwned")
+        # The target's directory does not exist in the jail: an error, or at most a file in
+        # the jail's private /tmp; either way the host file stays as it was.
+        with contextlib.suppress(SandboxFileError):
+            await sb.write_file("hidden_link", b"pwned")
+        # tar replaces the link with the uploaded file instead of writing through it.
+        await sb.upload(tmp_path / "victim.txt", "/testbed/visible_link")
+        assert (await sb.exec("test -L visible_link")).exit_code == 1
+    assert visible_victim.read_text() == "original"
+    assert hidden_victim.read_text() == "original"
+
+
+@needs_bwrap
+async def test_secrets_of_the_host_home_are_hidden(
+    visible_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = visible_dir / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY")
+    (home / ".netrc").write_text("machine x password hunter2")
+    (home / "notes.txt").write_text("not a secret")
+    monkeypatch.setenv("HOME", str(home))
+    async with _local() as sb:
+        r = await sb.exec(f"ls -A {home}/.ssh; cat {home}/.netrc {home}/notes.txt /etc/shadow")
+    assert "id_ed25519" not in r.stdout and "hunter2" not in r.stdout
+    assert "not a secret" in r.stdout
+    assert "root:" not in r.stdout  # /etc/shadow reads as empty
+
+
+# ----------------------------------------------------------------- privileges
+
+
+@needs_bwrap
+async def test_no_capabilities_and_read_only_kernel_knobs() -> None:
+    async with _local() as sb:
+        caps = await sb.exec("grep -E '^Cap(Prm|Eff|Amb):' /proc/self/status")
+        assert caps.stdout.split()[1::2] == ["0000000000000000"] * 3
+        # Harmless even if it worked: the jail has its own UTS namespace.
+        assert (await sb.exec("echo x > /proc/sys/kernel/domainname")).exit_code != 0
+        assert (await sb.exec("mount -t tmpfs none /mnt")).exit_code != 0
+        assert (await sb.exec("test -e /sys/kernel")).exit_code != 0
+
+
+# ----------------------------------------------------------------- environment
+
+
+@pytest.mark.parametrize("isolation", [pytest.param("bwrap", marks=needs_bwrap), "none"])
+async def test_host_environment_does_not_leak(
+    isolation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = f"hunter2-{uuid.uuid4().hex}"
+    monkeypatch.setenv("SANDLOT_FAKE_API_KEY", secret)
+    async with _local(isolation=isolation, env={"VISIBLE": "yes"}) as sb:
+        r = await sb.exec("env; cat /proc/self/environ /proc/1/environ 2>/dev/null")
+    assert secret not in r.stdout and "SANDLOT_FAKE_API_KEY" not in r.stdout
+    assert "VISIBLE=yes" in r.stdout
+
+
+# ----------------------------------------------------------------- network
+
+
+@pytest.fixture
+def loopback_listener() -> Iterator[int]:
+    """A TCP port listening on the host's 127.0.0.1 (the connection is never accepted)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        yield server.getsockname()[1]
+
+
+@needs_bwrap
+async def test_network_is_cut_unless_allowed(loopback_listener: int) -> None:
+    connect = f"exec 3<>/dev/tcp/127.0.0.1/{loopback_listener} && echo connected"
+    async with _local() as sb:
+        r = await sb.exec(connect, timeout=20)
+        assert r.exit_code != 0 and "connected" not in r.stdout
+        assert (await sb.exec("cat /proc/net/route | wc -l")).stdout.strip() == "1"
+    async with _local(network=True) as sb:
+        assert (await sb.exec(connect, timeout=20)).stdout == "connected\n"
+
+
+# ----------------------------------------------------------------- processes
+
+
+@needs_bwrap
+async def test_cannot_see_host_or_other_sandbox_processes(marker: str) -> None:
+    # "ab[c]d" matches "abcd" but not itself: the search does not find its own grep.
+    pattern = f"{marker[:10]}[{marker[10]}]{marker[11:]}"
+    look = (
+        f"cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c '{pattern}'; "
+        "ls /proc | grep -c '^[0-9]'"
+    )
+    async with await anyio.open_process(["bash", "-c", f"exec -a {marker}-host sleep 60"]) as host:
+        try:
+            async with _local() as a, _local() as b, anyio.create_task_group() as tg:
+                tg.start_soon(b.exec, f"exec -a {marker}-b sleep 3")
+                await anyio.to_thread.run_sync(wait_until_some_process_has, f"{marker}-b")
+                count, visible_pids = (await a.exec(look)).stdout.split()
+                assert count == "0"
+                assert int(visible_pids) < 10
+                tg.cancel_scope.cancel()
+        finally:
+            host.kill()
+
+
+async def _observe_then_vanish(sb: LocalSandbox, cmd: str, marker: str) -> None:
+    """Run ``cmd`` (which starts processes carrying ``marker``), see them on the host while it
+    runs, then require them gone once it has returned."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sb.exec, cmd + "; sleep 1.5")
+        await anyio.to_thread.run_sync(wait_until_some_process_has, marker)
+    assert await anyio.to_thread.run_sync(wait_until_no_process_has, marker) == []
+
+
+@needs_bwrap
+async def test_background_and_daemonized_processes_die_with_the_exec(marker: str) -> None:
+    background = f"(exec -a {marker}-bg sleep 1000) &"
+    daemon = (
+        f"(setsid bash -c '(exec -a {marker}-daemon sleep 1000) &' </dev/null >/dev/null 2>&1 &)"
+    )
+    async with _local() as sb:
+        await _observe_then_vanish(sb, f"{background} {daemon}", marker)
+
+
+@needs_bwrap
+async def test_timed_out_tree_is_killed_on_the_host(marker: str) -> None:
+    daemon = f"(setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 &)"
+    async with _local() as sb:
+        r = await sb.exec(f"{daemon}; sleep 1000", timeout=1)
+        assert r.timed_out
+        assert await anyio.to_thread.run_sync(wait_until_no_process_has, marker) == []
+
+
+@needs_pids_cgroup
+async def test_isolation_none_daemons_die_at_close(marker: str) -> None:
+    daemon = f"(setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 &)"
+    async with _local(isolation="none") as sb:
+        await sb.exec(f"(exec -a {marker}-bg sleep 1000) & {daemon}; sleep 0.3")
+        assert await anyio.to_thread.run_sync(wait_until_no_process_has, f"{marker}-bg") == []
+    assert await anyio.to_thread.run_sync(wait_until_no_process_has, marker) == []
+
+
+# ----------------------------------------------------------------- limits
+
+
+_FORK_COUNTER = """
+import os, sys, time
+n = 0
+try:
+    while n < 1000:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+    print("unbounded", n)
+except OSError:
+    print("capped", n)
+"""
+
+
+@needs_bwrap
+@needs_pids_cgroup
+async def test_process_cap_holds_even_for_root() -> None:
+    async with _local(max_processes=64) as sb:
+        r = await sb.exec([sys.executable, "-c", _FORK_COUNTER], timeout=60)
+        verdict, count = r.stdout.split()
+        assert verdict == "capped" and int(count) < 64
+        assert sb.pids_cgroup is not None
+        # A shell fork bomb hits the same wall. Once it runs, forking fails, so the shell waits
+        # and counts with builtins only (a FIFO opened read-write gives `read -t` a timer).
+        bomb = await sb.exec(
+            "mkfifo timer && exec 9<>timer; :(){ :|:& };:; read -t 1 -u 9; "
+            "n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n",
+            timeout=30,
+        )
+        assert 0 < int(bomb.stdout) <= 64 + 1  # + the jail's init, outside the cgroup
+        assert (await sb.exec("echo alive")).stdout == "alive\n"
+        assert (await anyio.Path(sb.pids_cgroup / "pids.current").read_text()).strip() == "0"
+
+
+@needs_bwrap
+async def test_file_size_limit(tmp_path: Path) -> None:
+    async with _local(max_file_size_mb=1) as sb:
+        r = await sb.exec("head -c 3000000 /dev/zero > big; echo status=$?")
+        assert "status=153" in r.stdout  # SIGXFSZ
+        assert sb.host_workdir is not None
+        assert (await anyio.Path(sb.host_workdir / "big").stat()).st_size == 1024 * 1024
+
+
+@needs_bwrap
+async def test_cpu_time_limit() -> None:
+    async with _local(cpu_time_s=1) as sb:
+        r = await sb.exec("while :; do :; done", timeout=30)
+    assert (r.exit_code, r.timed_out) == (128 + 24, False)  # SIGXCPU
+
+
+@needs_bwrap
+async def test_memory_limit() -> None:
+    async with _local(memory_mb=256) as sb:
+        r = await sb.exec([sys.executable, "-c", "b = bytearray(1 << 30)"], timeout=60)
+    assert r.exit_code == 1 and "MemoryError" in r.stderr
+
+
+@needs_bwrap
+async def test_limits_cannot_be_raised_again() -> None:
+    async with _local(max_file_size_mb=1) as sb:
+        r = await sb.exec("ulimit -f unlimited")
+    assert r.exit_code != 0
+
+
+# ----------------------------------------------------------------- setup
+
+
+async def test_missing_bwrap_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    sb = _local()
+    with pytest.raises(BackendUnavailableError) as info:
+        await sb.start()
+    message = str(info.value)
+    assert "apt-get install bubblewrap" in message and "dnf install bubblewrap" in message
+    assert 'isolation="none"' in message
+    assert sb.closed
+    with pytest.raises(BackendUnavailableError, match="/opt/no/bwrap"):
+        await _local(bwrap_path="/opt/no/bwrap").start()
+
+
+async def test_isolation_none_warns_once_per_sandbox(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="sandlot.sandboxes.local")
+    for _ in range(2):
+        async with _local(isolation="none") as sb:
+            await sb.exec("true")
+            await sb.exec("true")
+    warnings = [r for r in caplog.records if "NOTHING IS ISOLATED" in r.getMessage()]
+    assert len(warnings) == 2
