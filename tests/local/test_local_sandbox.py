@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -157,3 +158,29 @@ async def test_many_sandboxes_at_once() -> None:
         for i in range(40):
             tg.start_soon(one, i)
     assert results == {i: f"{i}\n" for i in range(40)}
+
+
+@needs_bwrap
+def test_python_from_a_virtualenv_under_tmp_is_visible(tmp_path: Path) -> None:
+    # pytest's tmp_path is under /tmp, which is private inside the jail.
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+        check=True,
+    )
+    script = (
+        "import anyio, sys, sandlot\n"
+        "async def main():\n"
+        "    async with sandlot.open('local') as sb:\n"
+        "        r = await sb.exec([sys.executable, '-c', 'import sys; print(sys.prefix)'])\n"
+        "        print(r.exit_code, r.stdout.strip())\n"
+        "anyio.run(main)\n"
+    )
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    ).stdout
+    assert out.split() == ["0", str(venv)]

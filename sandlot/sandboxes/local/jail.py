@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,20 @@ def _mask(path: str, empty_dir: Path) -> list[str]:
     return ["--ro-bind", source, path]
 
 
+def _private_interpreter_binds() -> list[str]:
+    """Read-only binds for the running Python when it lives where the jail is private.
+
+    A virtualenv under ``/tmp`` would otherwise vanish inside the jail, and ``python`` in a test
+    command would silently be some other interpreter, or none.
+    """
+    argv: list[str] = []
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        parts = Path(prefix).parts
+        if len(parts) > 2 and parts[1] in ("tmp", "run") and os.path.isdir(prefix):
+            argv += ["--ro-bind", prefix, prefix]
+    return argv
+
+
 def check_workdir(workdir: str, rootfs: Path) -> str | None:
     """Why ``workdir`` cannot be a mount point in the jail, or ``None`` when it can."""
     if not workdir.startswith("/") or os.path.normpath(workdir) != workdir:
@@ -139,6 +154,8 @@ def jail_argv(config: JailConfig) -> list[str]:
     argv += ["--dev", "/dev", "--tmpfs", "/run"]
     argv += ["--bind", str(dirs.tmp), "/tmp", "--bind", str(dirs.home), JAIL_HOME]
     argv += ["--bind", str(dirs.work), config.workdir]
+    if config.rootfs == Path("/"):
+        argv += _private_interpreter_binds()
     if config.cgroup_procs is not None:
         argv += ["--bind", str(config.cgroup_procs), JAIL_CGROUP_PROCS]
     if config.network and config.rootfs == Path("/"):
