@@ -7,6 +7,7 @@ import logging
 import click
 
 from sandlot import __version__
+from sandlot.cli.data_cmd import data_group
 from sandlot.cli.eval_cmd import eval_command
 
 
@@ -20,6 +21,7 @@ def cli(verbose: int) -> None:
 
 
 cli.add_command(eval_command)
+cli.add_command(data_group)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Dataset rows: the :class:`Instance` model, loaders, and swebench-derived test settings."""
+"""Dataset rows: the :class:`Instance` model, loaders, swebench-derived test settings, and the
+verl parquet rows of ``sandlot data`` (:class:`TaskRow`, :func:`validate_file`)."""
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import (
@@ -7,15 +8,19 @@ from sandlot.datasets.loaders import (
     iter_instances,
     load_instances,
 )
+from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.swebench_specs import SpecError, resolve_log_parser, resolve_test_cmd
+from sandlot.datasets.validate import validate_file
 
 __all__ = [
     "DatasetError",
     "Instance",
     "SpecError",
+    "TaskRow",
     "instance_from_record",
     "iter_instances",
     "load_instances",
     "resolve_log_parser",
     "resolve_test_cmd",
+    "validate_file",
 ]

@@ -9,12 +9,23 @@ Field names follow the SWE-bench harness dataset schema (``instance_id``, ``repo
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_LOG_PARSER = "parse_log_pytest"
 DEFAULT_EVAL_TIMEOUT_S = 1800.0
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# git's scp-like remote syntax: a colon before any slash ("git@github.com:owner/repo.git").
+_SCP_LIKE = re.compile(r"^[^/]*:")
+
+
+def is_remote_source(repo_source: str) -> bool:
+    """``True`` for URLs (``https://``, ``file://``, ...) and scp-like remotes (``git@host:x``);
+    ``False`` for host paths."""
+    return bool(_URL.match(repo_source) or _SCP_LIKE.match(repo_source))
 
 
 def _as_test_list(value: Any, field: str) -> list[str]:

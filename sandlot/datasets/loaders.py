@@ -11,7 +11,8 @@ Accepted inputs (records use the SWE-bench dataset field names, see ``instance.p
       ``instance_id`` takes its key, a record whose ``instance_id`` differs from its key is an
       error.
 - ``.parquet``: one row per record (the Hugging Face exports of SWE-bench), read batch by batch
-  with ``pyarrow`` (``sandlot[eval]``).
+  with ``pyarrow`` (``sandlot[eval]``); the verl task rows that ``sandlot data prepare`` writes
+  (``sandlot.datasets.rows``) are recognised and give the instance in their metadata.
 - a directory: every ``.jsonl``, ``.json`` and ``.parquet`` file directly in it, in name order.
 
 A ``null`` value of a declared field means the field is absent (parquet files hold ``null`` where a
@@ -26,22 +27,20 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from sandlot.datasets.instance import Instance
+from sandlot.datasets.instance import Instance, is_remote_source
+from sandlot.datasets.rows import TaskRow
+from sandlot.datasets.validate import consistency_problems
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 """File name endings :func:`load_instances` reads."""
 
 _PARQUET_BATCH_ROWS = 1024
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-# git's scp-like remote syntax: a colon before any slash ("git@github.com:owner/repo.git").
-_SCP_LIKE = re.compile(r"^[^/]*:")
 
 
 class DatasetError(ValueError):
@@ -130,7 +129,7 @@ def iter_instances(path: str | os.PathLike[str]) -> Iterator[Instance]:
 
     first_seen: dict[str, str] = {}
     for file in files:
-        for where, record in _records(file):
+        for where, record in iter_records(file):
             instance = instance_from_record(record, source=file, where=where)
             here = f"{file}, {where}"
             if instance.instance_id in first_seen:
@@ -148,56 +147,107 @@ def iter_instances(path: str | os.PathLike[str]) -> Iterator[Instance]:
 def instance_from_record(record: Any, *, source: str | os.PathLike[str], where: str) -> Instance:
     """Validate one record into an :class:`Instance`.
 
-    Every loader converts records here, so further row formats (verl's parquet rows) are to be
-    recognised in this one place.
+    Every loader converts records here, so every row format is recognised in this one place.
 
     Args:
-        record: a mapping with the SWE-bench dataset fields (``instance_id``, ``base_commit``,
-            ``test_patch``, ``FAIL_TO_PASS`` as a list or JSON string, ...) plus sandlot's
-            fields; ``None`` values of declared fields count as absent; unknown keys are kept.
+        record: either a mapping with the SWE-bench dataset fields (``instance_id``,
+            ``base_commit``, ``test_patch``, ``FAIL_TO_PASS`` as a list or JSON string, ...)
+            plus sandlot's fields (``None`` values of declared fields count as absent; unknown
+            keys are kept), or a verl task row (``sandlot.datasets.rows.TaskRow``: no top-level
+            ``instance_id``, an ``extra_info.tools_kwargs``), whose instance is
+            ``extra_info.tools_kwargs.reward.metadata`` and whose ids and environment fields
+            must agree with it.
         source: the dataset file holding the record; a relative ``repo_source`` path is
             resolved against its directory.
         where: the record's position in ``source`` for error messages (``"line 3"``).
 
     Raises:
         DatasetError: ``record`` is not a mapping or fails validation; the message names the
-            file, position, ``instance_id`` when known, and each offending field.
+            file, position, ``instance_id`` when known, and each offending field (dotted paths
+            such as ``extra_info.tools_kwargs.reward.metadata.FAIL_TO_PASS`` for task rows).
     """
     if not isinstance(record, Mapping):
         raise DatasetError(
             source, f"record must be a JSON object, got {type(record).__name__}", where=where
         )
-    instance_id = record.get("instance_id")
-    known_id = instance_id if isinstance(instance_id, str) and instance_id else None
-    declared = Instance.model_fields
-    data = {k: v for k, v in record.items() if not (v is None and k in declared)}
-    try:
-        instance = Instance.model_validate(data)
-    except ValidationError as exc:
-        problems: list[str] = []
-        fields: list[str] = []
-        for error in exc.errors():
-            field = ".".join(str(part) for part in error["loc"]) or "<record>"
-            fields.append(field)
-            if error["type"] == "missing":
-                problems.append(f"missing required field {field!r}")
-            else:
-                message = error["msg"].removeprefix("Value error, ")
-                problems.append(f"field {field!r}: {message}")
-        raise DatasetError(
-            source, "; ".join(problems), where=where, instance_id=known_id, fields=tuple(fields)
-        ) from None
-    if instance.repo_source and _is_local_path(instance.repo_source):
+    if _is_task_row(record):
+        instance = _instance_from_row(record, source=source, where=where)
+    else:
+        instance_id = record.get("instance_id")
+        known_id = instance_id if isinstance(instance_id, str) and instance_id else None
+        declared = Instance.model_fields
+        data = {k: v for k, v in record.items() if not (v is None and k in declared)}
+        try:
+            instance = Instance.model_validate(data)
+        except ValidationError as exc:
+            raise _validation_error(exc, source, where, known_id) from None
+    if instance.repo_source and not is_remote_source(instance.repo_source):
         base = Path(source).absolute().parent
         instance.repo_source = os.path.normpath(base / Path(instance.repo_source).expanduser())
     return instance
 
 
-def _is_local_path(value: str) -> bool:
-    return not (_URL.match(value) or _SCP_LIKE.match(value))
+def _is_task_row(record: Mapping[str, Any]) -> bool:
+    info = record.get("extra_info")
+    return (
+        "instance_id" not in record
+        and isinstance(info, Mapping)
+        and isinstance(info.get("tools_kwargs"), Mapping)
+    )
 
 
-def _records(file: Path) -> Iterator[tuple[str, Any]]:
+def _instance_from_row(
+    record: Mapping[str, Any], *, source: str | os.PathLike[str], where: str
+) -> Instance:
+    """The instance of a verl row (``sandlot.datasets.rows``), checked for consistency."""
+    info = record["extra_info"]
+    raw_id = info.get("instance_id")
+    known_id = raw_id if isinstance(raw_id, str) and raw_id else None
+    try:
+        row = TaskRow.from_record(record)
+    except ValidationError as exc:
+        raise _validation_error(exc, source, where, known_id) from None
+    problems = consistency_problems(row)
+    if problems:
+        raise DatasetError(
+            source,
+            "; ".join(f"field {p.field!r}: {p.problem}" for p in problems),
+            where=where,
+            instance_id=known_id,
+            fields=tuple(p.field for p in problems),
+        )
+    return row.instance
+
+
+def _validation_error(
+    exc: ValidationError,
+    source: str | os.PathLike[str],
+    where: str,
+    instance_id: str | None,
+) -> DatasetError:
+    problems: list[str] = []
+    fields: list[str] = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "<record>"
+        fields.append(field)
+        if error["type"] == "missing":
+            problems.append(f"missing required field {field!r}")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"field {field!r}: {message}")
+    return DatasetError(
+        source, "; ".join(problems), where=where, instance_id=instance_id, fields=tuple(fields)
+    )
+
+
+def iter_records(file: Path) -> Iterator[tuple[str, Any]]:
+    """Yield ``(where, record)`` for each raw record of one ``.jsonl``/``.json``/``.parquet``
+    file (shapes in the module docstring), before any validation.
+
+    Raises:
+        DatasetError: unreadable JSON or parquet.
+        ImportError: a parquet file and no ``pyarrow``.
+    """
     if file.suffix == ".jsonl":
         return _jsonl_records(file)
     if file.suffix == ".json":

@@ -163,3 +163,23 @@ def resolve_log_parser(instance: Instance) -> LogParser:
             f"(the {_PARSER_PREFIX} prefix is optional): {', '.join(sorted(parsers))}"
         )
     return parsers[full]
+
+
+def install_commands(repo: str, version: str | None) -> list[str]:
+    """The commands swebench 4.1 runs to install ``repo`` at ``version`` in its instance image.
+
+    They are the spec's ``pre_install`` list followed by its ``install`` command
+    (``swebench.harness.test_spec.python.make_repo_script_list_py``), e.g.
+    ``["python -m pip install -e ."]``. A repo or version swebench does not know has none.
+
+    Raises:
+        ImportError: ``swebench`` is not installed (names ``sandlot[eval]``).
+    """
+    constants = _swebench("swebench.harness.constants")
+    spec = constants.MAP_REPO_VERSION_TO_SPECS.get(repo, {}).get(version)
+    if not spec:
+        return []
+    commands = [str(c) for c in spec.get("pre_install", [])]
+    if spec.get("install"):
+        commands.append(str(spec["install"]))
+    return commands

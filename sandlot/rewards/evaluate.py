@@ -170,7 +170,13 @@ async def _apply_model_patch(sb: Sandbox, instance: Instance, model_patch: str) 
 
 
 async def _prepare_tests(sb: Sandbox, instance: Instance) -> None:
-    """Reset the files ``test_patch`` touches to ``base_commit``, then apply ``test_patch``."""
+    """Reset the files ``test_patch`` touches to ``base_commit``, then apply ``test_patch``.
+
+    An empty ``test_patch`` means the graded tests come with the environment (R2E-Gym keeps
+    them in its images): there is nothing to reset or apply.
+    """
+    if not instance.test_patch.strip():
+        return
     files = patch_files(instance.test_patch)
     test_patch = (
         instance.test_patch if instance.test_patch.endswith("\n") else instance.test_patch + "\n"

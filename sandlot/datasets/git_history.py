@@ -1,0 +1,74 @@
+"""A setup command that removes every trace of git history the agent must not see.
+
+SWE-rebench images (and any clone of a live repository) hold the commits that came after
+``base_commit`` — the fix among them — in tags, other branches, remote-tracking refs, the reflog,
+``FETCH_HEAD``/``ORIG_HEAD`` and unreachable objects. An agent that runs ``git log --all`` or
+``git show <tag>`` reads the answer (uni-agent's commit #23, "future tags and reflog revealed the
+gold patch"). :func:`strip_future_history_cmd` returns a bash script, run in the repository,
+that keeps exactly ``HEAD`` and its ancestors:
+
+1. checks that ``base_commit`` is ``HEAD`` or an ancestor of it (SWE-bench style images commit
+   their environment setup on top of ``base_commit``; that commit is kept);
+2. removes every remote;
+3. deletes every ref except the branch ``HEAD`` is on and tags that point into ``HEAD``'s
+   history (other branches, later tags, stash, notes, replace refs, remote-tracking refs);
+4. deletes ``FETCH_HEAD``, ``ORIG_HEAD`` and the other ``*_HEAD`` files that name commits;
+5. expires every reflog, drops alternates (after copying the objects it borrows) and runs
+   ``git gc --prune=now``, which deletes the now unreachable objects;
+6. verifies that no ref reaches a commit outside ``HEAD``'s history (exit 1 otherwise).
+
+SWE-bench's own images run a weaker variant when they are built (tags newer than the base
+commit's date, reflog, ``gc``; ``swebench.harness.test_spec.python.make_repo_script_list_py``);
+uni-agent runs ``git tag -d $(git tag -l) && git reflog expire --expire=now --all && git gc
+--prune=now`` (``examples/data_preprocess/swe_rebench.py``), which leaves other branches.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+_SCRIPT = """\
+set -euo pipefail
+export GIT_TERMINAL_PROMPT=0
+git config --global --add safe.directory '*' 2>/dev/null || true
+git_dir=$(git rev-parse --git-dir)
+if ! git merge-base --is-ancestor {base} HEAD; then
+  echo "sandlot: base_commit {base} is not HEAD or an ancestor of it" >&2
+  exit 1
+fi
+for remote in $(git remote); do git remote remove "$remote"; done
+branch=$(git symbolic-ref -q HEAD || true)
+git for-each-ref --format='%(refname)' | while IFS= read -r ref; do
+  if [ "$ref" = "$branch" ]; then continue; fi
+  case "$ref" in
+    refs/tags/*) if git merge-base --is-ancestor "$ref" HEAD 2>/dev/null; then continue; fi ;;
+  esac
+  git update-ref -d "$ref"
+done
+rm -f "$git_dir"/FETCH_HEAD "$git_dir"/ORIG_HEAD "$git_dir"/MERGE_HEAD \\
+  "$git_dir"/CHERRY_PICK_HEAD "$git_dir"/REVERT_HEAD "$git_dir"/BISECT_LOG
+git worktree prune
+git reflog expire --expire=now --expire-unreachable=now --all
+if [ -s "$git_dir/objects/info/alternates" ]; then
+  git repack -a -d -q
+  rm -f "$git_dir/objects/info/alternates"
+fi
+git gc --prune=now --quiet
+leaked=$(git rev-list --all --not HEAD | head -n 5)
+if [ -n "$leaked" ]; then
+  echo "sandlot: commits outside HEAD's history are still reachable: $leaked" >&2
+  exit 1
+fi
+"""
+
+
+def strip_future_history_cmd(base_commit: str) -> str:
+    """The bash script described in the module docstring, for a repository at ``base_commit``.
+
+    Run it with the repository as the working directory (``post_setup_cmd`` runs in
+    ``workdir``). It exits non-zero when ``base_commit`` is not in ``HEAD``'s history or when
+    a commit outside that history stays reachable.
+    """
+    if not base_commit.strip():
+        raise ValueError("base_commit is empty")
+    return _SCRIPT.format(base=shlex.quote(base_commit))

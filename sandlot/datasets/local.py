@@ -1,0 +1,52 @@
+"""``DEPLOYMENT=local``: rows that run on the host from a directory of git mirrors, no image.
+
+The mirror directory (``--repo-mirror`` or ``$SANDLOT_REPO_MIRROR``) holds one git repository per
+source repository, named after its ``owner/name`` with ``/`` replaced by ``__``::
+
+    $SANDLOT_REPO_MIRROR/astropy__astropy        # git clone --mirror https://github.com/astropy/astropy
+    $SANDLOT_REPO_MIRROR/sandlot-examples__minicalc
+
+A local row has image ``"host"`` and ``repo_source`` = the absolute path of its mirror; the
+``local`` backend uploads it, clones it into ``workdir`` and checks out ``base_commit``
+(``sandlot.rewards.environment.prepare_repo``), then runs the row's ``post_setup_cmd``, which
+holds the dataset's install commands. Those run inside the bubblewrap jail with the host's
+toolchain: the host root is read-only, ``$HOME``, ``/tmp`` and ``workdir`` are writable, and
+there is no network, so an install must work offline (``pip`` falls back to a user install
+in the jail's home).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_MIRROR_ENV = "SANDLOT_REPO_MIRROR"
+
+
+class LocalDeploymentError(ValueError):
+    """A local row cannot be built (no mirror directory given)."""
+
+
+def mirror_dir_name(repo: str) -> str:
+    """``"owner/name"`` → ``"owner__name"``, the repository's directory in the mirror."""
+    return repo.replace("/", "__")
+
+
+def resolve_mirror(value: str | os.PathLike[str] | None) -> Path:
+    """The mirror directory: ``value``, else ``$SANDLOT_REPO_MIRROR``, made absolute.
+
+    Raises:
+        LocalDeploymentError: neither is set.
+    """
+    raw = value if value is not None else os.environ.get(REPO_MIRROR_ENV)
+    if not raw:
+        raise LocalDeploymentError(
+            f"DEPLOYMENT=local needs a directory of git mirrors: set {REPO_MIRROR_ENV} or pass "
+            "--repo-mirror (it holds one repository per repo, named <owner>__<name>)"
+        )
+    return Path(raw).expanduser().absolute()
+
+
+def mirror_source(mirror: Path, repo: str) -> str:
+    """The ``repo_source`` of ``repo`` in ``mirror`` (the path need not exist yet)."""
+    return str(mirror / mirror_dir_name(repo))

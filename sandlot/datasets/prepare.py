@@ -1,0 +1,239 @@
+"""The preprocessing pipeline shared by every source dataset: source rows → verl parquet rows.
+
+Each source module (``swe_bench_verified``, ``swe_rebench``, ``r2e_gym_subset``) describes itself
+with a :class:`Preprocessor`: its Hugging Face id and split, the output name, the source fields
+it requires, and a ``convert`` function from one source record to the fields of an
+:class:`~sandlot.datasets.instance.Instance`. :func:`prepare` then
+
+0. checks that the output directory can be written (before a long download, not after);
+1. reads the source (:func:`sandlot.datasets.sources.read_source`);
+2. selects rows: with ``seed``, a reproducible shuffle; then the first ``max_instances``;
+3. converts each selected record, checks the required fields and validates the instance (every
+   problem is a :class:`~sandlot.datasets.loaders.DatasetError` naming the input, the record
+   and the field);
+4. renders the prompt (:class:`~sandlot.datasets.prompts.PromptTemplate`), builds the
+   :class:`~sandlot.datasets.rows.TaskRow` and writes ``<local_save_dir>/<stem>_<deployment>
+   .parquet`` (:func:`sandlot.datasets.parquet.write_rows`);
+5. re-reads the file with :func:`sandlot.datasets.validate.validate_file` and fails if any row
+   is rejected, so a file it leaves behind is one ``sandlot data validate`` accepts.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from sandlot.datasets.images import Deployment
+from sandlot.datasets.instance import Instance
+from sandlot.datasets.loaders import DatasetError, instance_from_record
+from sandlot.datasets.local import LocalDeploymentError, resolve_mirror
+from sandlot.datasets.parquet import write_rows
+from sandlot.datasets.prompts import PromptTemplate
+from sandlot.datasets.rows import DEFAULT_AGENT_NAME, TaskRow, build_row
+from sandlot.datasets.sources import Record, read_source
+from sandlot.datasets.validate import ValidationReport, validate_file
+
+
+class SourceError(ValueError):
+    """A source record cannot be converted; ``field`` names the offending source field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(problem)
+        self.field = field
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class ConvertContext:
+    """What a conversion needs besides the record."""
+
+    deployment: Deployment
+    image_overrides: Mapping[str, str] = field(default_factory=dict)
+    repo_mirror: Path | None = None
+    """Set for ``local``: the directory of git mirrors (``sandlot.datasets.local``)."""
+
+
+Convert = Callable[[Mapping[str, Any], ConvertContext], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Preprocessor:
+    """One source dataset.
+
+    Attributes:
+        name: module and CLI name (``"swe_rebench"``).
+        hf_id: the Hugging Face dataset read when no ``--input`` is given; also the rows'
+            ``data_source``.
+        default_split: the split read from ``hf_id``.
+        output_stem: output file name before ``_<deployment>.parquet``; ``{split}`` is replaced.
+        reward_name: ``tools_kwargs.reward.name`` of the rows.
+        required: source fields every record must have (non-null).
+        convert: source record → ``Instance`` fields; raises :class:`SourceError`.
+        deployments: the deployments the source supports.
+    """
+
+    name: str
+    hf_id: str
+    default_split: str
+    output_stem: str
+    reward_name: str
+    required: tuple[str, ...]
+    convert: Convert
+    deployments: tuple[Deployment, ...] = ("local", "docker", "modal", "vefaas")
+
+
+@dataclass
+class PrepareOptions:
+    """The knobs of one run (the CLI options of ``sandlot data prepare``)."""
+
+    local_save_dir: Path
+    deployment: Deployment
+    input: str | None = None
+    split: str | None = None
+    max_instances: int | None = None
+    seed: int | None = None
+    template: PromptTemplate = field(default_factory=PromptTemplate)
+    image_overrides: Mapping[str, str] = field(default_factory=dict)
+    repo_mirror: str | None = None
+    agent_name: str = DEFAULT_AGENT_NAME
+
+
+@dataclass
+class PrepareResult:
+    """The file written, its row count and its validation report (always ``ok``)."""
+
+    path: Path
+    rows: int
+    report: ValidationReport
+
+
+class OutputDirError(OSError):
+    """The output directory cannot be created or written."""
+
+
+def output_path(pre: Preprocessor, options: PrepareOptions) -> Path:
+    """``<local_save_dir>/<stem>_<deployment>.parquet``."""
+    stem = pre.output_stem.format(split=options.split or pre.default_split)
+    return Path(options.local_save_dir).expanduser() / f"{stem}_{options.deployment}.parquet"
+
+
+def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
+    """Run the pipeline of the module docstring.
+
+    Raises:
+        LocalDeploymentError: ``local`` is not supported by ``pre`` or has no mirror directory.
+        FileNotFoundError: the input file does not exist.
+        DatasetError: a record is invalid (names input, record, instance and field), or
+            repeats an ``instance_id``.
+        OutputDirError: the output directory cannot be created or written (checked first).
+        ImportError: ``datasets`` (Hugging Face input) or ``pyarrow`` is missing.
+    """
+    if options.deployment not in pre.deployments:
+        raise LocalDeploymentError(
+            f"{pre.name} cannot be prepared for DEPLOYMENT={options.deployment}; supported: "
+            f"{', '.join(pre.deployments)}"
+        )
+    if options.max_instances is not None and options.max_instances < 0:
+        raise ValueError(f"max_instances must be >= 0, got {options.max_instances}")
+    target = output_path(pre, options)
+    _check_writable(target.parent)
+    ctx = ConvertContext(
+        deployment=options.deployment,
+        image_overrides=options.image_overrides,
+        repo_mirror=resolve_mirror(options.repo_mirror) if options.deployment == "local" else None,
+    )
+    source = options.input or pre.hf_id
+    records = _select(read_source(source, split=options.split or pre.default_split), options)
+    rows: list[TaskRow] = []
+    seen: dict[str, str] = {}
+    for where, record in records:
+        instance = convert_record(pre, record, ctx, source=source, where=where)
+        if instance.instance_id in seen:
+            raise DatasetError(
+                source,
+                f"duplicate instance_id, first seen at {seen[instance.instance_id]}",
+                where=where,
+                instance_id=instance.instance_id,
+                fields=("instance_id",),
+            )
+        seen[instance.instance_id] = where
+        rows.append(
+            build_row(
+                instance,
+                index=len(rows),
+                prompt=options.template.render(instance),
+                data_source=pre.hf_id,
+                reward_name=pre.reward_name,
+                deployment=options.deployment,
+                agent_name=options.agent_name,
+            )
+        )
+    path = write_rows(rows, target)
+    report = validate_file(path)
+    if not report.ok:
+        raise RuntimeError(f"sandlot wrote {path} but rejects it: {report.errors[0]}")
+    return PrepareResult(path=path, rows=len(rows), report=report)
+
+
+def convert_record(
+    pre: Preprocessor, record: Any, ctx: ConvertContext, *, source: str, where: str
+) -> Instance:
+    """One source record → a validated :class:`Instance` (errors name ``source`` and ``where``).
+
+    Raises:
+        DatasetError: the record is not an object, misses a required field, or fails
+            conversion or :class:`Instance` validation.
+    """
+    if not isinstance(record, Mapping):
+        raise DatasetError(
+            source, f"record must be an object, got {type(record).__name__}", where=where
+        )
+    raw_id = record.get("instance_id")
+    known_id = raw_id if isinstance(raw_id, str) and raw_id else None
+    missing = [f for f in pre.required if record.get(f) is None]
+    if missing:
+        raise DatasetError(
+            source,
+            "; ".join(f"missing required field {f!r}" for f in missing)
+            + f" ({pre.name} rows need {', '.join(pre.required)})",
+            where=where,
+            instance_id=known_id,
+            fields=tuple(missing),
+        )
+    try:
+        data = pre.convert(record, ctx)
+    except SourceError as exc:
+        raise DatasetError(
+            source,
+            f"field {exc.field!r}: {exc.problem}",
+            where=where,
+            instance_id=known_id,
+            fields=(exc.field,),
+        ) from None
+    return instance_from_record(data, source=source, where=where)
+
+
+def _check_writable(directory: Path) -> None:
+    """Fail before reading the source, not after converting it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".sandlot-write-test-"):
+            pass
+    except OSError as exc:
+        raise OutputDirError(
+            f"output directory {directory} is not writable ({exc.strerror or exc}); "
+            "choose another --local-save-dir"
+        ) from None
+
+
+def _select(records: Iterator[Record], options: PrepareOptions) -> Iterator[Record]:
+    if options.seed is not None:
+        pool = list(records)
+        random.Random(options.seed).shuffle(pool)
+        records = iter(pool)
+    return islice(records, options.max_instances) if options.max_instances is not None else records

@@ -1,0 +1,176 @@
+"""R2E-Gym (subset) → verl parquet rows.
+
+Usage::
+
+    DEPLOYMENT=vefaas python -m sandlot.datasets.r2e_gym_subset --local-save-dir ~/data/swe_agent
+    # → ~/data/swe_agent/r2e_gym_subset_vefaas.parquet (also: sandlot data prepare r2e_gym_subset)
+
+Source: the Hugging Face dataset ``R2E-Gym/R2E-Gym-Subset`` (arXiv 2504.07164), split ``train``;
+uni-agent trains on the filtered copy ``dyyyyyyyy/r2e-gym-subset-filtered`` (same columns, pass
+it with ``--input``). Columns (dataset card): ``repo_name`` (``"aiohttp"``), ``docker_image``,
+``commit_hash`` (the fixing commit), ``parsed_commit_content`` (JSON of R2E-Gym's
+``ParsedCommit``, see :mod:`sandlot.datasets.r2e_commit`), ``execution_result_content``,
+``modified_files``, ``modified_entity_summaries``, ``relevant_files``, ``num_non_test_files``,
+``num_non_test_func_methods``, ``num_non_test_lines``, ``prompt`` (the prompt R2E-Gym used to
+write the issue; never used here), ``problem_statement`` and ``expected_output_json`` (JSON
+``{test id: status}`` of R2E-Gym's hidden tests with the fix applied).
+
+Conversion (R2E-Gym's ``r2egym/agenthub/runtime/docker.py`` and uni-agent's
+``examples/data_preprocess/r2e_gym_subset_filtered.py``): ``instance_id`` is
+``<repo_name>__<commit_hash[:10]>``; ``base_commit`` is the commit's parent
+(``old_commit_hash``); ``patch`` is the commit's non-test Python diff; the problem statement is
+the text between ``[ISSUE]`` and ``[/ISSUE]`` when present. The graded tests are not in a
+``test_patch`` but in the image (``/r2e_tests``), so ``test_patch`` is empty and the tests are
+run by the image's ``run_tests.sh`` with the tests linked into the repository for the run only.
+R2E-Gym grades by exact equality with ``expected_output_json``; sandlot grades with
+FAIL_TO_PASS = the tests expected to pass (keys cut at ``" - "`` and stripped of colour codes,
+as R2E-Gym compares them), so an expected failure is not checked. The log parser is
+``parse_log_pytest``. Only the columns named in :data:`KEPT` stay in the instance.
+
+Environment: ``post_setup_cmd`` sets up R2E-Gym's layout (:data:`SETUP_CMD`); the hidden tests
+and ``run_tests.sh`` move out of the repository to ``/root``. ``DEPLOYMENT=local`` is not
+supported: the graded tests exist only inside the images.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from sandlot.datasets.environment import image_environment
+from sandlot.datasets.images import IMAGE_PATH, ImageFamily, ImageNameError, image_name
+from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
+from sandlot.datasets.r2e_commit import gold_patch
+
+REQUIRED = (
+    "repo_name",
+    "commit_hash",
+    "parsed_commit_content",
+    "problem_statement",
+    "expected_output_json",
+)
+KEPT = (
+    "repo_name",
+    "docker_image",
+    "commit_hash",
+    "modified_files",
+    "relevant_files",
+    "num_non_test_files",
+    "num_non_test_func_methods",
+    "num_non_test_lines",
+    "expected_output_json",
+)
+
+SETUP_CMD = """\
+set -e
+ln -sfn /testbed/.venv /root/.venv
+mkdir -p /root/.local/bin
+ln -sf /testbed/.venv/bin/python /root/.local/bin/python
+ln -sf /testbed/.venv/bin/python /root/.local/bin/python3
+find /testbed/.venv/bin -type f -executable -exec ln -sf {} /root/.local/bin/ \\;
+find /testbed -name '*.pyc' -delete
+find /testbed -name __pycache__ -prune -exec rm -rf {} +
+if [ -e /testbed/run_tests.sh ]; then mv /testbed/run_tests.sh /root/run_tests.sh; fi
+if [ -d /testbed/r2e_tests ]; then mv /testbed/r2e_tests /root/r2e_tests; fi
+if [ -d /r2e_tests ] && [ ! -e /root/r2e_tests ]; then mv /r2e_tests /root/r2e_tests; fi
+if [ -d /root/r2e_tests ]; then
+  find /root/r2e_tests -name '*.pyc' -delete
+  find /root/r2e_tests -name __pycache__ -prune -exec rm -rf {} +
+fi"""
+"""R2E-Gym's ``DockerRuntime.setup_env``: its venv on ``PATH``, no stale bytecode, the graded
+tests and their runner out of ``/testbed``."""
+
+TEST_CMD = """\
+rm -rf r2e_tests && ln -s /root/r2e_tests r2e_tests
+bash /root/run_tests.sh
+rc=$?
+rm -f r2e_tests
+exit $rc"""
+"""Run the graded tests with ``r2e_tests`` linked into the repository for the run only
+(R2E-Gym's ``DockerRuntime.run_tests``)."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ISSUE = re.compile(r"\[ISSUE\](.*)\[/ISSUE\]", re.DOTALL)
+
+
+def passing_tests(expected_output_json: str) -> list[str]:
+    """Sorted ids of the tests ``expected_output_json`` expects to pass (R2E-Gym's key cleanup).
+
+    Raises:
+        SourceError: not a JSON object, or no test is expected to pass.
+    """
+    try:
+        expected = json.loads(expected_output_json)
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise SourceError("expected_output_json", f"not valid JSON ({exc})") from None
+    if not isinstance(expected, dict):
+        raise SourceError("expected_output_json", "must be a JSON object {test id: status}")
+    passed = {
+        _ANSI.sub("", key).split(" - ")[0] for key, status in expected.items() if status == "PASSED"
+    }
+    if not passed:
+        raise SourceError("expected_output_json", "no test is expected to pass; cannot grade")
+    return sorted(passed)
+
+
+def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
+    """One R2E-Gym row → ``Instance`` fields for ``ctx.deployment``."""
+    try:
+        commit = json.loads(record["parsed_commit_content"])
+        base_commit = str(commit["old_commit_hash"])
+        patch = gold_patch(commit)
+    except (TypeError, KeyError, json.JSONDecodeError) as exc:
+        raise SourceError(
+            "parsed_commit_content", f"not R2E-Gym's ParsedCommit JSON ({exc!r})"
+        ) from None
+    if not patch:
+        raise SourceError("parsed_commit_content", "the commit changes no non-test Python file")
+    commit_hash = str(record["commit_hash"])
+    instance_id = f"{record['repo_name']}__{commit_hash[:10]}"
+    statement = str(record["problem_statement"])
+    issue = _ISSUE.search(statement)
+    try:
+        image = image_name(
+            ImageFamily.R2E_GYM,
+            instance_id,
+            ctx.deployment,
+            source_image=record.get("docker_image"),
+            commit=commit_hash,
+            overrides=ctx.image_overrides,
+        )
+    except ImageNameError as exc:
+        raise SourceError("docker_image", str(exc)) from None
+    data = {k: record[k] for k in KEPT if k in record}
+    data.update(
+        instance_id=instance_id,
+        repo=str(record["repo_name"]),
+        base_commit=base_commit,
+        patch=patch,
+        test_patch="",
+        FAIL_TO_PASS=passing_tests(record["expected_output_json"]),
+        PASS_TO_PASS=[],
+        problem_statement=issue.group(1).strip() if issue else statement,
+        test_cmd=TEST_CMD,
+        log_parser="parse_log_pytest",
+    )
+    data.update(image_environment(record, image, IMAGE_PATH[ImageFamily.R2E_GYM], SETUP_CMD))
+    return data
+
+
+PREPROCESSOR = Preprocessor(
+    name="r2e_gym_subset",
+    hf_id="R2E-Gym/R2E-Gym-Subset",
+    default_split="train",
+    output_stem="r2e_gym_subset",
+    reward_name="r2e_gym",
+    required=REQUIRED,
+    convert=convert,
+    deployments=("docker", "modal", "vefaas"),
+)
+
+if __name__ == "__main__":
+    from sandlot.cli.data_cmd import run_preprocessor
+
+    run_preprocessor(PREPROCESSOR)

@@ -1,0 +1,142 @@
+"""SWE-rebench → verl parquet rows.
+
+Usage::
+
+    DEPLOYMENT=modal python -m sandlot.datasets.swe_rebench --local-save-dir ~/data/swe_agent
+    # → ~/data/swe_agent/swe_rebench_filtered_modal.parquet (also: sandlot data prepare swe_rebench)
+
+Source: the Hugging Face dataset ``nebius/SWE-rebench`` (arXiv 2505.20411), split ``filtered``.
+Its rows have the SWE-bench columns (``instance_id``, ``repo``, ``base_commit``, ``patch``,
+``test_patch``, ``problem_statement``, ``hints_text``, ``created_at``, ``version``,
+``environment_setup_commit``, ``FAIL_TO_PASS``, ``PASS_TO_PASS``; the test lists are lists,
+JSON text is accepted too) plus ``FAIL_TO_FAIL``, ``PASS_TO_FAIL``, ``meta``, ``license_name``,
+``requirements`` and ``environment`` (the frozen pip/conda environment the image was built
+from) and ``install_config``, the image recipe, an object with ``python``, ``packages``,
+``pip_packages``, ``pre_install`` (list), ``install`` (command), ``reqs_path``,
+``env_yml_path``, ``no_use_env``, ``test_cmd`` and ``log_parser`` (``parse_log_pytest`` or
+``parse_log_pytest_v2``). Field use follows the SWE-rebench fork of the SWE-bench harness
+(``swe-rebench/SWE-bench-fork``, ``swebench/harness/test_spec/python.py``) and uni-agent's
+``uni_agent/reward/swe_rebench.py``.
+
+Conversion: every column except ``requirements`` and ``environment`` (large, used only to build
+images) is kept in the instance. The test command is, as in the fork's eval script,
+``install_config.test_cmd`` followed by the test files of ``test_patch``
+(:func:`test_directives`); on images it is preceded by ``install_config.install``, which the
+harness re-runs before every test run. ``log_parser`` is ``install_config.log_parser``.
+
+Environment: the images (family ``swe-rebench``) hold a full clone of the repository, so every
+row's ``post_setup_cmd`` first removes all history after ``base_commit``
+(:func:`sandlot.datasets.git_history.strip_future_history_cmd`). ``DEPLOYMENT=local`` rows clone
+from the mirror directory and then run ``install_config.pre_install`` and ``install``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from sandlot.datasets.environment import image_environment, local_environment
+from sandlot.datasets.git_history import strip_future_history_cmd
+from sandlot.datasets.images import IMAGE_PATH, ImageFamily, image_name
+from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
+
+REQUIRED = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "patch",
+    "test_patch",
+    "problem_statement",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+    "install_config",
+)
+DROPPED = ("requirements", "environment")
+"""Source columns not kept in the instance: the frozen environments the images were built from."""
+
+NON_TEST_EXTS = (
+    ".json",
+    ".png",
+    "csv",
+    ".txt",
+    ".md",
+    ".jpg",
+    ".jpeg",
+    ".pkl",
+    ".yml",
+    ".yaml",
+    ".toml",
+)
+"""``swebench.harness.constants.NON_TEST_EXTS``: files of a test patch that are not test targets."""
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+
+
+def test_directives(test_patch: str) -> list[str]:
+    """Test files a patch adds or changes (not deletes), minus data files, in patch order.
+
+    The same list as swebench's ``get_test_directives`` for non-Django repositories
+    (``swebench/harness/test_spec/python.py``: the patch's changed files that are not removed,
+    without :data:`NON_TEST_EXTS`).
+    """
+    files: list[str] = []
+    chunks = _DIFF_HEADER.split(test_patch)
+    # split() yields [prefix, a, b, body, a, b, body, ...]
+    for i in range(1, len(chunks) - 2, 3):
+        new_path, body = chunks[i + 1], chunks[i + 2]
+        deleted = re.search(r"^deleted file mode|^\+\+\+ /dev/null", body, re.MULTILINE)
+        if deleted or new_path.endswith(NON_TEST_EXTS) or new_path in files:
+            continue
+        files.append(new_path)
+    return files
+
+
+def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
+    """One SWE-rebench row → ``Instance`` fields for ``ctx.deployment``."""
+    config = record["install_config"]
+    if not isinstance(config, Mapping):
+        raise SourceError("install_config", f"must be an object, got {type(config).__name__}")
+    test_cmd = config.get("test_cmd")
+    if isinstance(test_cmd, list):
+        test_cmd = " ".join(str(part) for part in test_cmd)
+    if not isinstance(test_cmd, str) or not test_cmd.strip():
+        raise SourceError("install_config", "install_config.test_cmd is missing or empty")
+    pre_install = config.get("pre_install") or []
+    if not isinstance(pre_install, list):
+        raise SourceError("install_config", "install_config.pre_install must be a list")
+    install = str(config.get("install") or "")
+    directives = test_directives(str(record["test_patch"]))
+    data = {k: v for k, v in record.items() if k not in DROPPED}
+    data["log_parser"] = config.get("log_parser") or "parse_log_pytest"
+    cleanup = strip_future_history_cmd(str(record["base_commit"]))
+    run_tests = " ".join([test_cmd, *directives])
+    if ctx.deployment == "local":
+        setup = "\n".join([cleanup, *map(str, pre_install), install]).strip()
+        data.update(local_environment(record, ctx, setup))
+        data["test_cmd"] = run_tests
+    else:
+        image = image_name(
+            ImageFamily.SWE_REBENCH,
+            str(record["instance_id"]),
+            ctx.deployment,
+            overrides=ctx.image_overrides,
+        )
+        data.update(image_environment(record, image, IMAGE_PATH[ImageFamily.SWE_REBENCH], cleanup))
+        data["test_cmd"] = f"{install}\n{run_tests}" if install else run_tests
+    return data
+
+
+PREPROCESSOR = Preprocessor(
+    name="swe_rebench",
+    hf_id="nebius/SWE-rebench",
+    default_split="filtered",
+    output_stem="swe_rebench_{split}",
+    reward_name="swe_rebench",
+    required=REQUIRED,
+    convert=convert,
+)
+
+if __name__ == "__main__":
+    from sandlot.cli.data_cmd import run_preprocessor
+
+    run_preprocessor(PREPROCESSOR)
