@@ -22,6 +22,7 @@ DEFAULT_BACKEND = "local"
 
 _BUILTIN: dict[str, str] = {
     "local": "sandlot.sandboxes.local.sandbox:LocalSandbox",
+    "docker": "sandlot.sandboxes.docker:DockerSandbox",
 }
 _registered: dict[str, type[Sandbox]] = {}
 

@@ -1,0 +1,54 @@
+"""``DockerOptions``: settings of the ``docker`` backend that ``SandboxSpec`` does not cover."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+MiB = 1024 * 1024
+
+
+class RegistryAuth(BaseModel):
+    """Credentials for pulling ``spec.image`` from a private registry.
+
+    Attributes:
+        username: registry user name.
+        password: password or access token (kept out of reprs and logs).
+        server: registry address (e.g. ``"ghcr.io"``); ``None`` lets the engine infer it from the
+            image name.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    username: str
+    password: SecretStr
+    server: str | None = None
+
+
+class DockerOptions(BaseModel):
+    """Options of the ``docker`` backend (Docker Engine, or Podman's Docker-compatible API).
+
+    Attributes:
+        base_url: engine address, e.g. ``"unix:///var/run/docker.sock"`` or
+            ``"tcp://host:2375"``. ``None`` reads ``DOCKER_HOST`` (and ``DOCKER_TLS_VERIFY`` /
+            ``DOCKER_CERT_PATH``) like ``docker.from_env()``; ``ssh://`` is not supported.
+        pull: image pull policy. ``"missing"`` pulls only when the engine lacks ``spec.image``,
+            ``"always"`` pulls before every start, ``"never"`` fails when the image is absent.
+        registry_auth: credentials for pulls from a private registry, or ``None``.
+        max_output_bytes: cap in bytes on each of stdout and stderr kept per ``exec``; the rest
+            is drained and dropped, and the result says ``truncated=True``.
+        stop_grace_s: seconds a timed-out or cancelled command gets between SIGTERM and SIGKILL.
+            ``0`` sends SIGKILL at once.
+        pids_limit: cap on the number of processes in the container (fork-bomb guard), or
+            ``None`` for the engine default.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = None
+    pull: Literal["missing", "always", "never"] = "missing"
+    registry_auth: RegistryAuth | None = None
+    max_output_bytes: int = Field(default=10 * MiB, gt=0)
+    stop_grace_s: float = Field(default=1.0, ge=0)
+    pids_limit: int | None = Field(default=4096, gt=0)

@@ -1,0 +1,529 @@
+"""``DockerSandbox``: a sandbox in a container of a Docker Engine or of Podman's Docker API.
+
+Written against the ``docker`` SDK 7.1 low-level ``APIClient``
+(https://docker-py.readthedocs.io/en/7.1.0/api.html) and the Docker Engine API v1.41
+(https://docs.docker.com/engine/api/v1.41/), the version Podman 4 serves. The SDK is imported
+only when a sandbox starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import anyio
+from pydantic import BaseModel
+
+from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.docker import shell
+from sandlot.sandboxes.docker.archive import extract_as, file_archive, write_tree_archive
+from sandlot.sandboxes.docker.engine import (
+    api_error,
+    describe_address,
+    get_client,
+    is_connection_error,
+    run_blocking,
+    sdk,
+    unreachable,
+)
+from sandlot.sandboxes.docker.labels import sandbox_labels
+from sandlot.sandboxes.docker.options import DockerOptions, MiB
+from sandlot.sandboxes.docker.stream import CappedOutput, pump, raw_socket
+from sandlot.sandboxes.errors import (
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.sandboxes.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from docker import APIClient
+
+log = logging.getLogger("sandlot.sandboxes.docker")
+T = TypeVar("T")
+
+# Archives up to this size stay in memory; larger ones spill to a temporary file.
+_SPOOL_BYTES = 8 * MiB
+# A path that is a symlink to a symlink ... is followed this many times by read_file/download.
+_MAX_LINK_HOPS = 8
+# Beyond the SIGTERM grace, how long the in-container killer may take before we give up.
+_KILL_BUDGET_S = 15.0
+_KILL_ATTEMPTS = 3
+# Pull errors that another attempt cannot fix.
+_PERMANENT_PULL_ERRORS = ("not found", "unknown", "unauthorized", "denied", "no such", "invalid")
+
+
+@dataclass
+class _Exec:
+    """One running exec. Filled in by the worker thread, so a cancelled caller still sees it."""
+
+    marker: str
+    exec_id: str | None = None
+    attached: Any = None
+
+    def close(self) -> None:
+        if self.attached is None:
+            return
+        sock = raw_socket(self.attached)
+        self.attached.close()
+        sock.close()
+        self.attached = None
+
+
+class DockerSandbox(Sandbox):
+    """A container kept alive by a small PID 1; commands run in it with ``docker exec``.
+
+    Args:
+        spec: ``image`` is an image name the engine knows (or can pull, see ``pull``);
+            ``workdir`` is created by the engine; ``cpu`` (cores) becomes ``NanoCpus``,
+            ``memory_mb`` (MiB) the memory limit with swap disabled; ``network=False`` gives
+            ``network_mode="none"``; ``timeout_s`` (seconds) is the container's lifetime:
+            PID 1 exits after it and the engine kills everything else.
+        options: :class:`DockerOptions`.
+
+    Every container carries the labels ``sandlot.run_id``, ``sandlot.created_at`` (unix
+    seconds), ``sandlot.owner`` (``user@host``), ``sandlot.sandbox_id`` and ``spec.labels``.
+
+    Raises (from ``start``):
+        EngineUnreachableError: nothing answers at ``base_url`` / ``DOCKER_HOST``.
+        BackendUnavailableError: the ``docker`` SDK is not installed.
+        SandboxStartError: image absent with ``pull="never"``, pull failed, engine refused.
+    """
+
+    name: ClassVar[str] = "docker"
+    Options: ClassVar[type[DockerOptions]] = DockerOptions
+    options: DockerOptions
+
+    def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
+        super().__init__(spec, options)
+        self._api: APIClient | None = None
+        self._container_id: str | None = None
+        self._started_at = 0.0
+        self._dead: str | None = None
+
+    @property
+    def container_id(self) -> str | None:
+        """Id of the container once created, else ``None``."""
+        return self._container_id
+
+    # ----------------------------------------------------------------- engine calls
+
+    @property
+    def _client(self) -> APIClient:
+        assert self._api is not None, "sandbox not started"
+        return self._api
+
+    @property
+    def _cid(self) -> str:
+        assert self._container_id is not None, "sandbox not started"
+        return self._container_id
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking engine call; map its failure to ``SandboxDeadError`` when the container
+        is gone, else to ``SandboxError`` (retryable for connection errors and 5xx)."""
+        try:
+            return await run_blocking(fn, *args)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, sdk().errors.APIError):
+                dead = await self._gone()
+                if dead is not None:
+                    raise dead from exc
+            raise api_error(what, exc, self.options.base_url) from exc
+
+    async def _file_call(self, what: str, path: str, fn: Callable[..., T], *args: Any) -> T:
+        """Like ``_call``, but an engine refusal in a live container is a ``SandboxFileError``."""
+        try:
+            return await self._call(what, fn, *args)
+        except (SandboxDeadError, SandboxFileError):
+            raise
+        except SandboxError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, sdk().errors.NotFound):
+                raise SandboxFileError(f"{what}: no such file or directory: {path}") from cause
+            if isinstance(cause, sdk().errors.APIError):
+                raise SandboxFileError(f"{what} {path}: {cause.explanation}") from cause
+            raise
+
+    async def _gone(self) -> SandboxDeadError | None:
+        """``SandboxDeadError`` if the container was removed or is not running, else ``None``."""
+        if self._dead is None:
+            try:
+                info = await run_blocking(self._client.inspect_container, self._cid)
+            except sdk().errors.NotFound:
+                self._dead = "was removed"
+            except Exception:
+                return None  # cannot tell; the caller reports its own error
+            else:
+                state = info.get("State") or {}
+                if state.get("Running"):
+                    return None
+                self._dead = f"is not running (exit code {state.get('ExitCode')}"
+                if state.get("OOMKilled"):
+                    self._dead += ", killed for exceeding memory_mb"
+                if time.monotonic() - self._started_at >= self.spec.timeout_s:
+                    self._dead += f", lifetime timeout_s={self.spec.timeout_s:g} s reached"
+                self._dead += ")"
+        return SandboxDeadError(f"sandbox {self.id}: container {self._cid[:12]} {self._dead}")
+
+    def _check_usable(self) -> None:
+        self._check_open()
+        if self._dead is not None:
+            raise SandboxDeadError(f"sandbox {self.id}: container {self._cid[:12]} {self._dead}")
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def _start(self) -> None:
+        # Also called again after `_close` when a start attempt is retried.
+        self._container_id = None
+        self._dead = None
+        client = await run_blocking(get_client, self.options.base_url)
+        self._api = client.api
+        try:
+            await run_blocking(self._create_and_start)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise unreachable(self.options.base_url, exc) from exc
+            err = api_error(f"starting a container from {self.spec.image!r}", exc, None)
+            raise SandboxStartError(str(err), retryable=err.retryable) from exc
+        self._started_at = time.monotonic()
+
+    def _create_and_start(self) -> None:
+        errors = sdk().errors
+        if self.options.pull == "always":
+            self._pull()
+        try:
+            self._create()
+        except errors.ImageNotFound as exc:
+            if self.options.pull == "never":
+                raise SandboxStartError(
+                    f"image {self.spec.image!r} is not in the engine at "
+                    f"{describe_address(self.options.base_url)} and pull='never'; build or load "
+                    "it there (docker build/load, podman import) or use pull='missing'",
+                    retryable=False,
+                ) from exc
+            self._pull()
+            self._create()
+        self._client.start(self._container_id)
+
+    def _create(self) -> None:
+        spec, opts, api = self.spec, self.options, self._client
+        memory = spec.memory_mb * MiB if spec.memory_mb else None
+        host_config = api.create_host_config(
+            network_mode=None if spec.network else "none",
+            mem_limit=memory,
+            memswap_limit=memory,  # equal to mem_limit: no swap on top of the limit
+            nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
+            pids_limit=opts.pids_limit,
+        )
+        created = api.create_container(
+            spec.image,
+            entrypoint=shell.init_argv(spec.timeout_s),
+            name=self.id,
+            labels=sandbox_labels(self.id, spec.labels),
+            environment=spec.env,
+            working_dir=spec.workdir,
+            host_config=host_config,
+            detach=True,
+        )
+        # Recorded here, in the worker thread: a cancelled start still removes the container.
+        self._container_id = created["Id"]
+
+    def _pull(self) -> None:
+        image, policy = self.spec.image, self.options.pull
+        auth = self.options.registry_auth
+        auth_config = None
+        if auth is not None:
+            auth_config = {"username": auth.username, "password": auth.password.get_secret_value()}
+            if auth.server:
+                auth_config["serveraddress"] = auth.server
+        try:
+            events = self._client.pull(image, stream=True, decode=True, auth_config=auth_config)
+            for event in events:
+                if "error" in event:
+                    message = str(event["error"])
+                    permanent = any(word in message.lower() for word in _PERMANENT_PULL_ERRORS)
+                    raise SandboxStartError(
+                        f"pulling image {image!r} (pull={policy!r}) failed: {message}",
+                        retryable=not permanent,
+                    )
+        except sdk().errors.APIError as exc:
+            raise SandboxStartError(
+                f"pulling image {image!r} (pull={policy!r}) failed: {exc.explanation or exc}",
+                retryable=exc.status_code is None or exc.status_code >= 500,
+            ) from exc
+
+    async def _close(self) -> None:
+        if self._api is not None and self._container_id is not None:
+            await run_blocking(self._remove)
+
+    def _remove(self) -> None:
+        try:
+            self._client.remove_container(self._container_id, force=True, v=True)
+        except sdk().errors.NotFound:
+            pass  # removed from outside already
+
+    async def is_alive(self) -> bool:
+        """``True`` while the container runs. Never raises."""
+        if self._closed or not self._started or self._dead is not None:
+            return False
+        return await self._gone() is None
+
+    # ----------------------------------------------------------------- commands
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` with ``bash -c`` (``sh -c`` when the image has no bash).
+
+        Args and return value as in :meth:`Sandbox.exec`. ``timeout`` and cancellation kill
+        every process of the command inside the container: SIGTERM, ``stop_grace_s`` seconds,
+        then SIGKILL, to all processes carrying this exec's ``SANDLOT_EXEC_ID`` environment
+        marker and to their process groups. Output beyond ``max_output_bytes`` per stream is
+        drained and dropped (``truncated=True``).
+
+        Raises:
+            SandboxDeadError: the container was removed or stopped (also mid-command).
+            SandboxError: the engine failed; ``retryable`` for connection errors and 5xx.
+        """
+        self._check_usable()
+        began = time.monotonic()
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        argv = shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir)
+        handle = _Exec(marker=uuid.uuid4().hex)
+        environment = {**(env or {}), shell.EXEC_MARKER_ENV: handle.marker}
+        out = CappedOutput(self.options.max_output_bytes)
+        exit_code: int | None = None
+        try:
+            with anyio.move_on_after(timeout):
+                await self._call("exec", self._exec_start, handle, argv, environment, data)
+                await pump(handle.attached, data, out)
+                exit_code = await self._exit_code(handle)
+        finally:
+            handle.close()
+            if exit_code is None and handle.exec_id is not None and self._dead is None:
+                # Timed out, cancelled or failed: the command must not outlive this call.
+                with anyio.CancelScope(shield=True):
+                    await self._kill(handle)
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if exit_code is None else exit_code,
+            stdout=out.stdout.decode("utf-8", "replace"),
+            stderr=out.stderr.decode("utf-8", "replace"),
+            timed_out=exit_code is None,
+            duration_s=time.monotonic() - began,
+            truncated=out.truncated,
+        )
+
+    def _exec_start(
+        self, handle: _Exec, argv: list[str], environment: dict[str, str], stdin: bytes | None
+    ) -> None:
+        api = self._client
+        created = api.exec_create(self._cid, argv, stdin=stdin is not None, environment=environment)
+        handle.exec_id = created["Id"]
+        handle.attached = api.exec_start(handle.exec_id, socket=True)
+
+    async def _exit_code(self, handle: _Exec) -> int:
+        # The stream ends when the command's stdout/stderr close, which can be before it exits
+        # (and the engine records the code a moment after exit), so poll with backoff.
+        delay = 0.002
+        while True:
+            info = await self._call("exec inspect", self._client.exec_inspect, handle.exec_id)
+            if not info.get("Running"):
+                break
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        code = info.get("ExitCode")
+        if code is None or code < 0 or code >= 128:
+            # Killed by a signal, or no status at all: maybe the whole container went down.
+            dead = await self._gone()
+            if dead is not None:
+                raise dead
+        if code is None:
+            raise SandboxError(f"sandbox {self.id}: engine reported no exit code", retryable=True)
+        return int(code)
+
+    async def _kill(self, handle: _Exec) -> None:
+        argv = shell.kill_argv(handle.marker, self.options.stop_grace_s)
+        with anyio.move_on_after(self.options.stop_grace_s + _KILL_BUDGET_S):
+            try:
+                for _ in range(_KILL_ATTEMPTS):
+                    # Repeated because a command whose exec was still starting when the first
+                    # round scanned /proc can only be found by a later round.
+                    await self._call("kill exec", self._run_quiet, argv)
+                    info = await self._call(
+                        "exec inspect", self._client.exec_inspect, handle.exec_id
+                    )
+                    if not info.get("Running"):
+                        return
+            except SandboxError as exc:
+                log.warning("sandbox %s: could not kill exec %s: %s", self.id, handle.marker, exc)
+                return
+        log.warning("sandbox %s: exec %s may still be running", self.id, handle.marker)
+
+    def _run_quiet(self, argv: list[str]) -> None:
+        """Run ``argv`` in the container to completion, ignoring its output. Blocking."""
+        exec_id = self._client.exec_create(self._cid, argv)["Id"]
+        self._client.exec_start(exec_id)
+
+    # ----------------------------------------------------------------- files
+
+    async def _live_path(self, path: str) -> str:
+        """``path`` made absolute against ``spec.workdir``, once the container is known to run.
+
+        The archive endpoints also work on a stopped container, so liveness is checked first.
+        """
+        self._check_usable()
+        dead = await self._gone()
+        if dead is not None:
+            raise dead
+        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
+
+    async def read_file(self, path: str) -> bytes:
+        """Return the bytes of the file at ``path`` (relative: to ``spec.workdir``).
+
+        Symlinks are followed.
+
+        Raises:
+            SandboxFileError: ``path`` is missing, a directory, or not a regular file.
+            SandboxDeadError: the container was removed or stopped.
+        """
+        path = await self._live_path(path)
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+            await self._file_call("read_file", path, self._fetch_archive, path, spool)
+            return await run_blocking(_single_file, spool, path)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` to ``path`` (mode 0644, owner root), creating parent directories.
+
+        Raises:
+            SandboxFileError: the path cannot be written (a parent is a file, ``path`` is a
+                directory, read-only or virtual file system).
+            SandboxDeadError: the container was removed or stopped.
+        """
+        path = await self._live_path(path)
+        raw = data.encode() if isinstance(data, str) else data
+        parent, name = _split(path)
+        archive = file_archive(name, raw)
+        await self._file_call("write_file", path, self._put_archive, parent, archive)
+
+    async def upload(self, local_path: str | Path, remote_path: str) -> None:
+        """Copy a host file or directory tree to ``remote_path`` (owners become root).
+
+        Modes and symlinks are kept. An existing directory at ``remote_path`` is merged into.
+
+        Raises:
+            FileNotFoundError: ``local_path`` does not exist.
+            SandboxFileError: the destination is not writable.
+            SandboxDeadError: the container was removed or stopped.
+        """
+        remote_path = await self._live_path(remote_path)
+        parent, name = _split(remote_path)
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+            await run_blocking(write_tree_archive, Path(local_path), name, spool)
+            spool.seek(0)
+            await self._file_call("upload", remote_path, self._put_archive, parent, spool)
+
+    async def download(self, remote_path: str, local_path: str | Path) -> None:
+        """Copy a file or directory tree from the sandbox so that it becomes ``local_path``.
+
+        Modes and symlinks are kept; files belong to the calling user.
+
+        Raises:
+            SandboxFileError: ``remote_path`` is missing, or the archive has unsafe members.
+            SandboxDeadError: the container was removed or stopped.
+        """
+        remote_path = await self._live_path(remote_path)
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+            await self._file_call("download", remote_path, self._fetch_archive, remote_path, spool)
+            await run_blocking(_extract_spool, spool, Path(local_path))
+
+    def _put_archive(self, parent: str, archive: bytes | IO[bytes]) -> None:
+        """Unpack ``archive`` into the container directory ``parent``. Blocking."""
+        try:
+            put_archive(self._client, self._cid, parent, archive)
+        except sdk().errors.NotFound:
+            # Podman creates a missing destination directory, Docker answers 404.
+            self._run_quiet(shell.mkdir_argv(parent))
+            if not isinstance(archive, bytes):
+                archive.seek(0)
+            put_archive(self._client, self._cid, parent, archive)
+
+    def _fetch_archive(self, path: str, spool: IO[bytes]) -> None:
+        """Write the archive of ``path`` to ``spool``, following a symlink at ``path`` itself.
+
+        Blocking. Docker answers with the link, Podman with its target; the ``linkTarget`` of
+        the stat header gives the resolved path in both.
+        """
+        for _ in range(_MAX_LINK_HOPS):
+            spool.seek(0)
+            spool.truncate()
+            chunks, stat = self._client.get_archive(self._cid, path)
+            for chunk in chunks:
+                spool.write(chunk)
+            spool.seek(0)
+            with tarfile.open(fileobj=spool, mode="r:") as tar:
+                first = tar.next()
+            spool.seek(0)
+            target = stat.get("linkTarget") or ""
+            if first is None or not first.issym() or target in ("", path):
+                return
+            path = posixpath.join(posixpath.dirname(path), target)
+        raise SandboxFileError(f"too many levels of symbolic links: {path}")
+
+
+def put_archive(api: APIClient, container: str, path: str, data: bytes | IO[bytes]) -> None:
+    """``APIClient.put_archive`` with ``noOverwriteDirNonDir=true``, which the SDK lacks.
+
+    Without it Docker and Podman silently replace a directory by a file and vice versa.
+    Docker Engine API v1.41, ``PUT /containers/{id}/archive``.
+    """
+    url = api._url("/containers/{0}/archive", container)
+    response = api._put(url, params={"path": path, "noOverwriteDirNonDir": "true"}, data=data)
+    api._raise_for_status(response)
+
+
+def _split(path: str) -> tuple[str, str]:
+    """``(parent, basename)`` of a normalised absolute sandbox path other than ``/``."""
+    if path == "/":
+        raise SandboxFileError("cannot write to the root directory /")
+    return posixpath.split(path)
+
+
+def _single_file(spool: IO[bytes], path: str) -> bytes:
+    with tarfile.open(fileobj=spool, mode="r:") as tar:
+        member = tar.next()
+        if member is None:
+            raise SandboxFileError(f"read_file: empty archive for {path}")
+        if member.isdir():
+            raise SandboxFileError(f"read_file: is a directory: {path}")
+        content = tar.extractfile(member) if member.isreg() else None
+        if content is None:
+            raise SandboxFileError(f"read_file: not a regular file: {path}")
+        return content.read()
+
+
+def _extract_spool(spool: IO[bytes], dest: Path) -> None:
+    with tarfile.open(fileobj=spool, mode="r:") as tar:
+        first = tar.next()
+        if first is None:
+            raise SandboxFileError(f"download: empty archive for {dest}")
+        extract_as(tar, first.name.rstrip("/").split("/")[0], dest)

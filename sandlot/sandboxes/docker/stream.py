@@ -1,0 +1,166 @@
+"""Reading an exec's multiplexed output stream asynchronously, without a thread.
+
+``exec_start(socket=True)`` hands over the hijacked HTTP connection. Without a TTY the engine
+frames the output as described in the Docker Engine API (v1.41, "Attach to a container",
+https://docs.docker.com/engine/api/v1.41/#tag/Container/operation/ContainerAttach): an 8-byte
+header ``[stream, 0, 0, 0, size (uint32 big-endian)]`` followed by ``size`` bytes, stream 1 being
+stdout and 2 stderr. Standard input is written to the same connection and ended by a write
+half-close.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+_RECV_BYTES = 256 * 1024
+_SEND_BYTES = 64 * 1024
+_HEADER_BYTES = 8
+_STDOUT, _STDERR = 1, 2
+
+# anyio 4.7 renamed wait_socket_readable/writable to wait_readable/writable (the old names warn);
+# the project supports anyio >= 4.4.
+_wait_readable: Callable[[socket.socket], Awaitable[None]] = (
+    getattr(anyio, "wait_readable", None) or anyio.wait_socket_readable
+)
+_wait_writable: Callable[[socket.socket], Awaitable[None]] = (
+    getattr(anyio, "wait_writable", None) or anyio.wait_socket_writable
+)
+_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+class CappedOutput:
+    """stdout and stderr of one exec, each kept up to ``cap`` bytes; the rest is counted only.
+
+    Args:
+        cap: bytes kept per stream.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.truncated = False
+
+    def add(self, stream: int, data: memoryview) -> None:
+        """Append ``data`` to stream 1 (stdout) or 2 (stderr); other stream ids are ignored."""
+        if stream == _STDOUT:
+            buf = self.stdout
+        elif stream == _STDERR:
+            buf = self.stderr
+        else:
+            return
+        room = self.cap - len(buf)
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        buf += data
+
+
+def raw_socket(attached: Any) -> socket.socket:
+    """The ``socket.socket`` behind what ``exec_start(socket=True)`` returned.
+
+    docker 7.1 returns a ``socket.SocketIO`` for unix:// and tcp:// and the ``SSLSocket`` itself
+    for TLS.
+    """
+    # SocketIO keeps its socket private; the SDK's own examples reach it the same way.
+    sock = attached._sock if isinstance(attached, socket.SocketIO) else attached  # type: ignore[attr-defined]
+    if not isinstance(sock, socket.socket):
+        raise TypeError(f"unsupported exec attach transport {type(attached).__name__}")
+    return sock
+
+
+def _read_ahead(attached: Any) -> bytes:
+    """Stream bytes the HTTP client already buffered while it parsed the response headers.
+
+    http.client reads headers through a ``BufferedReader``; when the engine sends the first
+    frames right behind them (a fast command on a loaded machine), those bytes sit in that
+    buffer and never show up on the socket. docker 7.1 keeps the response on the returned
+    socket as ``_response``. The socket must already be non-blocking: ``peek`` then returns
+    what is buffered (or readable) without waiting.
+    """
+    response = getattr(attached, "_response", None)
+    if response is None:
+        return b""
+    reader = response.raw._fp.fp
+    buffered: bytes = reader.peek()
+    return reader.read(len(buffered)) if buffered else b""
+
+
+async def pump(attached: Any, stdin: bytes | None, out: CappedOutput) -> None:
+    """Feed ``stdin`` (if any) and demultiplex the output into ``out`` until end of stream.
+
+    ``out`` keeps what arrived if the caller cancels or times out.
+
+    Args:
+        attached: what ``exec_start(socket=True)`` returned; read by nobody else, and left
+            non-blocking.
+        stdin: bytes for the command's standard input, or ``None`` when stdin is not attached.
+        out: where the output goes.
+    """
+    sock = raw_socket(attached)
+    sock.setblocking(False)
+    frames = _Frames(out)
+    frames.feed(memoryview(_read_ahead(attached)))
+    async with anyio.create_task_group() as tg:
+        if stdin is not None:
+            tg.start_soon(_send_all, sock, stdin)
+        await _receive(sock, frames)
+
+
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            try:
+                view = view[sock.send(view[:_SEND_BYTES]) :]
+            except _WOULD_BLOCK:
+                await _wait_writable(sock)
+        sock.shutdown(socket.SHUT_WR)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the command exited without reading all of its input, like a closed pipe
+
+
+class _Frames:
+    """Incremental parser of the multiplexed stream, feeding payloads to a ``CappedOutput``."""
+
+    def __init__(self, out: CappedOutput) -> None:
+        self.out = out
+        self.header = bytearray()
+        self.stream = 0
+        self.remaining = 0  # payload bytes still due for the current frame
+
+    def feed(self, view: memoryview) -> None:
+        while view:
+            if self.remaining:
+                take = min(self.remaining, len(view))
+                self.out.add(self.stream, view[:take])
+                self.remaining -= take
+                view = view[take:]
+                continue
+            take = _HEADER_BYTES - len(self.header)
+            self.header += view[:take]
+            view = view[take:]
+            if len(self.header) == _HEADER_BYTES:
+                self.stream = self.header[0]
+                self.remaining = int.from_bytes(self.header[4:8], "big")
+                self.header.clear()
+
+
+async def _receive(sock: socket.socket, frames: _Frames) -> None:
+    buf = bytearray(_RECV_BYTES)
+    while True:
+        try:
+            n = sock.recv_into(buf)
+        except _WOULD_BLOCK:
+            await _wait_readable(sock)
+            continue
+        except ConnectionResetError:
+            return
+        if n == 0:
+            return
+        frames.feed(memoryview(buf)[:n])

@@ -1,0 +1,509 @@
+"""The docker backend against a real engine (Docker Engine or Podman's Docker API).
+
+Without an engine these tests skip with instructions (see ``tests/docker_engine.py``); with
+``CI=true`` they fail instead. Tests that need no engine (options, unreachable engine, missing SDK,
+archive safety) always run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import tracemalloc
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+from docker_engine import TEST_IMAGE, require_engine
+
+import sandlot
+from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
+from sandlot.sandboxes.docker.archive import extract_as
+from sandlot.sandboxes.docker.stream import CappedOutput, pump
+from sandlot.sandboxes.errors import (
+    BackendUnavailableError,
+    SandboxDeadError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.sandboxes.spec import SandboxSpec
+
+MiB = 1024 * 1024
+# Generous: the machine has two cores shared with other test runs.
+CALL_BUDGET_S = 120
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    return require_engine()
+
+
+@pytest.fixture
+def run_id(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh ``sandlot.run_id`` label value for this test's containers."""
+    value = f"test-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("SANDLOT_RUN_ID", value)
+    return value
+
+
+def containers_of(engine: Any, run_id: str) -> list[dict[str, Any]]:
+    return engine.api.containers(all=True, filters={"label": f"sandlot.run_id={run_id}"})
+
+
+def make(**overrides: Any) -> DockerSandbox:
+    options = {"pull": "never", **overrides.pop("options", {})}
+    spec = SandboxSpec(image=TEST_IMAGE, **overrides)
+    return DockerSandbox(spec, DockerOptions(**options))
+
+
+@pytest.fixture
+async def sb(engine: Any) -> AsyncIterator[DockerSandbox]:
+    sandbox = make()
+    async with sandbox:
+        yield sandbox
+
+
+async def processes(sandbox: DockerSandbox, pattern: str) -> list[str]:
+    """Command lines of live (non-zombie) processes in the sandbox matching ``pattern``."""
+    r = await sandbox.exec("ps -eo stat=,args=")
+    return [line for line in r.stdout.splitlines() if pattern in line and not line.startswith("Z")]
+
+
+# --------------------------------------------------------------------------- no engine needed
+
+
+def test_registered_and_options_validated() -> None:
+    assert sandlot.get_backend("docker") is DockerSandbox
+    sb = sandlot.open("docker", image="x", pull="never", max_output_bytes=5)
+    assert isinstance(sb.options, DockerOptions)
+    assert (sb.options.pull, sb.options.max_output_bytes) == ("never", 5)
+    with pytest.raises(ValueError, match="pull"):
+        sandlot.open("docker", pull="sometimes")
+    with pytest.raises(ValueError, match="bogus"):
+        sandlot.open("docker", bogus=1)
+
+
+def test_import_without_sdk_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['docker'] = None\n"
+        "import anyio, sandlot\n"
+        "from sandlot.sandboxes.errors import BackendUnavailableError\n"
+        "async def main():\n"
+        "    try:\n"
+        "        await sandlot.open('docker', image='x').start()\n"
+        "    except BackendUnavailableError as e:\n"
+        "        print(e)\n"
+        "anyio.run(main)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert "pip install 'sandlot[docker]'" in out.stdout
+
+
+@pytest.mark.anyio
+async def test_unreachable_engine_names_docker_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDLOT_START_ATTEMPTS", "1")  # retryable; one attempt keeps it short
+    sandbox = make(options={"base_url": f"unix://{tmp_path}/no-engine.sock"})
+    with pytest.raises(EngineUnreachableError) as info:
+        await sandbox.start()
+    err = info.value
+    assert isinstance(err, SandboxStartError) and isinstance(err, BackendUnavailableError)
+    assert err.retryable
+    assert "DOCKER_HOST" in str(err) and "container-engine.sh" in str(err)
+    assert sandbox.closed
+
+
+def _tar(*members: tuple[tarfile.TarInfo, bytes]) -> tarfile.TarFile:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for info, data in members:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return tarfile.open(fileobj=buf, mode="r:")
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, link, 0o644
+    return info
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [(_member("top/../../escape"), b"x")],
+        [(_member("/etc/escape"), b"x")],
+        [(_member("other/file"), b"x")],
+        [
+            (_member("top", tarfile.DIRTYPE), b""),
+            (_member("top/l", tarfile.SYMTYPE, "/"), b""),
+            (_member("top/l/escape"), b"x"),
+        ],
+        [(_member("top", tarfile.DIRTYPE), b""), (_member("top/h", tarfile.LNKTYPE, "../x"), b"")],
+    ],
+    ids=["dotdot", "absolute", "outside-top", "through-symlink", "hardlink-out"],
+)
+def test_download_rejects_unsafe_archives(tmp_path: Path, members: list[Any]) -> None:
+    with pytest.raises(SandboxFileError, match="refusing"):
+        extract_as(_tar(*members), "top", tmp_path / "dest")
+    assert not (tmp_path / "escape").exists() and not Path("/escape").exists()
+
+
+def test_download_keeps_absolute_symlinks_and_renames_top(tmp_path: Path) -> None:
+    tar = _tar(
+        (_member("top", tarfile.DIRTYPE), b""),
+        (_member("top/py", tarfile.SYMTYPE, "/usr/bin/python3"), b""),
+        (_member("top/a"), b"A"),
+    )
+    extract_as(tar, "top", tmp_path / "renamed")
+    assert os.readlink(tmp_path / "renamed" / "py") == "/usr/bin/python3"
+    assert (tmp_path / "renamed" / "a").read_bytes() == b"A"
+
+
+@pytest.mark.anyio
+async def test_output_read_ahead_with_the_headers_is_not_lost() -> None:
+    """The engine may send the first frames in the same packet as the HTTP headers."""
+    ours, engine_side = socket.socketpair()
+    frame = b"\x01\x00\x00\x00\x00\x00\x00\x03hi\n"
+    engine_side.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + frame)
+    engine_side.close()
+    reader = ours.makefile("rb")
+    while reader.readline() != b"\r\n":  # http.client parsing; it buffers the frame too
+        pass
+    response = SimpleNamespace(raw=SimpleNamespace(_fp=SimpleNamespace(fp=reader)))
+    reader.raw._response = response  # type: ignore[attr-defined]
+    out = CappedOutput(cap=MiB)
+    with anyio.fail_after(10):
+        await pump(reader.raw, None, out)
+    assert bytes(out.stdout) == b"hi\n"
+    reader.close()
+    ours.close()
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+@pytest.mark.anyio
+async def test_labels_limits_and_workdir(engine: Any, run_id: str) -> None:
+    before = int(time.time())
+    sandbox = make(
+        labels={"team": "rl"}, memory_mb=256, cpu=0.5, workdir="/work/dir", env={"A": "1"}
+    )
+    async with sandbox:
+        attrs = engine.api.inspect_container(sandbox.container_id)
+        labels = attrs["Config"]["Labels"]
+        assert labels["sandlot.run_id"] == run_id
+        assert labels["sandlot.sandbox_id"] == sandbox.id
+        assert labels["team"] == "rl"
+        assert "@" in labels["sandlot.owner"]
+        assert before <= int(labels["sandlot.created_at"]) <= int(time.time())
+        host = attrs["HostConfig"]
+        assert host["Memory"] == 256 * MiB
+        assert host["NanoCpus"] == 500_000_000
+        assert host["NetworkMode"] == "none"
+        assert host["PidsLimit"] == 4096
+        r = await sandbox.exec("pwd; echo $A")
+        assert r.stdout == "/work/dir\n1\n"
+
+
+@pytest.mark.anyio
+async def test_network_is_off_by_default(sb: DockerSandbox) -> None:
+    r = await sb.exec(["python3", "-c", "import socket; print(socket.if_nameindex())"])
+    assert r.stdout.strip() == "[(1, 'lo')]"
+
+
+@pytest.mark.anyio
+async def test_missing_image_with_pull_never(engine: Any, run_id: str) -> None:
+    image = f"localhost/sandlot-missing-{uuid.uuid4().hex[:8]}:none"
+    sandbox = DockerSandbox(SandboxSpec(image=image), DockerOptions(pull="never"))
+    with pytest.raises(SandboxStartError) as info:
+        await sandbox.start()
+    assert image in str(info.value) and "pull='never'" in str(info.value)
+    assert not info.value.retryable
+    assert containers_of(engine, run_id) == []
+
+
+@pytest.mark.anyio
+async def test_missing_image_that_cannot_be_pulled(
+    engine: Any, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDLOT_START_ATTEMPTS", "1")  # a refused registry may be retried
+    image = f"localhost/sandlot-missing-{uuid.uuid4().hex[:8]}:none"
+    sandbox = DockerSandbox(SandboxSpec(image=image), DockerOptions(pull="missing"))
+    with anyio.fail_after(CALL_BUDGET_S), pytest.raises(SandboxStartError) as info:
+        await sandbox.start()
+    assert image in str(info.value) and "pull='missing'" in str(info.value)
+    assert containers_of(engine, run_id) == []
+
+
+@pytest.mark.anyio
+async def test_32_concurrent_sandboxes_leave_nothing_behind(engine: Any, run_id: str) -> None:
+    n = 32
+    seen: dict[int, str] = {}
+    running: list[int] = []
+    all_up = anyio.Event()
+
+    async def one(i: int) -> None:
+        async with make() as sandbox:
+            seen[i] = (await sandbox.exec(f"echo {i}")).stdout
+            running.append(i)
+            if len(running) == n:  # the last one in counts them before anyone leaves
+                up = await anyio.to_thread.run_sync(containers_of, engine, run_id)
+                assert len(up) == n
+                all_up.set()
+            await all_up.wait()
+
+    with anyio.fail_after(4 * CALL_BUDGET_S):
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+    assert seen == {i: f"{i}\n" for i in range(n)}
+    assert containers_of(engine, run_id) == []
+
+
+@pytest.mark.anyio
+async def test_lifetime_ends_the_sandbox(engine: Any) -> None:
+    async with make(timeout_s=1) as sandbox:
+        await anyio.sleep(2.5)
+        with pytest.raises(SandboxDeadError, match="lifetime"):
+            await sandbox.exec("true")
+        assert not await sandbox.is_alive()
+
+
+# --------------------------------------------------------------------------- exec
+
+
+@pytest.mark.anyio
+async def test_exec_streams_stdin_env_cwd(sb: DockerSandbox) -> None:
+    r = await sb.exec("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (3, "out\n", "err\n", False)
+    big = os.urandom(3 * MiB)
+    r = await sb.exec("sha256sum", stdin=big)
+    assert r.stdout.split()[0] == hashlib.sha256(big).hexdigest()
+    r = await sb.exec(["printf", "%s|", "a b", "$HOME", "it's"], cwd="/tmp", env={"X": "y"})
+    assert r.stdout == "a b|$HOME|it's|"
+    assert (await sb.exec("echo $X; pwd", cwd="/tmp", env={"X": "y"})).stdout == "y\n/tmp\n"
+    r = await sb.exec("pwd", cwd="/no/such/dir")
+    assert r.exit_code != 0 and "/no/such/dir" in r.stderr
+    assert (await sb.exec("cat")).stdout == ""  # no stdin given: immediate end of input
+
+
+@pytest.mark.anyio
+async def test_exec_falls_back_to_sh_without_bash(sb: DockerSandbox) -> None:
+    assert (await sb.exec("echo ${BASH_VERSION:+bash}")).stdout == "bash\n"
+    await sb.exec("mv /usr/bin/bash /usr/bin/bash.off")
+    r = await sb.exec("echo ${BASH_VERSION:-sh}")
+    assert (r.exit_code, r.stdout) == (0, "sh\n")
+
+
+@pytest.mark.anyio
+async def test_50_mb_of_output_is_capped_in_bounded_memory(engine: Any) -> None:
+    async with make(options={"max_output_bytes": MiB}) as sandbox:
+        tracemalloc.start()
+        try:
+            r = await sandbox.exec("head -c 50000000 /dev/zero; echo tail >&2")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert r.exit_code == 0 and r.truncated
+    assert len(r.stdout) == MiB and r.stderr == "tail\n"
+    # Kept: 1 MiB of bytes, its str copy and receive buffers; 50 MB would show up here.
+    assert peak < 16 * MiB
+
+
+@pytest.mark.anyio
+async def test_timeout_kills_command_that_ignores_sigterm(engine: Any) -> None:
+    async with make(options={"stop_grace_s": 0.5}) as sandbox:
+        cmd = "trap '' TERM; echo started; (setsid sleep 301 &); sleep 302 & sleep 303"
+        r = await sandbox.exec(cmd, timeout=1)
+        assert (r.timed_out, r.exit_code, r.stdout) == (
+            True,
+            sandlot.TIMEOUT_EXIT_CODE,
+            "started\n",
+        )
+        assert await processes(sandbox, "sleep 30") == []
+
+
+@pytest.mark.anyio
+async def test_timeout_sends_sigterm_before_sigkill(sb: DockerSandbox) -> None:
+    cmd = "trap 'echo term > /tmp/got; exit 0' TERM; sleep 300 & wait"
+    r = await sb.exec(cmd, timeout=0.5)
+    assert r.timed_out
+    assert await sb.read_file("/tmp/got") == b"term\n"
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_caller_kills_the_command(sb: DockerSandbox) -> None:
+    with anyio.move_on_after(1):
+        await sb.exec("sleep 304; echo never > /tmp/never")
+    assert await processes(sb, "sleep 304") == []
+    assert (await sb.exec("test -e /tmp/never")).exit_code == 1
+
+
+@pytest.mark.anyio
+async def test_container_killed_from_outside_mid_command(engine: Any) -> None:
+    async with make() as sandbox:
+
+        async def kill_soon() -> None:
+            await anyio.sleep(0.5)
+            await anyio.to_thread.run_sync(engine.api.kill, sandbox.container_id)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_soon)
+            with anyio.fail_after(CALL_BUDGET_S), pytest.raises(SandboxDeadError):
+                await sandbox.exec("sleep 30")
+        with pytest.raises(SandboxDeadError):
+            await sandbox.exec("true")
+        with pytest.raises(SandboxDeadError):
+            await sandbox.read_file("/etc/hostname")
+        assert not await sandbox.is_alive()
+    assert sandbox.closed
+
+
+@pytest.mark.anyio
+async def test_container_removed_from_outside(engine: Any, run_id: str) -> None:
+    async with make() as sandbox:
+        engine.api.remove_container(sandbox.container_id, force=True)
+        with pytest.raises(SandboxDeadError, match="removed"):
+            await sandbox.exec("true")
+        with pytest.raises(SandboxDeadError):
+            await sandbox.write_file("/tmp/x", b"x")
+    assert containers_of(engine, run_id) == []
+
+
+@pytest.mark.anyio
+async def test_execs_do_not_leak_file_descriptors(sb: DockerSandbox) -> None:
+    for _ in range(5):
+        await sb.exec("true")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(30):
+        await sb.exec("echo x", stdin=b"y")
+    # A few pooled keep-alive connections may come and go; 30 leaked attachments would not.
+    assert len(os.listdir("/proc/self/fd")) <= before + 3
+
+
+# --------------------------------------------------------------------------- files
+
+
+@pytest.mark.anyio
+async def test_files_are_byte_exact_and_create_parents(sb: DockerSandbox) -> None:
+    data = bytes(range(256)) * 1000
+    await sb.write_file("/tmp/a/b/c.bin", data)
+    assert await sb.read_file("/tmp/a/b/c.bin") == data
+    await sb.write_file("/tmp/a/b/c.bin", "héllo")
+    assert await sb.read_file("/tmp/a/b/c.bin") == "héllo".encode()
+    await sb.exec("ln -s /tmp/a/b/c.bin /tmp/link")
+    assert await sb.read_file("/tmp/link") == "héllo".encode()
+
+
+@pytest.mark.anyio
+async def test_file_errors_name_the_path(sb: DockerSandbox, tmp_path: Path) -> None:
+    with pytest.raises(SandboxFileError, match="/no/such/file"):
+        await sb.read_file("/no/such/file")
+    with pytest.raises(SandboxFileError, match="directory"):
+        await sb.read_file("/tmp")
+    with pytest.raises(SandboxFileError, match="/etc/hostname/x"):
+        await sb.write_file("/etc/hostname/x", b"x")
+    with pytest.raises(SandboxFileError, match="/no/such/dir"):
+        await sb.download("/no/such/dir", tmp_path / "x")
+    with pytest.raises(FileNotFoundError):
+        await sb.upload(tmp_path / "absent", "/tmp/absent")
+
+
+@pytest.mark.anyio
+async def test_directory_trees_both_ways(sb: DockerSandbox, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text("A")
+    (src / "sub" / "b.bin").write_bytes(b"\x00\xff" * 5000)
+    (src / "py").symlink_to("/usr/bin/python3")
+    await sb.upload(src, "/work/deep/tree")
+    r = await sb.exec("cat tree/a.txt; readlink tree/py; wc -c < tree/sub/b.bin", cwd="/work/deep")
+    assert r.stdout == "A/usr/bin/python3\n10000\n"
+
+    await sb.download("/work/deep/tree", tmp_path / "back")
+    assert (tmp_path / "back" / "a.txt").read_text() == "A"
+    assert (tmp_path / "back" / "sub" / "b.bin").read_bytes() == b"\x00\xff" * 5000
+    assert os.readlink(tmp_path / "back" / "py") == "/usr/bin/python3"
+
+    await sb.download("/work/deep/tree/a.txt", tmp_path / "single.txt")
+    assert (tmp_path / "single.txt").read_text() == "A"
+    await sb.upload(tmp_path / "single.txt", "/new/dir/copy.txt")
+    assert await sb.read_file("/new/dir/copy.txt") == b"A"
+
+
+@pytest.mark.anyio
+async def test_write_creates_parent_when_engine_answers_404(
+    sb: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Docker Engine answers 404 for a missing destination where Podman creates it."""
+    import docker
+
+    from sandlot.sandboxes.docker import sandbox as module
+
+    real_put = module.put_archive
+    calls: list[str] = []
+
+    def docker_like_put(api: Any, container: str, path: str, data: Any) -> None:
+        calls.append(path)
+        if len(calls) == 1:
+            raise docker.errors.NotFound(f"Could not find the file {path} in container")
+        real_put(api, container, path, data)
+
+    monkeypatch.setattr(module, "put_archive", docker_like_put)
+    await sb.write_file("/fresh/parent/f.txt", b"ok")
+    assert calls == ["/fresh/parent", "/fresh/parent"]
+    assert (await sb.exec("cat /fresh/parent/f.txt")).stdout == "ok"
+
+
+@pytest.mark.anyio
+async def test_no_directory_is_replaced_by_a_file_or_back(
+    sb: DockerSandbox, tmp_path: Path
+) -> None:
+    await sb.exec("mkdir -p /w/adir && echo keep > /w/adir/inner && echo f > /w/afile")
+    with pytest.raises(SandboxFileError, match="/w/adir"):
+        await sb.write_file("/w/adir", b"data")
+    (tmp_path / "afile").mkdir()
+    with pytest.raises(SandboxFileError, match="/w/afile"):
+        await sb.upload(tmp_path / "afile", "/w/afile")
+    assert (await sb.exec("cat /w/adir/inner /w/afile")).stdout == "keep\nf\n"
+
+
+@pytest.mark.anyio
+async def test_background_jobs_end_with_the_exec(sb: DockerSandbox) -> None:
+    r = await sb.exec("sleep 305 & (setsid sleep 306 &); echo launched", timeout=60)
+    assert (r.exit_code, r.stdout, r.timed_out) == (0, "launched\n", False)
+    assert await processes(sb, "sleep 30") == []
+
+
+@pytest.mark.anyio
+async def test_signal_exit_codes_and_relative_paths(sb: DockerSandbox) -> None:
+    assert (await sb.exec("kill -TERM $$")).exit_code == 128 + 15
+    await sb.write_file("rel/x.txt", b"rel")
+    assert await sb.read_file(f"{sb.spec.workdir}/rel/x.txt") == b"rel"
+    assert (await sb.exec("cat x.txt", cwd="rel")).stdout == "rel"
