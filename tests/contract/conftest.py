@@ -45,6 +45,8 @@ Run one target with ``pytest tests/contract -k docker``.
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +57,7 @@ import pytest
 
 import sandlot
 from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.docker import DockerSandbox
 from sandlot.sandboxes.local import LocalSandbox
 
 
@@ -99,6 +102,36 @@ async def _remove_local_sandbox(sb: Sandbox) -> None:
     await anyio.to_thread.run_sync(shutil.rmtree, sb.host_dir)
 
 
+DOCKER_IMAGE = os.environ.get("SANDLOT_TEST_IMAGE", "localhost/sandlot-base:bookworm")
+
+
+@functools.cache
+def _docker_unavailable() -> str | None:
+    # Skipped without an engine, but failed under CI=true: CI must not go green untested.
+    try:
+        import docker
+
+        docker.from_env(timeout=10).images.get(DOCKER_IMAGE)
+    except Exception as exc:
+        reason = (
+            f"no engine with image {DOCKER_IMAGE} at DOCKER_HOST="
+            f"{os.environ.get('DOCKER_HOST', 'unset')} ({exc}); start one with: "
+            'eval "$(bash ../shared/ci/container-engine.sh)"'
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        return reason
+    return None
+
+
+async def _kill_docker_container(sb: Sandbox) -> None:
+    import docker
+
+    assert isinstance(sb, DockerSandbox) and sb.container_id is not None
+    container = docker.from_env().containers.get(sb.container_id)
+    await anyio.to_thread.run_sync(container.kill)
+
+
 TARGETS: list[ContractTarget] = [
     ContractTarget(
         id="local-bwrap",
@@ -113,6 +146,13 @@ TARGETS: list[ContractTarget] = [
         fields={"isolation": "none"},
         kill_from_outside=_remove_local_sandbox,
         isolated=False,
+    ),
+    ContractTarget(
+        id="docker",
+        backend="docker",
+        fields={"image": DOCKER_IMAGE, "pull": "never"},
+        unavailable=_docker_unavailable,
+        kill_from_outside=_kill_docker_container,
     ),
 ]
 
