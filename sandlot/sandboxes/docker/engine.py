@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 from anyio.lowlevel import RunVar
 
+from sandlot._optional import require
 from sandlot.sandboxes.errors import BackendUnavailableError, SandboxError, SandboxStartError
 
 if TYPE_CHECKING:
@@ -53,14 +54,7 @@ def sdk() -> ModuleType:
     Raises:
         BackendUnavailableError: the SDK is not installed; names the ``sandlot[docker]`` extra.
     """
-    try:
-        import docker
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"the docker backend needs the docker SDK ({exc}); "
-            "install it with: pip install 'sandlot[docker]'"
-        ) from exc
-    return docker
+    return require("docker", "docker")
 
 
 def api_threads() -> int:
