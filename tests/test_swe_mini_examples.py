@@ -73,7 +73,7 @@ def test_instances_cover_the_advertised_cases() -> None:
         assert EMPTY[instance.instance_id] == ""
         assert instance.FAIL_TO_PASS
         assert Path(instance.repo_source or "").parent == EXAMPLE / "repos"
-        assert instance.test_cmd and instance.test_cmd.startswith("python -m pytest ")
+        assert instance.test_cmd and instance.test_cmd.startswith("python3 -m pytest ")
         for patch in (instance.patch, instance.test_patch, WRONG[instance.instance_id]):
             assert patch.startswith("diff --git a/")
     assert "new file mode" in BY_ID["textkit__textkit-1"].test_patch

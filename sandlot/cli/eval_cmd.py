@@ -75,6 +75,12 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     help="Only these instances (repeat, or separate with commas/spaces).",
 )
 @click.option(
+    "--image",
+    default=None,
+    help="Run every instance in this image instead of the one it names "
+    "(e.g. a local test image for --backend docker).",
+)
+@click.option(
     "--run-id", default=None, help="Names the run; re-using it skips instances already evaluated."
 )
 @click.option(
@@ -91,6 +97,7 @@ def eval_command(
     workers: int,
     timeout: float | None,
     instance_ids: tuple[str, ...],
+    image: str | None,
     run_id: str | None,
     output_dir: Path,
 ) -> None:
@@ -103,6 +110,8 @@ def eval_command(
         raise click.BadParameter(str(exc), param_hint="--backend") from exc
     try:
         instances = _select(load_instances(dataset), _split_ids(instance_ids))
+        if image:
+            instances = [i.model_copy(update={"image": image}) for i in instances]
         preds = load_predictions(predictions, instances)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
