@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,16 +60,27 @@ def _run(coro_fn, *args, **kwargs):  # type: ignore[no-untyped-def]
     return anyio.run(lambda: coro_fn(*args, **kwargs))
 
 
+def _processes_with(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(cmdline)
+    return found
+
+
 def _assert_no_leaks(sandbox_root: Path, marker: str | None = None) -> None:
     assert list(sandbox_root.iterdir()) == [], "a sandbox directory was left behind"
     if marker:
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except OSError:
-                    continue
-                assert marker not in cmdline, f"process left behind: {cmdline}"
+        # The jail's init dies of SIGKILL asynchronously, a moment after its parent is reaped.
+        deadline = time.monotonic() + 5
+        while _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_with(marker) == [], "process left behind"
 
 
 def _predictions(name: str, insts: dict[str, Instance]) -> dict[str, Prediction]:
