@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict
 from sandlot.sandboxes.errors import SandboxDeadError, SandboxSetupError
 from sandlot.sandboxes.result import ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
+
+if TYPE_CHECKING:  # runtimes/ sits above sandboxes/: imported lazily where used
+    from sandlot.runtimes.session import BashSession, SessionConfig
 
 log = logging.getLogger("sandlot.sandboxes")
 
@@ -76,6 +79,7 @@ class Sandbox(abc.ABC):
         self.id = f"sandlot-{uuid.uuid4().hex[:12]}"
         self._started = False
         self._closed = False
+        self._sessions: dict[str, BashSession] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -115,6 +119,8 @@ class Sandbox(abc.ABC):
             return
         self._closed = True
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
+            for session in self._sessions.values():
+                await session.close()
             try:
                 await self._close()
             except Exception:
@@ -185,6 +191,44 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def is_alive(self) -> bool:
         """``True`` while the sandbox can run commands. Never raises."""
+
+    async def shell(
+        self, name: str = "default", *, config: SessionConfig | None = None
+    ) -> BashSession:
+        """The long-lived shell session ``name``, started on first use.
+
+        ``cd``, ``export``, functions and background jobs persist between its commands (see
+        :class:`sandlot.runtimes.BashSession`). The same name returns the same session until it
+        is closed; then a new one is started. Closing the sandbox closes all its sessions.
+
+        Args:
+            name: which session; a sandbox may have several.
+            config: settings of a new session (ignored when ``name`` is already open);
+                ``None`` for the defaults.
+
+        Raises:
+            SandboxDeadError: the sandbox is closed or not started.
+        """
+        self._check_open()
+        session = self._sessions.get(name)
+        if session is None or session.closed:
+            from sandlot.runtimes.session import SessionConfig
+
+            session = await self._open_shell(name, config or SessionConfig())
+            self._sessions[name] = session
+        return session
+
+    async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
+        """Backend hook: create the session object (its shell may start lazily).
+
+        The default is the generic :class:`~sandlot.runtimes.exec_session.ExecSession`, one
+        ``exec`` per command with working directory and exported variables carried over;
+        backends with a streaming channel return a
+        :class:`~sandlot.runtimes.channel_session.ChannelSession`.
+        """
+        from sandlot.runtimes.exec_session import ExecSession
+
+        return ExecSession(name, config, self)
 
     # ----------------------------------------------------------------- files
 

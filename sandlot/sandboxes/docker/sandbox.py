@@ -49,6 +49,8 @@ from sandlot.sandboxes.spec import SandboxSpec
 if TYPE_CHECKING:
     from docker import APIClient
 
+    from sandlot.runtimes.session import BashSession, SessionConfig
+
 log = logging.getLogger("sandlot.sandboxes.docker")
 T = TypeVar("T")
 
@@ -383,6 +385,22 @@ class DockerSandbox(Sandbox):
         """Run ``argv`` in the container to completion, ignoring its output. Blocking."""
         exec_id = self._client.exec_create(self._cid, argv)["Id"]
         self._client.exec_start(exec_id)
+
+    async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
+        """A session whose ``bash`` is an attached exec (``DockerChannel``); needs bash."""
+        from sandlot.runtimes.channel_session import ChannelSession
+        from sandlot.runtimes.docker_channel import DockerChannel
+
+        cwd = posixpath.join(self.spec.workdir, config.cwd or "")
+
+        async def open_channel() -> DockerChannel:
+            self._check_usable()
+            try:
+                return await DockerChannel.start(self._client, self._cid, cwd=cwd, run=self.exec)
+            except Exception as exc:
+                raise api_error("starting a shell", exc, self.options.base_url) from exc
+
+        return ChannelSession(name, config, open_channel, self.is_alive)
 
     # ----------------------------------------------------------------- files
 

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import anyio
 from pydantic import BaseModel
@@ -42,6 +42,9 @@ from sandlot.sandboxes.local.options import MIB, LocalOptions
 from sandlot.sandboxes.local.process import Completed, ProcessGroups, run_process
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandlot.runtimes.session import BashSession, SessionConfig
 
 log = logging.getLogger("sandlot.sandboxes.local")
 
@@ -97,11 +100,12 @@ class LocalSandbox(Sandbox):
 
     Each ``exec`` is one ``bwrap`` process running ``bash -c cmd``: working directory and
     exported variables do not carry over to the next command, and background processes are
-    killed when the command's shell exits (the jail's PID namespace ends with it); persistent
-    shells are a separate feature. Commands of one sandbox may run concurrently. ``start()``
-    spawns no process (only ``post_setup_cmd`` does) and builds the static part of the bwrap
-    command line once; each command then pays for one bwrap start, which rebuilds every mount
-    of the jail (a few milliseconds).
+    killed when the command's shell exits (the jail's PID namespace ends with it); for state
+    that persists use ``shell()``, whose bash runs in one long-lived jail per session.
+    Commands of one sandbox may run concurrently. ``start()`` spawns no process (only
+    ``post_setup_cmd`` does) and builds the static part of the bwrap command line once; each
+    command then pays for one bwrap start, which rebuilds every mount of the jail (a few
+    milliseconds).
 
     Limits (``LocalOptions``, ``spec.memory_mb``), applied per process by the command's shell:
     ``RLIMIT_FSIZE`` (``max_file_size_mb``; exceeding it kills the writer with SIGXFSZ, exit
@@ -469,6 +473,36 @@ class LocalSandbox(Sandbox):
             duration_s=done.duration_s,
             truncated=bool(done.stdout_dropped or done.stderr_dropped),
         )
+
+    async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
+        """A session whose ``bash`` runs in its own long-lived jail (see ``LocalChannel``).
+
+        The shell's jail is built like an ``exec``'s, so it shares the workdir, ``/tmp`` and
+        ``$HOME``; its PID namespace holds the session's processes, so background jobs live
+        until the session (or the sandbox) closes. With ``isolation="none"`` the shell is a
+        host process whose process group is killed on close.
+        """
+        from sandlot.runtimes.channel_session import ChannelSession
+        from sandlot.runtimes.local_channel import LocalChannel
+
+        cwd = self._resolve(config.cwd) if config.cwd is not None else self.spec.workdir
+
+        async def open_channel() -> LocalChannel:
+            dirs = self._ensure_usable()
+            try:
+                return await LocalChannel.start(
+                    self._argv(["bash", "--noprofile", "--norc"], cwd),
+                    env=self._env,
+                    cwd=None if self.isolated else self._seen(cwd),
+                    prelude=self._prelude,
+                    groups=self._groups,
+                )
+            except OSError as exc:
+                if not dirs.exists():
+                    raise SandboxDeadError(f"sandbox {self.id} is gone: {exc}") from exc
+                raise SandboxError(f"cannot start a shell: {exc}", retryable=True) from exc
+
+        return ChannelSession(name, config, open_channel, self.is_alive)
 
     # ----------------------------------------------------------------- files
 

@@ -1,0 +1,178 @@
+"""``DockerChannel``: the ``docker`` backend's session channel, an attached exec running bash.
+
+The shell is ``exec_create(stdin=True, tty=False)`` + ``exec_start(socket=True)`` (Docker
+Engine API v1.41, also served by Podman): commands go down the hijacked connection, output
+comes back multiplexed in 8-byte-header frames (stdout and stderr are merged by the shell
+anyway; see :mod:`sandlot.sandboxes.docker.stream`).
+
+Every process of the session carries ``SANDLOT_EXEC_ID=<session marker>`` in its environment
+(set on the exec, inherited by everything it starts), the docker backend's own marker: signals
+go through a second exec that scans ``/proc/*/environ`` for it, and closing the session runs
+the backend's killer for that marker. Without a TTY the stream ends only when every process
+holding the shell's output has exited, so a shell that ends without a marker (``exec``, killed
+from outside) while a background job lives is noticed at the command's timeout instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import struct
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandlot.runtimes.channel import Channel
+from sandlot.sandboxes.docker import shell as docker_shell
+from sandlot.sandboxes.docker.engine import run_blocking
+from sandlot.sandboxes.docker.stream import _read_ahead, raw_socket
+from sandlot.sandboxes.result import ExecResult
+
+if TYPE_CHECKING:
+    from docker import APIClient
+
+_RECV_BYTES = 256 * 1024
+_HEADER = struct.Struct(">BxxxL")
+_KILL_GRACE_S = 0.5
+_SIGNAL_TIMEOUT_S = 30.0
+
+# $0 = marker (NAME=value), $1 = signal name, $2 = fence pid: signal the marked processes
+# newer than the fence, except this script.
+_SIGNAL_NEWER = """
+for f in $(grep -lsF -- "$0" /proc/[0-9]*/environ); do
+  p=${f#/proc/}; p=${p%/environ}
+  [ "$p" != "$$" ] && [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null
+done
+exit 0
+"""
+
+_wait_readable: Callable[[socket.socket], Awaitable[None]] = (
+    getattr(anyio, "wait_readable", None) or anyio.wait_socket_readable
+)
+_wait_writable: Callable[[socket.socket], Awaitable[None]] = (
+    getattr(anyio, "wait_writable", None) or anyio.wait_socket_writable
+)
+_WOULD_BLOCK = (BlockingIOError, InterruptedError)
+
+Runner = Callable[[list[str]], Awaitable[ExecResult]]
+"""Runs a one-shot command in the same container (the sandbox's ``exec``)."""
+
+
+class _Demux:
+    """Turns the multiplexed exec stream back into the payload bytes, whatever the stream."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> bytes:
+        self._buf += data
+        out = bytearray()
+        while len(self._buf) >= _HEADER.size:
+            _, size = _HEADER.unpack_from(self._buf)
+            if len(self._buf) < _HEADER.size + size:
+                break
+            out += self._buf[_HEADER.size : _HEADER.size + size]
+            del self._buf[: _HEADER.size + size]
+        return bytes(out)
+
+
+class DockerChannel(Channel):
+    """An attached ``bash`` exec in a container. Use :meth:`start`."""
+
+    def __init__(
+        self, api: APIClient, exec_id: str, attached: Any, marker: str, run: Runner
+    ) -> None:
+        self._api = api
+        self._exec_id = exec_id
+        self._attached = attached
+        self._sock = raw_socket(attached)
+        self._sock.setblocking(False)
+        self._marker = marker
+        self._run = run
+        self._demux = _Demux()
+        self._pending = self._demux.feed(_read_ahead(attached))
+        self._closed = False
+
+    @classmethod
+    async def start(cls, api: APIClient, container: str, *, cwd: str, run: Runner) -> DockerChannel:
+        """Start ``bash --noprofile --norc`` in ``container``, attached, in directory ``cwd``.
+
+        Args:
+            api: the sandbox's low-level docker client.
+            container: container id.
+            cwd: the shell's starting directory in the container.
+            run: the sandbox's ``exec``, used to deliver signals.
+
+        Raises:
+            docker.errors.APIError: the engine refused the exec.
+        """
+        marker = uuid.uuid4().hex
+
+        def create() -> tuple[str, Any]:
+            created = api.exec_create(
+                container,
+                ["bash", "--noprofile", "--norc"],
+                stdin=True,
+                tty=False,
+                environment={docker_shell.EXEC_MARKER_ENV: marker},
+                workdir=cwd,
+            )
+            return created["Id"], api.exec_start(created["Id"], socket=True)
+
+        exec_id, attached = await run_blocking(create)
+        return cls(api, exec_id, attached, marker, run)
+
+    async def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self._sock.send(view) :]
+            except _WOULD_BLOCK:
+                await _wait_writable(self._sock)
+
+    async def receive(self) -> bytes:
+        while not self._pending:
+            await _wait_readable(self._sock)
+            try:
+                data = self._sock.recv(_RECV_BYTES)
+            except _WOULD_BLOCK:
+                continue
+            except OSError:
+                return b""
+            if not data:
+                return b""
+            self._pending = self._demux.feed(data)
+        out, self._pending = self._pending, b""
+        return out
+
+    async def _signal(self, argv: list[str]) -> None:
+        with anyio.move_on_after(_SIGNAL_TIMEOUT_S), contextlib.suppress(Exception):
+            await self._run(argv)
+
+    async def signal_shell(self, sig: int, shell_pid: int) -> None:
+        await self._signal(["kill", "-s", signal.Signals(sig).name[3:], str(shell_pid)])
+
+    async def signal_newer(self, sig: int, newer_than: int) -> None:
+        name = signal.Signals(sig).name[3:]
+        marker = f"{docker_shell.EXEC_MARKER_ENV}={self._marker}"
+        await self._signal(["sh", "-c", _SIGNAL_NEWER, marker, name, str(newer_than)])
+
+    async def exit_status(self) -> int | None:
+        with contextlib.suppress(Exception):
+            info = await run_blocking(self._api.exec_inspect, self._exec_id)
+            code = info.get("ExitCode")
+            return None if info.get("Running") or code is None else int(code)
+        return None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(OSError):
+                self._attached.close()
+                self._sock.close()
+            await self._signal(docker_shell.kill_argv(self._marker, _KILL_GRACE_S))

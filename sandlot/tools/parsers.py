@@ -1,0 +1,254 @@
+"""Tool-call parsers: read the tool calls out of a model's text, and render calls back.
+
+Two formats, as the chat templates of the model families write them:
+
+* ``hermes`` (Hermes, Qwen2.5, Qwen3): one JSON object per call inside tags::
+
+      <tool_call>
+      {"name": "bash", "arguments": {"command": "ls"}}
+      </tool_call>
+
+* ``qwen3_coder`` (Qwen3-Coder): XML-like tags, one value per parameter::
+
+      <tool_call>
+      <function=bash>
+      <parameter=command>
+      ls
+      </parameter>
+      </function>
+      </tool_call>
+
+  A value is the text between the tags minus one leading and one trailing newline. It is
+  converted with the function's JSON schema the way vLLM's ``qwen3_coder`` parser does:
+  ``string`` stays text; ``integer``/``number``/``boolean``/``null`` are parsed; ``array`` and
+  ``object`` are read as JSON (then as a Python literal); anything that does not convert, and
+  parameters the schema does not know, stay text for argument validation to judge. A value
+  containing ``</parameter>`` cannot be written in this format.
+
+``parse`` never raises: text with broken tool-call markup gives a :class:`ParsedResponse` with
+``error`` set, for the toolbox to turn into a ``format_error`` observation.
+"""
+
+from __future__ import annotations
+
+import abc
+import ast
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+_INT = re.compile(r"^[+-]?\d+$")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call: the tool's name and its arguments (a JSON object)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParsedResponse:
+    """A model turn split into its text and its tool calls.
+
+    Attributes:
+        content: the text outside the tool calls, stripped.
+        calls: the tool calls in order (those that parsed, when ``error`` is set).
+        error: why the tool-call markup could not be read, or ``None``.
+    """
+
+    content: str
+    calls: list[ToolCall]
+    error: str | None = None
+
+
+def _format_error(reason: str, example: str) -> str:
+    return f"Your tool call could not be parsed: {reason}. Write each call as:\n{example}"
+
+
+class ToolCallParser(abc.ABC):
+    """Reads and writes one tool-call format.
+
+    Args:
+        schemas: the OpenAI ``tools`` list the calls follow (used for type conversion).
+    """
+
+    name: ClassVar[str]
+    example: ClassVar[str]
+
+    def __init__(self, schemas: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.properties: dict[str, dict[str, Any]] = {}
+        for schema in schemas:
+            function = schema.get("function", schema)
+            self.properties[function["name"]] = function.get("parameters", {}).get("properties", {})
+
+    @abc.abstractmethod
+    def parse(self, text: str) -> ParsedResponse:
+        """Split ``text`` into content and tool calls; never raises."""
+
+    @abc.abstractmethod
+    def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        """The text a model of this format writes for ``content`` followed by ``calls``."""
+
+    def _error(self, reason: str, content: str, calls: list[ToolCall]) -> ParsedResponse:
+        return ParsedResponse(content, calls, _format_error(reason, self.example))
+
+
+def _outside(text: str, pattern: re.Pattern[str]) -> str:
+    return pattern.sub("", text).strip()
+
+
+class HermesParser(ToolCallParser):
+    """JSON calls in ``<tool_call>`` tags (Hermes / Qwen2.5 / Qwen3 chat templates)."""
+
+    name: ClassVar[str] = "hermes"
+    example: ClassVar[str] = (
+        '<tool_call>\n{"name": "<tool name>", "arguments": {"<parameter>": <value>}}\n</tool_call>'
+    )
+
+    def parse(self, text: str) -> ParsedResponse:
+        content = _outside(text, _TOOL_CALL)
+        calls: list[ToolCall] = []
+        for match in _TOOL_CALL.finditer(text):
+            try:
+                obj = json.loads(match.group(1))
+            except json.JSONDecodeError as exc:
+                return self._error(f"invalid JSON inside <tool_call> ({exc})", content, calls)
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                return self._error('the JSON needs a string "name"', content, calls)
+            arguments = obj.get("arguments", obj.get("parameters", {}))
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments) if arguments.strip() else {}
+                except json.JSONDecodeError as exc:
+                    return self._error(f'"arguments" is not valid JSON ({exc})', content, calls)
+            if not isinstance(arguments, dict):
+                return self._error('"arguments" must be a JSON object', content, calls)
+            calls.append(ToolCall(obj["name"], arguments))
+        if "<tool_call>" in content or "</tool_call>" in content:
+            return self._error("a <tool_call> tag is not closed", content, calls)
+        return ParsedResponse(content, calls)
+
+    def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        blocks = [
+            "<tool_call>\n"
+            + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+            + "\n</tool_call>"
+            for c in calls
+        ]
+        return "\n".join([content.strip(), *blocks] if content.strip() else blocks)
+
+
+def _types(schema: Mapping[str, Any] | None) -> set[str]:
+    if not schema:
+        return set()
+    found: set[str] = set()
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        found.add(kind)
+    elif isinstance(kind, list):
+        found.update(k for k in kind if isinstance(k, str))
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key, ()):
+            found |= _types(option)
+    if "enum" in schema and not found:
+        found.add("string")
+    return found
+
+
+def convert_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
+    """Convert a ``qwen3_coder`` parameter's text with its JSON schema (see the module doc)."""
+    types = _types(schema)
+    if not types or types == {"string"}:
+        return raw
+    value = raw.strip()
+    if "null" in types and value.lower() in ("null", "none"):
+        return None
+    if "boolean" in types and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if "integer" in types and _INT.match(value):
+        return int(value)
+    if "number" in types:
+        try:
+            return int(value) if _INT.match(value) else float(value)
+        except ValueError:
+            pass
+    if types & {"array", "object"}:
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            try:
+                return ast.literal_eval(value)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                pass
+    return raw
+
+
+def _render_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+class Qwen3CoderParser(ToolCallParser):
+    """``<function=...><parameter=...>`` calls (Qwen3-Coder chat template)."""
+
+    name: ClassVar[str] = "qwen3_coder"
+    example: ClassVar[str] = (
+        "<tool_call>\n<function=<tool name>>\n<parameter=<parameter name>>\n<value>\n"
+        "</parameter>\n</function>\n</tool_call>"
+    )
+
+    def parse(self, text: str) -> ParsedResponse:
+        content = _outside(text, _TOOL_CALL)
+        calls: list[ToolCall] = []
+        for match in _TOOL_CALL.finditer(text):
+            functions = list(_FUNCTION.finditer(match.group(1)))
+            if not functions:
+                return self._error(
+                    "expected <function=NAME>...</function> inside <tool_call>", content, calls
+                )
+            for function in functions:
+                name = function.group(1).strip()
+                properties = self.properties.get(name, {})
+                arguments: dict[str, Any] = {}
+                for param in _PARAMETER.finditer(function.group(2)):
+                    key = param.group(1).strip()
+                    raw = param.group(2)
+                    raw = raw[1:] if raw.startswith("\n") else raw
+                    raw = raw[:-1] if raw.endswith("\n") else raw
+                    arguments[key] = convert_value(raw, properties.get(key))
+                calls.append(ToolCall(name, arguments))
+        if "<tool_call>" in content or "</tool_call>" in content:
+            return self._error("a <tool_call> tag is not closed", content, calls)
+        if "<function=" in content:
+            return self._error("<function=...> must be inside <tool_call> tags", content, calls)
+        return ParsedResponse(content, calls)
+
+    def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        blocks = []
+        for call in calls:
+            params = "".join(
+                f"<parameter={key}>\n{_render_value(value)}\n</parameter>\n"
+                for key, value in call.arguments.items()
+            )
+            blocks.append(f"<tool_call>\n<function={call.name}>\n{params}</function>\n</tool_call>")
+        return "\n".join([content.strip(), *blocks] if content.strip() else blocks)
+
+
+PARSERS: dict[str, type[ToolCallParser]] = {p.name: p for p in (HermesParser, Qwen3CoderParser)}
+
+
+def get_parser(name: str, schemas: Sequence[Mapping[str, Any]] = ()) -> ToolCallParser:
+    """The parser called ``name`` (``hermes`` or ``qwen3_coder``) for tools ``schemas``.
+
+    Raises:
+        ValueError: unknown parser name.
+    """
+    if name not in PARSERS:
+        raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(PARSERS)}")
+    return PARSERS[name](schemas)
