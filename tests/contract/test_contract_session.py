@@ -191,8 +191,10 @@ async def test_interrupt_from_another_task(session: BashSession) -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
-        await anyio.sleep(0.5)
-        await session.interrupt()
+        # interrupt() does nothing before the command runs, so repeat it until run() returns.
+        while not result:
+            await anyio.sleep(0.3)
+            await session.interrupt()
     (r,) = result
     assert (r.interrupted, r.timed_out, r.exit_code) == (True, False, INTERRUPTED_EXIT_CODE)
     assert r.output == "go\n"
