@@ -9,6 +9,7 @@ import click
 from sandlot import __version__
 from sandlot.cli.data_cmd import data_group
 from sandlot.cli.eval_cmd import eval_command
+from sandlot.cli.gc_cmd import gc_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,6 +23,7 @@ def cli(verbose: int) -> None:
 
 cli.add_command(eval_command)
 cli.add_command(data_group)
+cli.add_command(gc_command)
 
 
 def main() -> None:

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, ClassVar
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from sandlot.sandboxes.errors import SandboxDeadError, SandboxSetupError
+from sandlot.sandboxes.errors import (
+    SandboxDeadError,
+    SandboxError,
+    SandboxSetupError,
+    SandboxStartError,
+)
+from sandlot.sandboxes.labels import pin_run_id, run_id
+from sandlot.sandboxes.limits import StartClock, StartLimits, starting_gate, starting_slot
 from sandlot.sandboxes.result import ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 
@@ -84,12 +91,17 @@ class Sandbox(abc.ABC):
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Create the sandbox and run ``spec.post_setup_cmd``.
+        """Create the sandbox and run ``spec.post_setup_cmd``, under the scale controls.
 
-        On any failure the partly created sandbox is closed before the error propagates.
+        Creation holds a STARTING slot (see :mod:`sandlot.sandboxes.limits`) until the backend
+        can run commands; a retryable failure is cleaned up and retried with backoff within the
+        start budget; ``post_setup_cmd`` runs after the slot is released. On any failure,
+        including cancellation, the partly created sandbox is closed before the error
+        propagates.
 
         Raises:
-            SandboxStartError: the backend could not create the sandbox.
+            SandboxStartError: the backend could not create the sandbox (also when the start
+                budget ran out; ``retryable`` then says whether a later start may succeed).
             SandboxSetupError: ``post_setup_cmd`` failed; carries the command and its output tail.
             BackendUnavailableError: the backend cannot run on this machine.
         """
@@ -97,8 +109,14 @@ class Sandbox(abc.ABC):
             raise SandboxDeadError(f"sandbox {self.id} was closed; open a new one")
         if self._started:
             return
+        # Before any backend labels anything: one run id for every backend, and (for backends
+        # that leave remote resources) recorded in the run log for `sandlot gc --run-id`.
+        if self.name == "local":
+            pin_run_id()
+        else:
+            run_id()
         try:
-            await self._start()
+            await self._start_limited(self.spec.start_limits or StartLimits.from_env())
             self._started = True
             if self.spec.post_setup_cmd:
                 await self._post_setup(self.spec.post_setup_cmd)
@@ -106,6 +124,51 @@ class Sandbox(abc.ABC):
             await self.close()
             raise
         log.debug("sandbox %s (%s) started", self.id, self.name)
+
+    async def _start_limited(self, limits: StartLimits) -> None:
+        clock = StartClock(limits.budget_s)
+        for attempt in range(1, limits.max_attempts + 1):
+            failure: SandboxError | None = None
+            async with starting_slot(self, limits):
+                with anyio.move_on_after(clock.remaining()) as scope:
+                    try:
+                        await self._start()
+                        return
+                    except SandboxError as exc:
+                        if not exc.retryable:
+                            raise
+                        failure = exc
+                if scope.cancelled_caught:
+                    failure = SandboxStartError(
+                        f"sandbox {self.id} ({self.name}) did not start within its start budget "
+                        f"of {limits.budget_s:g} s (attempt {attempt}/{limits.max_attempts}); "
+                        "raise SANDLOT_START_BUDGET_S or lower SANDLOT_MAX_STARTING",
+                        retryable=True,
+                    )
+            assert failure is not None
+            await self._discard_attempt()
+            pause = limits.backoff(attempt)
+            if attempt == limits.max_attempts or pause >= clock.remaining():
+                raise failure
+            starting_gate().stats.retries += 1
+            log.warning(
+                "sandbox %s (%s): start attempt %d/%d failed, retrying in %.2f s: %s",
+                self.id,
+                self.name,
+                attempt,
+                limits.max_attempts,
+                pause,
+                failure,
+            )
+            await anyio.sleep(pause)
+
+    async def _discard_attempt(self) -> None:
+        """Destroy what a failed start attempt created, so that ``_start`` can run again."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
+            try:
+                await self._close()
+            except Exception:
+                log.exception("cleaning up a failed start of sandbox %s failed", self.id)
 
     async def _post_setup(self, cmd: str) -> None:
         r = await self.exec(cmd, timeout=self.spec.post_setup_timeout_s)
@@ -152,7 +215,12 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def _start(self) -> None:
-        """Backend hook: create the sandbox (``post_setup_cmd`` is run by ``start``)."""
+        """Backend hook: create the sandbox and return once it can run commands.
+
+        ``post_setup_cmd`` is run by ``start``. Raise a ``SandboxError`` with ``retryable=True``
+        for failures another attempt may fix: ``start`` then calls ``_close`` and ``_start``
+        again after a backoff.
+        """
 
     @abc.abstractmethod
     async def _close(self) -> None:

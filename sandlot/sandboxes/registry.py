@@ -23,6 +23,8 @@ DEFAULT_BACKEND = "local"
 _BUILTIN: dict[str, str] = {
     "local": "sandlot.sandboxes.local.sandbox:LocalSandbox",
     "docker": "sandlot.sandboxes.docker:DockerSandbox",
+    "modal": "sandlot.sandboxes.modal:ModalSandbox",
+    "vefaas": "sandlot.sandboxes.vefaas:VefaasSandbox",
 }
 _registered: dict[str, type[Sandbox]] = {}
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandlot.sandboxes.limits import StartLimits
+
 
 class SandboxSpec(BaseModel):
     """What to open. Unknown keys are rejected, so a typo in a config never goes unnoticed.
@@ -20,6 +22,8 @@ class SandboxSpec(BaseModel):
         timeout_s: lifetime of the sandbox in seconds; backends that support it kill it after.
         network: allow outbound network. Off by default: model-written code is hostile.
         labels: free-form labels attached to remote resources (used by ``sandlot gc``).
+        start_limits: STARTING cap, retries and start budget; ``None`` reads the ``SANDLOT_*``
+            environment variables (see :mod:`sandlot.sandboxes.limits`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -34,3 +38,4 @@ class SandboxSpec(BaseModel):
     timeout_s: float = Field(default=3600.0, gt=0)
     network: bool = False
     labels: dict[str, str] = Field(default_factory=dict)
+    start_limits: StartLimits | None = None

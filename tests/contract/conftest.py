@@ -156,6 +156,11 @@ TARGETS: list[ContractTarget] = [
     ),
 ]
 
+# Cloud backends through local fakes: Modal's SDK stand-in; veFaaS's API + a real SWE-ReX.
+from cloud_targets import cloud_targets  # noqa: E402
+
+TARGETS += cloud_targets(ContractTarget)
+
 
 @pytest.fixture
 def anyio_backend() -> str:

@@ -1,0 +1,117 @@
+"""``sandlot gc``: find and kill sandboxes that runs left behind on a remote backend."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import anyio
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sandlot.sandboxes.errors import SandboxError
+from sandlot.sandboxes.reaper import GcReport, RemoteSandbox, get_reaper, reap
+from sandlot.sandboxes.registry import resolve_backend_name
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``/``"90s"``, ``"30m"``, ``"2h"``, ``"1d"`` → seconds.
+
+    Raises:
+        click.BadParameter: not a duration.
+    """
+    match = _DURATION.match(text.lower())
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration like 90s, 30m, 2h, 1d")
+    return float(match[1]) * _UNITS[match[2] or "s"]
+
+
+def _age(sb: RemoteSandbox, now: float) -> str:
+    created = sb.created_at
+    if created is None:
+        return "?"
+    minutes = max(0, int(now - created)) // 60
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _table(report: GcReport, dry_run: bool) -> Table:
+    now = time.time()
+    table = Table(title="sandboxes selected" + (" (dry run: nothing killed)" if dry_run else ""))
+    for column in ("backend", "id", "run id", "owner", "age", "state", "result"):
+        table.add_column(column)
+    failed = {sb.id: error for sb, error in report.failed}
+    killed = {sb.id for sb in report.killed}
+    for sb in report.selected:
+        result = "listed" if dry_run else ("killed" if sb.id in killed else failed.get(sb.id, "?"))
+        table.add_row(sb.backend, sb.id, sb.run_id, sb.owner, _age(sb, now), sb.state, result)
+    return table
+
+
+@click.command("gc")
+@click.option(
+    "--backend",
+    default=None,
+    help="docker, modal or vefaas (default: $SANDLOT_BACKEND, then $DEPLOYMENT).",
+)
+@click.option("--run-id", default=None, help="Only sandboxes of this run (its sandlot.run_id).")
+@click.option(
+    "--older-than",
+    default=None,
+    help="Only sandboxes created at least this long ago (90s, 30m, 2h, 1d).",
+)
+@click.option("--all", "all_runs", is_flag=True, help="Every sandlot sandbox, of any run and age.")
+@click.option("--dry-run", is_flag=True, help="List what would be killed; kill nothing.")
+@click.option(
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Reaper setting, e.g. app_name=sandlot (modal) or function_id=... (vefaas).",
+)
+def gc_command(
+    backend: str | None,
+    run_id: str | None,
+    older_than: str | None,
+    all_runs: bool,
+    dry_run: bool,
+    options: tuple[str, ...],
+) -> None:
+    """Kill sandboxes that carry sandlot labels, e.g. those a crashed run left behind.
+
+    Every run logs its id and appends it to ~/.local/state/sandlot/runs.jsonl
+    ($SANDLOT_STATE_DIR), so `sandlot gc --run-id ID` cleans up after a crash or kill -9.
+    """
+    if not (run_id or older_than or all_runs):
+        raise click.UsageError(
+            "say what to collect: --run-id ID, --older-than AGE, or --all (which also kills "
+            "the sandboxes of runs still going)"
+        )
+    age = parse_duration(older_than) if older_than else None
+    settings = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--option")
+        settings[key.strip()] = value
+    name = resolve_backend_name(backend)
+    try:
+        reaper = get_reaper(name, **settings)
+        report = anyio.run(lambda: reap(reaper, run_id=run_id, older_than_s=age, dry_run=dry_run))
+    except (SandboxError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    console = Console()
+    if report.selected:
+        console.print(_table(report, dry_run))
+    verb = "would kill" if dry_run else "killed"
+    count = len(report.selected) if dry_run else len(report.killed)
+    console.print(
+        f"{name}: {len(report.selected)} selected, {verb} {count}, failed {len(report.failed)}"
+    )
+    for sb, error in report.failed:
+        console.print(f"could not kill {sb.id}: {error}", soft_wrap=True)
+    if report.failed:
+        raise SystemExit(1)

@@ -1,0 +1,36 @@
+"""``ModalOptions``: settings of the ``modal`` backend that ``SandboxSpec`` does not cover."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MiB = 1024 * 1024
+
+
+class ModalOptions(BaseModel):
+    """Options of the ``modal`` backend.
+
+    Attributes:
+        app_name: Modal App the sandboxes belong to (looked up, created if missing).
+        registry_secret: name of a Modal Secret holding ``REGISTRY_USERNAME`` /
+            ``REGISTRY_PASSWORD`` for a private registry, or ``None`` for public images.
+        idle_timeout_s: seconds without exec or I/O after which Modal ends the sandbox, or
+            ``None`` (only ``spec.timeout_s`` applies).
+        image_overrides: canonical image name → Modal registry name, consulted before the
+            built-in table (see :mod:`sandlot.sandboxes.images`).
+        create_timeout_s: seconds one ``Sandbox.create`` call may take before the attempt is
+            abandoned (and the sandbox, if it appears, terminated by name).
+        max_output_bytes: bytes of stdout and of stderr kept per exec; the rest is dropped and
+            the result says ``truncated=True``.
+        stop_grace_s: seconds a timed-out or cancelled command gets between SIGTERM and SIGKILL.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    app_name: str = "sandlot"
+    registry_secret: str | None = None
+    idle_timeout_s: int | None = Field(default=None, gt=0)
+    image_overrides: dict[str, str] = Field(default_factory=dict)
+    create_timeout_s: float = Field(default=300.0, gt=0)
+    max_output_bytes: int = Field(default=10 * MiB, gt=0)
+    stop_grace_s: float = Field(default=1.0, ge=0)

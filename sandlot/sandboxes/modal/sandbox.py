@@ -1,0 +1,411 @@
+"""``ModalSandbox``: a sandbox on Modal (https://modal.com/docs/guide/sandbox).
+
+Written against the ``modal`` SDK 1.6.4, read in its source (``modal/sandbox/_sandbox.py``,
+``_filesystem.py``, ``container_process.py``, ``io_streams.py``, ``app.py``, ``image.py``,
+``secret.py``) and the reference at https://modal.com/docs/reference/modal.Sandbox. Calls used,
+all through their ``.aio`` async variants: ``App.lookup(name, create_if_missing=True)``,
+``Image.from_registry(tag, secret=)``, ``Secret.from_name(name)``, ``Sandbox.create(*cmd,
+app=, name=, tags=, image=, env=, timeout=, idle_timeout=, workdir=, cpu=, memory=,
+block_network=)``, ``Sandbox.exec(*argv, timeout=, env=, text=False)`` (stdout/stderr read
+concurrently, stdin ``write``/``write_eof``/``drain``, ``wait``), ``Sandbox.poll``,
+``Sandbox.terminate``, ``Sandbox.from_id``/``from_name``, and
+``Sandbox.filesystem.read_bytes``/``write_bytes``.
+
+The SDK is imported when a sandbox starts; subclasses may override :meth:`ModalSandbox.sdk`
+(the tests substitute a fake module there).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import posixpath
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+from pydantic import BaseModel
+
+from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.capped import CappedOutput
+from sandlot.sandboxes.errors import (
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.sandboxes.images import backend_image
+from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.local.archive import build_archive, extract_archive
+from sandlot.sandboxes.modal.options import ModalOptions
+from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
+from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.sandboxes.spec import SandboxSpec
+
+log = logging.getLogger("sandlot.sandboxes.modal")
+T = TypeVar("T")
+
+# Modal's own exec timeout, a backstop behind ours in case this process dies mid-command.
+_BACKSTOP_MARGIN_S = 30
+_KILL_BUDGET_S = 15.0
+# Modal reports an exec that hit its own timeout with return code -1.
+_MODAL_EXEC_TIMEOUT_CODE = -1
+# Image-related failures no retry can fix.
+_PERMANENT_CREATE_WORDS = ("not found", "unknown", "denied", "unauthorized", "invalid", "no such")
+
+
+class ModalSandbox(Sandbox):
+    """A Modal Sandbox kept alive by a small PID 1; commands run in it with ``Sandbox.exec``.
+
+    Args:
+        spec: ``image`` is a registry name (canonical SWE-bench names are mapped by
+            :func:`sandlot.sandboxes.images.backend_image`); ``cpu`` (cores) and ``memory_mb``
+            (MiB) are Modal's requests; ``timeout_s`` (seconds, rounded up) is the sandbox
+            lifetime; ``network=False`` sets ``block_network``; ``env`` and ``workdir`` go to
+            the sandbox; ``labels`` plus the ``sandlot.*`` labels become Modal tags.
+        options: :class:`ModalOptions`.
+
+    Raises (from ``start``):
+        BackendUnavailableError: ``modal`` not installed, or no credentials (names the
+            variables).
+        SandboxStartError: the image cannot be pulled (permanent) or Modal refused or timed out
+            (``retryable``).
+    """
+
+    name: ClassVar[str] = "modal"
+    Options: ClassVar[type[ModalOptions]] = ModalOptions
+    options: ModalOptions
+
+    def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
+        super().__init__(spec, options)
+        self._sb: Any = None
+        self._dead: str | None = None
+        self._attempts = 0
+
+    def sdk(self) -> ModuleType:
+        """The ``modal`` module every call goes through."""
+        return modal_sdk()
+
+    @property
+    def _modal_name(self) -> str:
+        # Unique per start attempt: Modal names are unique among an App's running sandboxes.
+        return f"{self.id}-{self._attempts}"
+
+    @property
+    def object_id(self) -> str | None:
+        """Modal's id of the sandbox (``sb-...``) once created, else ``None``."""
+        return None if self._sb is None else str(self._sb.object_id)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def _start(self) -> None:
+        modal = self.sdk()
+        check_credentials()
+        spec, opts = self.spec, self.options
+        image_name = backend_image(spec.image, "modal", opts.image_overrides)
+        try:
+            app = await modal.App.lookup.aio(opts.app_name, create_if_missing=True)
+            secret = modal.Secret.from_name(opts.registry_secret) if opts.registry_secret else None
+            image = modal.Image.from_registry(image_name, secret=secret)
+        except Exception as exc:
+            raise self._start_error(modal, f"preparing image {image_name!r}", exc) from exc
+        lifetime = max(1, math.ceil(spec.timeout_s))
+        self._attempts += 1
+        kwargs: dict[str, Any] = {
+            "app": app,
+            "name": self._modal_name,
+            "tags": sandbox_labels(self.id, spec.labels),
+            "image": image,
+            "env": dict(spec.env) or None,
+            "timeout": lifetime,
+            "idle_timeout": opts.idle_timeout_s,
+            "workdir": spec.workdir,
+            "cpu": spec.cpu,
+            "memory": spec.memory_mb,
+            "block_network": not spec.network,
+        }
+        # PID 1 exits on SIGTERM at once (a bare `sleep` would ignore it) and outlives the
+        # lifetime Modal enforces.
+        init = ["/bin/sh", "-c", 'trap "exit 0" TERM; sleep "$0" & wait $!', str(lifetime + 60)]
+        # Shielded: a cancelled caller must still learn the id of a sandbox Modal created, so
+        # close() can terminate it.
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(opts.create_timeout_s) as scope:
+                try:
+                    self._sb = await modal.Sandbox.create.aio(*init, **kwargs)
+                except Exception as exc:
+                    raise self._start_error(modal, f"creating from {image_name!r}", exc) from exc
+            if scope.cancelled_caught:
+                await self._terminate_by_name(modal)
+                raise SandboxStartError(
+                    f"Modal did not create sandbox {self.id} within create_timeout_s="
+                    f"{opts.create_timeout_s:g} s",
+                    retryable=True,
+                )
+        # The STARTING slot is held until a command works.
+        probe = await self._call("first exec", self._run_quiet, ["mkdir", "-p", "--", spec.workdir])
+        if probe != 0:
+            raise SandboxStartError(f"sandbox {self.id}: cannot create workdir {spec.workdir}")
+
+    def _start_error(self, modal: ModuleType, what: str, exc: Exception) -> SandboxStartError:
+        err = translate(modal, what, exc)
+        text = str(exc).lower()
+        retryable = err.retryable and not any(w in text for w in _PERMANENT_CREATE_WORDS)
+        if type(exc).__name__ in ("AuthError", "NotFoundError", "InvalidError", "ImageBuildError"):
+            retryable = False
+        return SandboxStartError(f"sandbox {self.id}: {err}", retryable=retryable)
+
+    async def _terminate_by_name(self, modal: ModuleType) -> None:
+        """Best effort: terminate a sandbox whose create call we gave up on."""
+        try:
+            sb = await modal.Sandbox.from_name.aio(self.options.app_name, self._modal_name)
+            await sb.terminate.aio()
+        except Exception as exc:
+            log.warning(
+                "sandbox %s: could not terminate by name after a create timeout: %s", self.id, exc
+            )
+
+    async def _close(self) -> None:
+        sb, self._sb = self._sb, None
+        if sb is None:
+            return
+        last: Exception | None = None
+        for _ in range(2):  # terminate is what stops the bill: try it twice
+            try:
+                await sb.terminate.aio()
+                return
+            except Exception as exc:
+                last = exc
+                log.warning("sandbox %s: terminate failed, retrying: %s", self.id, exc)
+        raise SandboxError(f"sandbox {self.id}: terminate failed twice: {last}", retryable=True)
+
+    async def is_alive(self) -> bool:
+        """``True`` while Modal reports the sandbox running. Never raises."""
+        if self._closed or not self._started or self._dead is not None or self._sb is None:
+            return False
+        return await self._gone() is None
+
+    async def _gone(self) -> SandboxDeadError | None:
+        """``SandboxDeadError`` if the sandbox finished, else ``None`` (also when unknown)."""
+        if self._dead is None:
+            try:
+                code = await self._sb.poll.aio()
+            except Exception:
+                return None
+            if code is None:
+                return None
+            self._dead = f"finished with exit code {code}"
+        return SandboxDeadError(f"sandbox {self.id} ({self.object_id}) {self._dead}")
+
+    def _check_usable(self) -> None:
+        self._check_open()
+        if self._dead is not None:
+            raise SandboxDeadError(f"sandbox {self.id} ({self.object_id}) {self._dead}")
+
+    async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Await ``fn(*args)``; a Modal error becomes ``SandboxDeadError`` when the sandbox has
+        finished, else a ``SandboxError`` (retryable for transient service faults)."""
+        try:
+            return await fn(*args)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            modal = self.sdk()
+            if not is_modal_error(modal, exc) and not isinstance(exc, OSError):
+                raise
+            dead = await self._gone()
+            if dead is not None:
+                raise dead from exc
+            raise translate(modal, f"sandbox {self.id}: {what}", exc) from exc
+
+    # ----------------------------------------------------------------- commands
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` with ``bash -c`` (``sh -c`` when the image has no bash).
+
+        Args and return value as in :meth:`Sandbox.exec`. stdout and stderr are read
+        concurrently, each kept up to ``max_output_bytes``. At ``timeout`` (or on cancellation)
+        every process of the command is killed (SIGTERM, ``stop_grace_s``, SIGKILL) by a second
+        exec; Modal's own exec timeout is set ``30 s`` later as a backstop.
+
+        Raises:
+            SandboxDeadError: the sandbox finished (terminated, lifetime over, crashed).
+            SandboxError: Modal failed; ``retryable`` for transient faults.
+        """
+        self._check_usable()
+        began = time.monotonic()
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        marker = uuid.uuid4().hex
+        argv = remote_shell.exec_argv(as_shell(cmd), self._path(cwd or self.spec.workdir))
+        environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: marker}
+        backstop = None
+        if timeout is not None:
+            backstop = math.ceil(timeout + self.options.stop_grace_s) + _BACKSTOP_MARGIN_S
+        out = CappedOutput(self.options.max_output_bytes)
+        code: int | None = None
+        launched = False
+        try:
+            with anyio.move_on_after(timeout):
+                proc = await self._call("exec", self._launch, argv, backstop, environment)
+                launched = True
+                await self._call("exec stdin", self._feed, proc, data)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._pump, proc.stdout, out, out.stdout)
+                    tg.start_soon(self._pump, proc.stderr, out, out.stderr)
+                code = await self._call("exec wait", proc.wait.aio)
+        finally:
+            if code is None and launched and self._dead is None:
+                with anyio.CancelScope(shield=True):
+                    await self._kill(marker)
+        if code is not None and (code == _MODAL_EXEC_TIMEOUT_CODE or code >= 128):
+            dead = await self._gone()
+            if dead is not None:
+                raise dead
+        timed_out = code is None or code == _MODAL_EXEC_TIMEOUT_CODE
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if timed_out or code is None else code,
+            stdout=out.text(out.stdout),
+            stderr=out.text(out.stderr),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - began,
+            truncated=out.truncated,
+        )
+
+    async def _launch(self, argv: list[str], backstop: int | None, env: dict[str, str]) -> Any:
+        return await self._sb.exec.aio(*argv, timeout=backstop, env=env, text=False)
+
+    @staticmethod
+    async def _feed(proc: Any, data: bytes | None) -> None:
+        if data:
+            proc.stdin.write(data)
+        proc.stdin.write_eof()
+        await proc.stdin.drain.aio()
+
+    @staticmethod
+    async def _pump(stream: Any, out: CappedOutput, buf: bytearray) -> None:
+        async for chunk in stream:
+            out.add(buf, chunk if isinstance(chunk, bytes) else chunk.encode())
+
+    async def _run_quiet(self, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Run ``argv`` to completion, output discarded; its exit status."""
+        proc = await self._sb.exec.aio(*argv, env=env, text=False)
+        await self._feed(proc, None)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(proc.stdout.read.aio)
+            tg.start_soon(proc.stderr.read.aio)
+        return int(await proc.wait.aio())
+
+    async def _run_checked(self, what: str, path: str, argv: list[str]) -> None:
+        """Run ``argv``; a non-zero exit becomes ``SandboxFileError`` naming ``path``."""
+        r = await self.exec(argv, timeout=_KILL_BUDGET_S * 20)
+        if not r.ok:
+            detail = r.stderr.strip() or f"exit code {r.exit_code}"
+            raise SandboxFileError(f"{what} {path}: {detail}")
+
+    async def _kill(self, marker: str) -> None:
+        argv = remote_shell.kill_argv(marker, self.options.stop_grace_s)
+        with anyio.move_on_after(self.options.stop_grace_s + _KILL_BUDGET_S) as scope:
+            try:
+                await self._call("kill exec", self._run_quiet, argv)
+            except SandboxError as exc:
+                log.warning("sandbox %s: could not kill exec %s: %s", self.id, marker, exc)
+        if scope.cancelled_caught:
+            log.warning("sandbox %s: exec %s may still be running", self.id, marker)
+
+    # ----------------------------------------------------------------- files
+
+    async def _fs(self, what: str, path: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """A ``Sandbox.filesystem`` call; its errors become ``SandboxFileError`` naming ``path``."""
+        self._check_usable()
+        modal = self.sdk()
+        try:
+            return await self._call(what, fn, *args)
+        except SandboxError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, modal.exception.SandboxFilesystemError):
+                raise SandboxFileError(f"{what} {path}: {cause}") from cause
+            raise
+
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of the file at ``path`` (relative: to ``spec.workdir``).
+
+        Raises:
+            SandboxFileError: missing, a directory, unreadable, or above Modal's read limit.
+            SandboxDeadError: the sandbox finished.
+        """
+        self._check_usable()
+        path = self._path(path)
+        data = await self._fs("read_file", path, self._sb.filesystem.read_bytes.aio, path)
+        return bytes(data)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` to ``path``, creating parent directories.
+
+        Raises:
+            SandboxFileError: the path cannot be written (a directory, read-only, virtual).
+            SandboxDeadError: the sandbox finished.
+        """
+        self._check_usable()
+        path = self._path(path)
+        raw = data.encode() if isinstance(data, str) else data
+        await self._fs("write_file", path, self._sb.filesystem.write_bytes.aio, raw, path)
+
+    async def upload(self, local_path: str | Path, remote_path: str) -> None:
+        """Copy a host file or tree to ``remote_path`` as a tar unpacked in the sandbox.
+
+        Modes and symlinks are kept; owners become the sandbox user.
+
+        Raises:
+            FileNotFoundError: ``local_path`` does not exist.
+            SandboxFileError: the destination is not writable.
+            SandboxDeadError: the sandbox finished.
+        """
+        self._check_usable()
+        target = self._path(remote_path)
+        parent, name = posixpath.split(target)
+        staging = f"/tmp/sandlot-upload-{uuid.uuid4().hex}.tar"
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Path(tmp) / "upload.tar"
+            await anyio.to_thread.run_sync(build_archive, Path(local_path), name, archive)
+            await self._fs(
+                "upload", target, self._sb.filesystem.write_bytes.aio, archive.read_bytes(), staging
+            )
+        await self._run_checked("upload to", target, remote_shell.tar_extract_argv(staging, parent))
+
+    async def download(self, remote_path: str, local_path: str | Path) -> None:
+        """Copy a file or tree from the sandbox so that it becomes ``local_path``.
+
+        Raises:
+            SandboxFileError: ``remote_path`` is missing, or the archive has unsafe members.
+            SandboxDeadError: the sandbox finished.
+        """
+        self._check_usable()
+        source = self._path(remote_path)
+        staging = f"/tmp/sandlot-download-{uuid.uuid4().hex}.tar"
+        await self._run_checked("download", source, remote_shell.tar_create_argv(source, staging))
+        try:
+            data = await self._fs("download", source, self._sb.filesystem.read_bytes.aio, staging)
+        finally:
+            await self.exec(["rm", "-f", "--", staging], timeout=60)
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Path(tmp) / "download.tar"
+            archive.write_bytes(bytes(data))
+            top = posixpath.basename(source)
+            await anyio.to_thread.run_sync(extract_archive, archive, top, Path(local_path))

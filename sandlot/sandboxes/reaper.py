@@ -1,0 +1,172 @@
+"""Finding and killing sandboxes that runs left behind (``sandlot gc``).
+
+Every remote backend labels its sandboxes (:mod:`sandlot.sandboxes.labels`). A :class:`Reaper`
+lists the sandboxes of one backend that carry the ``sandlot.run_id`` label and kills one;
+:func:`reap` filters them (``run_id``, minimum age) and kills the selection concurrently, each
+kill guarded so one failure never stops the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+
+from sandlot.sandboxes.errors import BackendNotFoundError
+from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID
+
+log = logging.getLogger("sandlot.sandboxes.gc")
+
+_REAPERS = {
+    "docker": "sandlot.sandboxes.docker_reaper:DockerReaper",
+    "modal": "sandlot.sandboxes.modal.reaper:ModalReaper",
+    "vefaas": "sandlot.sandboxes.vefaas.reaper:VefaasReaper",
+}
+_KILL_CONCURRENCY = 16
+_KILL_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class RemoteSandbox:
+    """One sandbox as a backend lists it.
+
+    Attributes:
+        backend: backend name.
+        id: the backend's id (container id, Modal ``sb-...``, veFaaS sandbox id).
+        labels: its labels / tags / metadata.
+        state: the backend's status word (``running``, ``Running``, ...), informational.
+        handle: what the reaper needs to kill it (backend specific).
+    """
+
+    backend: str
+    id: str
+    labels: Mapping[str, str]
+    state: str = ""
+    handle: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        """The ``sandlot.run_id`` label."""
+        return self.labels.get(RUN_ID, "")
+
+    @property
+    def owner(self) -> str:
+        """The ``sandlot.owner`` label."""
+        return self.labels.get(OWNER, "")
+
+    @property
+    def created_at(self) -> float | None:
+        """``sandlot.created_at`` in unix seconds, or ``None`` when absent or malformed."""
+        try:
+            return float(self.labels[CREATED_AT])
+        except (KeyError, ValueError):
+            return None
+
+
+class Reaper(Protocol):
+    """Lists and kills the labelled sandboxes of one backend."""
+
+    backend: str
+
+    async def list_sandboxes(self, run_id: str | None = None) -> list[RemoteSandbox]:
+        """Sandboxes carrying a ``sandlot.run_id`` label (only ``run_id``'s when given)."""
+        ...
+
+    async def kill(self, sandbox: RemoteSandbox) -> None:
+        """Destroy ``sandbox``; an already gone sandbox is not an error."""
+        ...
+
+
+@dataclass
+class GcReport:
+    """What :func:`reap` found and did.
+
+    Attributes:
+        selected: sandboxes that matched the filters.
+        killed: those killed (empty on a dry run).
+        failed: ``(sandbox, error message)`` for kills that failed twice.
+    """
+
+    selected: list[RemoteSandbox] = field(default_factory=list)
+    killed: list[RemoteSandbox] = field(default_factory=list)
+    failed: list[tuple[RemoteSandbox, str]] = field(default_factory=list)
+
+
+def get_reaper(backend: str, **options: Any) -> Reaper:
+    """The reaper of ``backend`` (``docker``, ``modal``, ``vefaas``), built with ``options``.
+
+    Raises:
+        BackendNotFoundError: the backend has no reaper.
+        BackendUnavailableError: its SDK is missing or it has no credentials.
+    """
+    target = _REAPERS.get(backend)
+    if target is None:
+        raise BackendNotFoundError(
+            f"no reaper for backend {backend!r}; sandlot gc knows: {', '.join(sorted(_REAPERS))}"
+        )
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    reaper: Reaper = cls(**options)
+    return reaper
+
+
+def select(
+    sandboxes: Iterable[RemoteSandbox],
+    *,
+    run_id: str | None = None,
+    older_than_s: float | None = None,
+    now: float | None = None,
+) -> list[RemoteSandbox]:
+    """The sandboxes of ``run_id`` (any run if ``None``) created at least ``older_than_s`` ago.
+
+    A sandbox without a readable ``sandlot.created_at`` never matches an age filter.
+    """
+    now = time.time() if now is None else now
+    chosen = []
+    for sb in sandboxes:
+        if run_id is not None and sb.run_id != run_id:
+            continue
+        if older_than_s is not None:
+            created = sb.created_at
+            if created is None or now - created < older_than_s:
+                continue
+        chosen.append(sb)
+    return chosen
+
+
+async def reap(
+    reaper: Reaper,
+    *,
+    run_id: str | None = None,
+    older_than_s: float | None = None,
+    dry_run: bool = False,
+) -> GcReport:
+    """List, filter and (unless ``dry_run``) kill; every kill is tried twice, independently."""
+    listed = await reaper.list_sandboxes(run_id)
+    report = GcReport(selected=select(listed, run_id=run_id, older_than_s=older_than_s))
+    if dry_run:
+        return report
+    limiter = anyio.CapacityLimiter(_KILL_CONCURRENCY)
+
+    async def kill_one(sb: RemoteSandbox) -> None:
+        async with limiter:
+            error = ""
+            for _ in range(_KILL_ATTEMPTS):
+                try:
+                    await reaper.kill(sb)
+                    report.killed.append(sb)
+                    return
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    log.warning("gc: killing %s sandbox %s failed: %s", sb.backend, sb.id, error)
+            report.failed.append((sb, error))
+
+    async with anyio.create_task_group() as tg:
+        for sb in report.selected:
+            tg.start_soon(kill_one, sb)
+    return report

@@ -1,0 +1,148 @@
+"""Detached commands over SWE-ReX's ``/execute``: launch, poll, collect, kill.
+
+``swerex.server`` runs ``/execute`` with a blocking ``subprocess.run`` inside its event loop, so
+one long request stalls every other request to the instance, a command's background jobs keep
+the response open, and a timeout loses all output. So a command here is a *job*: a short
+``/execute`` launches it detached (``setsid``) with stdout, stderr and the exit status going to
+files in ``/tmp/sandlot-jobs/<id>/`` and waits up to 50 ms for it (a quick command is done in
+one round trip); otherwise short polls collect the result, at most ``cap`` bytes per
+stream, base64-encoded (the files may hold any bytes); on timeout the job's processes are killed
+and what they printed so far is collected. No request lasts longer than a few seconds.
+
+Every process of a job carries ``SANDLOT_EXEC_ID=<id>`` in its environment, which is how the
+job's leftover background processes are found and killed (see
+:mod:`sandlot.sandboxes.remote_shell`). A repeated launch (an HTTP retry) is a no-op: the job
+directory is created with ``mkdir``, which fails the second time.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sandlot.sandboxes.remote_shell import _SCAN, EXEC_MARKER_ENV
+
+JOBS_DIR = "/tmp/sandlot-jobs"
+
+# Runs detached. $1 = job dir, $2 = cwd, $3 = command line, then NAME=VALUE pairs for `env`.
+_RUN = (
+    _SCAN
+    + """
+d=$1; cwd=$2; cmd=$3; shift 3
+in=/dev/null; [ -e "$d.stdin" ] && in="$d.stdin"
+(
+  cd -- "$cwd" || exit
+  if command -v bash >/dev/null 2>&1; then exec env "$@" bash -c "$cmd"
+  else exec env "$@" sh -c "$cmd"; fi
+) <"$in" >"$d/out" 2>"$d/err"
+rc=$?
+m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"
+kill_all
+echo "$rc" >"$d/rc.tmp" && mv "$d/rc.tmp" "$d/rc"
+"""
+)
+
+# $0 = the poll script, $1 = _RUN, $2 = SANDLOT_EXEC_ID=<id>, $3 = job dir, $4 = bytes kept per
+# stream, then _RUN's arguments after the job dir. Starts the job (only it carries the marker:
+# its cleanup kills every marked process), waits up to 50 ms for it (most commands of an agent
+# are that quick), then answers like a poll. A repeated launch only polls.
+_LAUNCH = """
+poll=$0; run=$1; marker=$2; d=$3; cap=$4; shift 4
+if mkdir -p "$(dirname -- "$d")" && mkdir -- "$d" 2>/dev/null; then
+  setsid env "$marker" sh -c "$run" sandlot-job "$d" "$@" </dev/null >/dev/null 2>&1 &
+  i=0; while [ ! -e "$d/rc" ] && [ "$i" -lt 10 ]; do sleep 0.005; i=$((i+1)); done
+fi
+exec sh -c "$poll" sandlot-poll "$d" "$cap" ""
+"""
+
+# $1 = job dir, $2 = bytes kept per stream, $3 = "force" to collect an unfinished job.
+# Prints "running", "missing", or "<rc|-> <stdout size> <stderr size>" then two base64 lines,
+# and removes the job once collected.
+_POLL = """
+d=$1
+[ -d "$d" ] || { echo missing; exit 0; }
+if [ -e "$d/rc" ]; then rc=$(cat "$d/rc")
+elif [ "$3" = force ]; then rc=-
+else echo running; exit 0; fi
+echo "$rc $(wc -c <"$d/out") $(wc -c <"$d/err")"
+head -c "$2" "$d/out" | base64 | tr -d '\\n'; echo
+head -c "$2" "$d/err" | base64 | tr -d '\\n'; echo
+rm -rf -- "$d" "$d.stdin"
+"""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A collected job.
+
+    Attributes:
+        exit_code: its exit status, or ``None`` when collected before it ended.
+        stdout: up to ``cap`` bytes of standard output.
+        stderr: up to ``cap`` bytes of standard error.
+        truncated: either stream was longer than ``cap``.
+    """
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+
+
+def job_dir(job_id: str) -> str:
+    """Directory of the job ``job_id`` inside the sandbox."""
+    return f"{JOBS_DIR}/{job_id}"
+
+
+def stdin_path(job_id: str) -> str:
+    """Where the job's standard input is uploaded before launch."""
+    return f"{job_dir(job_id)}.stdin"
+
+
+def launch_argv(job_id: str, cwd: str, command: str, env: Mapping[str, str], cap: int) -> list[str]:
+    """argv (for ``/execute``, ``shell=False``) starting the job detached, then polling it once
+    (its output is :func:`parse_poll`'s input)."""
+    pairs = [f"{k}={v}" for k, v in env.items()]
+    marker = f"{EXEC_MARKER_ENV}={job_id}"
+    head = ["/bin/sh", "-c", _LAUNCH, _POLL, _RUN, marker, job_dir(job_id), str(cap)]
+    return [*head, cwd, command, *pairs]
+
+
+def poll_argv(job_id: str, cap: int, *, force: bool = False) -> list[str]:
+    """argv reporting the job's state, collecting (and removing) it once ended or ``force``."""
+    return [
+        "/bin/sh",
+        "-c",
+        _POLL,
+        "sandlot-poll",
+        job_dir(job_id),
+        str(cap),
+        "force" if force else "",
+    ]
+
+
+class JobLostError(Exception):
+    """The job directory vanished before its result was collected."""
+
+
+def parse_poll(stdout: str) -> JobResult | None:
+    """The result printed by the poll script, or ``None`` while the job runs.
+
+    Raises:
+        JobLostError: the job directory is gone.
+        ValueError: the output is not what the script prints.
+    """
+    lines = stdout.split("\n")
+    head = lines[0].strip()
+    if head == "running":
+        return None
+    if head == "missing":
+        raise JobLostError("the job's directory is gone")
+    rc, out_size, err_size = head.split()
+    out, err = base64.b64decode(lines[1]), base64.b64decode(lines[2])
+    return JobResult(
+        exit_code=None if rc == "-" else int(rc),
+        stdout=out,
+        stderr=err,
+        truncated=int(out_size) > len(out) or int(err_size) > len(err),
+    )

@@ -1,0 +1,59 @@
+"""``VefaasOptions``: settings of the ``vefaas`` backend that ``SandboxSpec`` does not cover."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+MiB = 1024 * 1024
+
+
+class VefaasOptions(BaseModel):
+    """Options of the ``vefaas`` backend. Unset credentials and targets come from the
+    environment (see :mod:`sandlot.sandboxes.vefaas.config`).
+
+    Attributes:
+        access_key: Volcengine access key; ``None`` reads ``VOLCE_ACCESS_KEY`` /
+            ``VOLCENGINE_ACCESS_KEY``.
+        secret_key: Volcengine secret key; ``None`` reads ``VOLCE_SECRET_KEY`` /
+            ``VOLCENGINE_SECRET_KEY``.
+        region: region; ``None`` reads ``VEFAAS_REGION``, default ``cn-beijing``.
+        function_id: the sandbox application's function id(s), comma separated; ``None`` reads
+            ``VEFAAS_FUNCTION_ID``.
+        function_route: the function's HTTP route(s), comma separated and paired by position
+            with ``function_id``; ``None`` reads ``VEFAAS_FUNCTION_ROUTE``.
+        endpoint: control-plane host (``open.volcengineapi.com`` style), or ``None`` for the
+            SDK's default; with ``scheme`` it points the SDK at another server.
+        scheme: ``https`` or ``http`` for ``endpoint``.
+        port: port of the SWE-ReX server in the instance (``InstanceImageInfo.Port``).
+        bootstrap: the instance's start command, a template with ``{workdir}``, ``{port}`` and
+            ``{token}``; it must end by ``exec``-ing a SWE-ReX server (PID 1). ``None`` uses
+            :data:`sandlot.sandboxes.vefaas.bootstrap.DEFAULT_BOOTSTRAP`.
+        ready_timeout_s: seconds to wait for the SWE-ReX server to answer after creation.
+        image_overrides: canonical image name → veFaaS registry name (see
+            :mod:`sandlot.sandboxes.images`).
+        max_output_bytes: bytes of stdout and of stderr kept per exec (rest dropped,
+            ``truncated=True``).
+        stop_grace_s: seconds between SIGTERM and SIGKILL for a timed-out command.
+        request_retries: data-plane retries after a connection failure or a 5xx answer.
+        proxy: HTTP(S) proxy URL for the control plane, or ``None``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    access_key: SecretStr | None = None
+    secret_key: SecretStr | None = None
+    region: str | None = None
+    function_id: str | None = None
+    function_route: str | None = None
+    endpoint: str | None = None
+    scheme: Literal["https", "http"] = "https"
+    port: int = Field(default=8000, gt=0, lt=65536)
+    bootstrap: str | None = None
+    ready_timeout_s: float = Field(default=300.0, gt=0)
+    image_overrides: dict[str, str] = Field(default_factory=dict)
+    max_output_bytes: int = Field(default=10 * MiB, gt=0)
+    stop_grace_s: float = Field(default=1.0, ge=0)
+    request_retries: int = Field(default=3, ge=0)
+    proxy: str | None = None

@@ -1,0 +1,52 @@
+"""``VefaasReaper``: lists and kills the labelled sandboxes of the configured functions.
+
+Uses ``ListSandboxes`` (filtered by ``Metadata`` when a run id is given) and ``KillSandbox`` of
+every function id in ``VEFAAS_FUNCTION_ID`` / the ``function_id`` option.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandlot.sandboxes.labels import RUN_ID
+from sandlot.sandboxes.reaper import RemoteSandbox
+from sandlot.sandboxes.vefaas.config import credentials, function_targets
+from sandlot.sandboxes.vefaas.control import ControlPlane
+from sandlot.sandboxes.vefaas.options import VefaasOptions
+
+# Sandboxes in these states are already on their way out.
+_GONE = ("Terminating", "Terminated", "Destroyed", "Expired", "Killed")
+
+
+class VefaasReaper:
+    """Reaper of the ``vefaas`` backend.
+
+    Args:
+        **options: fields of :class:`VefaasOptions` (credentials, functions, endpoint).
+
+    Raises:
+        BackendUnavailableError: SDK, credentials or function ids missing.
+    """
+
+    backend = "vefaas"
+
+    def __init__(self, **options: Any) -> None:
+        opts = VefaasOptions(**options)
+        self._functions = sorted({t.function_id for t in function_targets(opts)})
+        self._control = ControlPlane(credentials(opts), opts)
+
+    async def list_sandboxes(self, run_id: str | None = None) -> list[RemoteSandbox]:
+        """Live sandboxes with a ``sandlot.run_id`` label (= ``run_id`` if given)."""
+        found = []
+        for function_id in self._functions:
+            rows = await self._control.list(function_id, {RUN_ID: run_id} if run_id else None)
+            found += [
+                RemoteSandbox("vefaas", row.id, row.metadata, row.status, function_id)
+                for row in rows
+                if RUN_ID in row.metadata and row.status not in _GONE
+            ]
+        return found
+
+    async def kill(self, sandbox: RemoteSandbox) -> None:
+        """``KillSandbox``."""
+        await self._control.kill(sandbox.handle, sandbox.id)

@@ -1,0 +1,400 @@
+"""``VefaasSandbox``: a sandbox on Volcengine veFaaS, driven through a SWE-ReX server.
+
+Control plane: the veFaaS service package of the Volcengine SDK (``volcenginesdk-vefaas``
+5.0.54, see :mod:`sandlot.sandboxes.vefaas.control`). Data plane: the instance runs a SWE-ReX
+server (swe-rex 1.4.0, started by :mod:`sandlot.sandboxes.vefaas.bootstrap`), reached at the
+function's HTTP route with the header ``x-faas-instance-name: <sandbox id>`` and the server's
+``X-API-Key`` through :class:`sandlot.runtimes.swerex.SwerexClient`. Commands run as detached
+jobs (:mod:`sandlot.sandboxes.vefaas.jobs`); files move through ``/upload`` (bytes in) and
+``base64`` over ``/execute`` (bytes out). Sources: the veFaaS sandbox API docs
+(https://www.volcengine.com/docs/6662/1806654), vefaas-dev/code-examples ``sandbox-cookbook``,
+and verl-project/uni-agent ``uni_agent/sandbox/vefaas.py`` (instance header, bootstrap ``exec``).
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import secrets
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+from pydantic import BaseModel
+
+from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
+from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.errors import (
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.sandboxes.images import backend_image
+from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.local.archive import build_archive, extract_archive
+from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.vefaas import jobs
+from sandlot.sandboxes.vefaas.bootstrap import bootstrap_command
+from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, pick_target
+from sandlot.sandboxes.vefaas.control import RUNNING, ControlPlane
+from sandlot.sandboxes.vefaas.options import VefaasOptions
+
+log = logging.getLogger("sandlot.sandboxes.vefaas")
+T = TypeVar("T")
+
+INSTANCE_HEADER = "x-faas-instance-name"
+_POLL_FIRST_S = 0.01
+_POLL_MAX_S = 0.25
+_READY_POLL_MAX_S = 0.25
+_DESCRIBE_EVERY_S = 2.0  # while waiting for the server: is the instance still coming up?
+_QUICK_S = 60.0  # timeout of the short data-plane calls (launch, poll, kill, file moves)
+_FILE_TIMEOUT_S = 600.0
+
+
+class VefaasSandbox(Sandbox):
+    """One veFaaS sandbox instance of a sandbox application (function).
+
+    Args:
+        spec: ``image`` (canonical SWE-bench names are mapped to the veFaaS mirrors by
+            :func:`sandlot.sandboxes.images.backend_image`); ``timeout_s`` is the lifetime
+            (``Timeout`` in seconds); ``cpu`` cores become ``CpuMilli``; ``memory_mb`` is
+            ``MemoryMB``; ``env`` becomes ``Envs``; ``labels`` plus the ``sandlot.*`` labels
+            become ``Metadata``. ``network`` is not enforced: egress is a property of the veFaaS
+            function's network configuration (a warning is logged when ``network=False``).
+        options: :class:`VefaasOptions`.
+
+    Raises (from ``start``):
+        BackendUnavailableError: SDK missing, credentials or function targets missing (the
+            message names the variables).
+        SandboxStartError: ``CreateSandbox`` refused (``retryable`` for rate limits and
+            capacity), or the SWE-ReX server never answered within ``ready_timeout_s``.
+    """
+
+    name: ClassVar[str] = "vefaas"
+    Options: ClassVar[type[VefaasOptions]] = VefaasOptions
+    options: VefaasOptions
+
+    def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
+        super().__init__(spec, options)
+        self._control: ControlPlane | None = None
+        self._target: FunctionTarget | None = None
+        self._sandbox_id: str | None = None
+        self._client: SwerexClient | None = None
+        self._dead: str | None = None
+
+    @property
+    def sandbox_id(self) -> str | None:
+        """veFaaS's id of the instance once created, else ``None``."""
+        return self._sandbox_id
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def _start(self) -> None:
+        spec, opts = self.spec, self.options
+        if self._control is None:
+            self._control = ControlPlane(credentials(opts), opts)
+        self._target = target = pick_target(opts)
+        if not spec.network:
+            log.debug("vefaas: network=False is not enforced; egress follows the function's config")
+        token = secrets.token_urlsafe(24)
+        request = self._control.create_request(
+            function_id=target.function_id,
+            image=backend_image(spec.image, "vefaas", opts.image_overrides),
+            port=opts.port,
+            command=bootstrap_command(
+                opts.bootstrap, workdir=spec.workdir, port=opts.port, token=token
+            ),
+            env=spec.env,
+            metadata=sandbox_labels(self.id, spec.labels),
+            timeout_s=spec.timeout_s,
+            cpu=spec.cpu,
+            memory_mb=spec.memory_mb,
+        )
+        await self._control.create(request, self._record)
+        assert self._sandbox_id is not None
+        self._client = SwerexClient(
+            target.route,
+            api_key=token,
+            headers={INSTANCE_HEADER: self._sandbox_id},
+            retries=opts.request_retries,
+        )
+        await self._wait_ready()
+
+    def _record(self, sandbox_id: str) -> None:
+        self._sandbox_id = sandbox_id
+
+    async def _wait_ready(self) -> None:
+        """Poll ``/is_alive`` until the server answers; the STARTING slot is held meanwhile."""
+        assert self._client is not None and self._control is not None and self._target
+        deadline = time.monotonic() + self.options.ready_timeout_s
+        delay, next_describe = 0.02, time.monotonic() + _DESCRIBE_EVERY_S
+        while not await self._client.is_alive(timeout=min(10.0, self.options.ready_timeout_s)):
+            if time.monotonic() >= next_describe:  # the control plane is rate limited: rarely
+                next_describe = time.monotonic() + _DESCRIBE_EVERY_S
+                info = await self._control.describe(self._target.function_id, self._id)
+            else:
+                info = None
+            if info is not None and info.status not in ("", "Creating", "Pending", RUNNING):
+                raise SandboxStartError(
+                    f"sandbox {self.id}: veFaaS instance {self._id} is {info.status}"
+                    + (f": {info.error}" if info.error else ""),
+                    retryable=True,
+                )
+            if time.monotonic() >= deadline:
+                raise SandboxStartError(
+                    f"sandbox {self.id}: the SWE-ReX server of instance {self._id} did not answer "
+                    f"within ready_timeout_s={self.options.ready_timeout_s:g} s (does the "
+                    "bootstrap command start it? does the image reach PyPI if it must install "
+                    "swe-rex?)",
+                    retryable=True,
+                )
+            await anyio.sleep(delay)
+            delay = min(delay * 1.25, _READY_POLL_MAX_S)
+
+    @property
+    def _id(self) -> str:
+        assert self._sandbox_id is not None, "sandbox not created"
+        return self._sandbox_id
+
+    async def _close(self) -> None:
+        """Close the data-plane client, then ``KillSandbox`` (tried twice); each step guarded."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.aclose()
+            except Exception as exc:
+                log.warning("sandbox %s: closing the data-plane client failed: %s", self.id, exc)
+        sandbox_id, self._sandbox_id = self._sandbox_id, None
+        if sandbox_id is None or self._control is None or self._target is None:
+            return
+        last: Exception | None = None
+        for _ in range(2):
+            try:
+                await self._control.kill(self._target.function_id, sandbox_id)
+                return
+            except Exception as exc:
+                last = exc
+                log.warning("sandbox %s: KillSandbox %s failed: %s", self.id, sandbox_id, exc)
+        raise SandboxError(f"sandbox {self.id}: KillSandbox {sandbox_id} failed twice: {last}")
+
+    async def is_alive(self) -> bool:
+        """``True`` while the control plane reports the instance ``Running``. Never raises."""
+        if self._closed or not self._started or self._dead is not None or self._sandbox_id is None:
+            return False
+        return await self._gone() is None
+
+    async def _gone(self) -> SandboxDeadError | None:
+        """``SandboxDeadError`` if the instance is no longer running, else ``None``."""
+        if self._dead is None:
+            assert self._control is not None and self._target is not None
+            try:
+                info = await self._control.describe(self._target.function_id, self._id)
+            except SandboxError as exc:
+                if exc.retryable:
+                    return None  # cannot tell
+                self._dead = f"is unknown to veFaaS ({exc})"
+            else:
+                if info.status == RUNNING:
+                    return None
+                self._dead = f"is {info.status or 'gone'}"
+        return SandboxDeadError(
+            f"sandbox {self.id}: veFaaS instance {self._sandbox_id} {self._dead}"
+        )
+
+    def _check_usable(self) -> SwerexClient:
+        self._check_open()
+        if self._dead is not None or self._client is None:
+            raise SandboxDeadError(f"sandbox {self.id}: veFaaS instance {self._dead or 'is gone'}")
+        return self._client
+
+    async def _data(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """A data-plane call; when it fails for good, a dead instance becomes
+        ``SandboxDeadError``, else the error propagates (retryable for 5xx/unreachable)."""
+        try:
+            return await fn(*args, **kwargs)
+        except (SwerexUnavailableError, SwerexHTTPError) as exc:
+            dead = await self._gone()
+            if dead is not None:
+                raise dead from exc
+            raise
+
+    # ----------------------------------------------------------------- commands
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` with ``bash -c`` (``sh -c`` without bash) as a detached job.
+
+        Args and return value as in :meth:`Sandbox.exec`. No HTTP request lasts as long as the
+        command: a launch that waits up to 50 ms for it, then polls (10 ms doubling to 0.25 s).
+        At ``timeout`` or on cancellation every process of the command is killed (SIGTERM,
+        ``stop_grace_s``, SIGKILL) and the output printed so far is returned (up to
+        ``max_output_bytes`` per stream).
+
+        Raises:
+            SandboxDeadError: the instance is no longer running.
+            SandboxError: the data plane failed (``retryable`` for 5xx / unreachable).
+        """
+        client = self._check_usable()
+        began = time.monotonic()
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        job = uuid.uuid4().hex
+        if data:
+            await self._data(
+                client.write_bytes, jobs.stdin_path(job), data, timeout=_FILE_TIMEOUT_S
+            )
+        cap = self.options.max_output_bytes
+        argv = jobs.launch_argv(
+            job, self._path(cwd or self.spec.workdir), as_shell(cmd), env or {}, cap
+        )
+        launched = await self._data(client.execute, argv, timeout=_QUICK_S)
+        result = self._parse(launched.stdout)
+        try:
+            with anyio.move_on_after(timeout):
+                if result is None:
+                    result = await self._wait_job(client, job)
+        finally:
+            if result is None:
+                with anyio.CancelScope(shield=True):
+                    result = await self._stop_job(client, job)
+        assert result is not None
+        timed_out = result.exit_code is None
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if result.exit_code is None else result.exit_code,
+            stdout=result.stdout.decode("utf-8", "replace"),
+            stderr=result.stderr.decode("utf-8", "replace"),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - began,
+            truncated=result.truncated,
+        )
+
+    async def _poll(self, client: SwerexClient, job: str, *, force: bool) -> jobs.JobResult | None:
+        argv = jobs.poll_argv(job, self.options.max_output_bytes, force=force)
+        out = await self._data(client.execute, argv, timeout=_QUICK_S)
+        return self._parse(out.stdout)
+
+    def _parse(self, stdout: str) -> jobs.JobResult | None:
+        try:
+            return jobs.parse_poll(stdout)
+        except (jobs.JobLostError, ValueError) as exc:
+            raise SandboxError(f"sandbox {self.id}: lost the result of a command: {exc}") from exc
+
+    async def _wait_job(self, client: SwerexClient, job: str) -> jobs.JobResult:
+        delay = _POLL_FIRST_S
+        while True:
+            result = await self._poll(client, job, force=False)
+            if result is not None:
+                return result
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+
+    async def _stop_job(self, client: SwerexClient, job: str) -> jobs.JobResult:
+        """Kill the job's processes and collect what they printed."""
+        argv = remote_shell.kill_argv(job, self.options.stop_grace_s)
+        try:
+            await client.execute(argv, timeout=self.options.stop_grace_s + _QUICK_S)
+            result = await self._poll(client, job, force=True)
+        except SandboxError as exc:
+            log.warning("sandbox %s: could not stop command %s: %s", self.id, job, exc)
+            return jobs.JobResult(exit_code=None, stdout=b"", stderr=b"", truncated=False)
+        assert result is not None
+        return jobs.JobResult(None, result.stdout, result.stderr, result.truncated)
+
+    async def _run_checked(self, what: str, path: str, argv: list[str]) -> None:
+        r = await self.exec(argv, timeout=_FILE_TIMEOUT_S)
+        if not r.ok:
+            detail = r.stderr.strip() or f"exit code {r.exit_code}"
+            raise SandboxFileError(f"{what} {path}: {detail}")
+
+    # ----------------------------------------------------------------- files
+
+    async def read_file(self, path: str) -> bytes:
+        """The exact bytes of the file at ``path`` (``base64`` through ``/execute``).
+
+        Raises:
+            SandboxFileError: missing, a directory, or unreadable (the message names it).
+            SandboxDeadError: the instance is no longer running.
+        """
+        client = self._check_usable()
+        path = self._path(path)
+        try:
+            return await self._data(client.read_bytes, path, timeout=_FILE_TIMEOUT_S)
+        except FileNotFoundError as exc:
+            raise SandboxFileError(f"read_file {path}: {exc}") from exc
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` to ``path``, creating parents: uploaded beside, then moved in place.
+
+        Raises:
+            SandboxFileError: the path cannot be written (a directory, read-only, virtual).
+            SandboxDeadError: the instance is no longer running.
+        """
+        client = self._check_usable()
+        path = self._path(path)
+        raw = data.encode() if isinstance(data, str) else data
+        staging = f"{jobs.JOBS_DIR}/upload-{uuid.uuid4().hex}"
+        await self._data(client.write_bytes, staging, raw, timeout=_FILE_TIMEOUT_S)
+        script = (
+            '[ -d "$1" ] && { echo "is a directory" >&2; rm -f -- "$0"; exit 1; }; '
+            'mkdir -p -- "$(dirname -- "$1")" && cat -- "$0" >"$1"; rc=$?; rm -f -- "$0"; exit $rc'
+        )
+        await self._run_checked("write_file", path, ["/bin/sh", "-c", script, staging, path])
+
+    async def upload(self, local_path: str | Path, remote_path: str) -> None:
+        """Copy a host file or tree to ``remote_path`` (a tar uploaded, unpacked in place).
+
+        Raises:
+            FileNotFoundError: ``local_path`` does not exist.
+            SandboxFileError: the destination is not writable.
+            SandboxDeadError: the instance is no longer running.
+        """
+        client = self._check_usable()
+        target = self._path(remote_path)
+        parent, name = posixpath.split(target)
+        staging = f"{jobs.JOBS_DIR}/upload-{uuid.uuid4().hex}.tar"
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Path(tmp) / "upload.tar"
+            await anyio.to_thread.run_sync(build_archive, Path(local_path), name, archive)
+            await self._data(
+                client.write_bytes, staging, archive.read_bytes(), timeout=_FILE_TIMEOUT_S
+            )
+        await self._run_checked("upload to", target, remote_shell.tar_extract_argv(staging, parent))
+
+    async def download(self, remote_path: str, local_path: str | Path) -> None:
+        """Copy a file or tree from the sandbox so that it becomes ``local_path``.
+
+        Raises:
+            SandboxFileError: ``remote_path`` is missing, or the archive has unsafe members.
+            SandboxDeadError: the instance is no longer running.
+        """
+        client = self._check_usable()
+        source = self._path(remote_path)
+        staging = f"{jobs.JOBS_DIR}/download-{uuid.uuid4().hex}.tar"
+        await self._run_checked("download", source, remote_shell.tar_create_argv(source, staging))
+        try:
+            data = await self._data(client.read_bytes, staging, timeout=_FILE_TIMEOUT_S)
+        except FileNotFoundError as exc:
+            raise SandboxFileError(f"download {source}: {exc}") from exc
+        finally:
+            await self.exec(["rm", "-f", "--", staging], timeout=_QUICK_S)
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Path(tmp) / "download.tar"
+            archive.write_bytes(data)
+            top = posixpath.basename(source)
+            await anyio.to_thread.run_sync(extract_archive, archive, top, Path(local_path))

@@ -1,0 +1,71 @@
+"""Contract targets of the cloud backends, run against the local fakes in ``tests/fakes``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fakes.shared import (
+    modal_fake_unavailable,
+    shared_modal,
+    shared_vefaas,
+    vefaas_fake_unavailable,
+)
+
+from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.modal import ModalSandbox
+from sandlot.sandboxes.vefaas import VefaasSandbox
+
+
+class _VefaasFields(Mapping[str, Any]):
+    """The fields pointing at the shared fake veFaaS, resolved (and the fake started) lazily."""
+
+    def _fields(self) -> dict[str, Any]:
+        return {"image": "python:3.12", **shared_vefaas().options()}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._fields()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields())
+
+    def __len__(self) -> int:
+        return len(self._fields())
+
+
+async def _modal_die(sb: Sandbox) -> None:
+    assert isinstance(sb, ModalSandbox)
+    fake = shared_modal()
+    fake.die(next(s for s in fake.sandboxes if s.object_id == sb.object_id))
+
+
+async def _vefaas_kill(sb: Sandbox) -> None:
+    assert isinstance(sb, VefaasSandbox) and sb.sandbox_id is not None
+    fake = shared_vefaas()
+    fake._kill_instance(fake.instances[sb.sandbox_id])
+
+
+def cloud_targets(target_cls: Any) -> list[Any]:
+    """``modal-fake`` and ``vefaas-fake`` as ``ContractTarget`` instances of ``target_cls``."""
+    return [
+        target_cls(
+            id="modal-fake",
+            backend="modal-fake",
+            fields={"image": "python:3.12"},
+            unavailable=modal_fake_unavailable,
+            kill_from_outside=_modal_die,
+        ),
+        # veFaaS egress is per function, not per sandbox: network=False is not enforced.
+        target_cls(
+            id="vefaas-fake",
+            backend="vefaas",
+            fields=_VefaasFields(),
+            unavailable=vefaas_fake_unavailable,
+            kill_from_outside=_vefaas_kill,
+            isolated=False,
+        ),
+    ]

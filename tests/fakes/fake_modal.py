@@ -1,0 +1,428 @@
+"""A stand-in ``modal`` module: the subset of the Modal 1.6 SDK the backend uses, run locally.
+
+Shapes follow ``modal`` 1.6.4 (``modal/sandbox/_sandbox.py``, ``container_process.py``,
+``io_streams.py``, ``_filesystem.py``, ``exception.py``): every call the backend makes is a
+``.aio`` coroutine; ``Sandbox.exec`` returns a process with ``stdout``/``stderr`` streams
+(async-iterable chunks, ``read.aio``), ``stdin`` (``write``, ``write_eof``, ``drain.aio``) and
+``wait.aio`` (``-1`` when the exec's own ``timeout`` hit, ``128+N`` for a signal).
+
+A fake sandbox is a private root directory; each exec runs in a bubblewrap jail over it
+(``block_network`` → no network namespace access), its processes tagged with the sandbox id so
+``terminate`` (or :meth:`FakeModal.die`) kills them all. Every call is recorded in
+``FakeModal.calls`` as ``(name, args, kwargs)``.
+
+Fault knobs: ``create_latency_s``, ``rate_limit_rate`` (fraction of creates failing with
+``ResourceExhaustedError``), ``known_images`` (others: ``ImageBuildError``),
+``terminate_failures`` (terminate raises ``InternalError`` that many times first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from fakes.jail import jail_argv, make_root
+
+_CHUNK = 64 * 1024
+_MARKER = "FAKE_MODAL_SANDBOX"
+
+
+class _Method:
+    """An SDK method: the fake only offers its ``.aio`` variant."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.aio = fn
+
+
+# ----------------------------------------------------------------- exceptions (modal.exception)
+
+
+class Error(Exception):
+    pass
+
+
+class NotFoundError(Error):
+    pass
+
+
+class InvalidError(Error):
+    pass
+
+
+class InternalError(Error):
+    pass
+
+
+class ResourceExhaustedError(Error):
+    pass
+
+
+class ConnectionError(Error):
+    pass
+
+
+class AuthError(Error):
+    pass
+
+
+class SandboxTerminatedError(Error):
+    pass
+
+
+class ImageBuildError(Error):
+    pass
+
+
+class SandboxFilesystemError(Error):
+    pass
+
+
+class SandboxFilesystemNotFoundError(SandboxFilesystemError):
+    pass
+
+
+class SandboxFilesystemIsADirectoryError(SandboxFilesystemError):
+    pass
+
+
+class SandboxFilesystemNotADirectoryError(SandboxFilesystemError):
+    pass
+
+
+class SandboxFilesystemPermissionError(SandboxFilesystemError):
+    pass
+
+
+EXCEPTIONS = SimpleNamespace(
+    **{
+        cls.__name__: cls
+        for cls in (
+            Error,
+            NotFoundError,
+            InvalidError,
+            InternalError,
+            ResourceExhaustedError,
+            ConnectionError,
+            AuthError,
+            SandboxTerminatedError,
+            ImageBuildError,
+            SandboxFilesystemError,
+            SandboxFilesystemNotFoundError,
+            SandboxFilesystemIsADirectoryError,
+            SandboxFilesystemNotADirectoryError,
+            SandboxFilesystemPermissionError,
+        )
+    }
+)
+
+
+# ----------------------------------------------------------------- processes
+
+
+class _Stream:
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self.read = _Method(self._read_all)
+
+    async def _read_all(self) -> bytes:
+        return await self._reader.read()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            chunk = await self._reader.read(_CHUNK)
+            if not chunk:
+                return
+            yield chunk
+
+
+class _Stdin:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._eof = False
+        self.drain = _Method(self._drain)
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+
+    def write_eof(self) -> None:
+        self._eof = True
+
+    async def _drain(self) -> None:
+        try:
+            await self._writer.drain()
+            if self._eof:
+                self._writer.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+class FakeProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, timeout: int | None) -> None:
+        assert proc.stdout and proc.stderr and proc.stdin
+        self._proc = proc
+        self._timeout = timeout
+        self.stdout = _Stream(proc.stdout)
+        self.stderr = _Stream(proc.stderr)
+        self.stdin = _Stdin(proc.stdin)
+        self.wait = _Method(self._wait)
+
+    async def _wait(self) -> int:
+        try:
+            code = await asyncio.wait_for(self._proc.wait(), self._timeout)
+        except asyncio.TimeoutError:
+            self._proc.kill()
+            await self._proc.wait()
+            return -1  # what Modal's wait() reports for an exec past its timeout
+        return 128 - code if code < 0 else code
+
+
+# ----------------------------------------------------------------- sandboxes
+
+
+class FakeSandbox:
+    def __init__(self, fake: FakeModal, app: Any, kwargs: dict[str, Any], args: tuple[str, ...]):
+        self.fake = fake
+        self.object_id = f"sb-{uuid.uuid4().hex[:16]}"
+        self.app = app
+        self.name = kwargs.get("name")
+        self.tags = dict(kwargs.get("tags") or {})
+        self.env = dict(kwargs.get("env") or {})
+        self.workdir = kwargs.get("workdir") or "/"
+        self.block_network = bool(kwargs.get("block_network"))
+        self.entrypoint = args
+        self.returncode: int | None = None
+        self.root = make_root(fake.workdir, self.object_id)
+        self.exec = _Method(self._exec)
+        self.poll = _Method(self._poll)
+        self.terminate = _Method(self._terminate)
+        self.get_tags = _Method(self._get_tags)
+        self.set_tags = _Method(self._set_tags)
+        self.filesystem = SimpleNamespace(
+            read_bytes=_Method(self._read_bytes), write_bytes=_Method(self._write_bytes)
+        )
+
+    def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.fake.calls.append((name, args, kwargs))
+
+    async def _spawn(
+        self, argv: tuple[str, ...], env: dict[str, str] | None, workdir: str | None
+    ) -> asyncio.subprocess.Process:
+        if self.returncode is not None:
+            raise SandboxTerminatedError(f"sandbox {self.object_id} has finished")
+        full_env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/root",
+            **self.env,
+            **(env or {}),
+            _MARKER: self.object_id,
+        }
+        jail = jail_argv(
+            self.root,
+            network=not self.block_network,
+            own_pids=False,
+            env=full_env,
+            cwd=workdir or "/",
+        )
+        return await asyncio.create_subprocess_exec(
+            *jail,
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+
+    async def _exec(
+        self,
+        *args: str,
+        timeout: int | None = None,
+        env: dict[str, str] | None = None,
+        text: bool = True,
+        workdir: str | None = None,
+    ) -> FakeProcess:
+        self._record("Sandbox.exec", *args, timeout=timeout, env=env, text=text, workdir=workdir)
+        assert text is False, "the backend reads bytes"
+        return FakeProcess(await self._spawn(args, env, workdir), timeout)
+
+    async def _poll(self) -> int | None:
+        self._record("Sandbox.poll")
+        return self.returncode
+
+    async def _terminate(self) -> None:
+        self._record("Sandbox.terminate", self.object_id)
+        if self.fake.terminate_failures > 0:
+            self.fake.terminate_failures -= 1
+            raise InternalError("terminate failed (injected)")
+        self.fake.terminated.append(self.object_id)
+        self.kill(0)
+
+    def kill(self, returncode: int) -> None:
+        """End the sandbox: every process in it dies, its files go."""
+        if self.returncode is None:
+            self.returncode = returncode
+        for pid in _pids_with(f"{_MARKER}={self.object_id}"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    async def _get_tags(self) -> dict[str, str]:
+        return dict(self.tags)
+
+    async def _set_tags(self, tags: dict[str, str]) -> None:
+        self.tags = dict(tags)
+
+    async def _run(
+        self, script: str, path: str, data: bytes | None = None
+    ) -> tuple[int, bytes, bytes]:
+        proc = await self._spawn(("/bin/sh", "-c", script, path), None, None)
+        out, err = await proc.communicate(data)
+        return int(proc.returncode or 0), out, err
+
+    async def _read_bytes(self, path: str) -> bytes:
+        self._record("filesystem.read_bytes", path)
+        script = '[ -d "$0" ] && exit 21; [ -e "$0" ] || exit 2; cat -- "$0"'
+        code, out, err = await self._run(script, path)
+        _raise_fs(code, err, path)
+        return out
+
+    async def _write_bytes(self, data: bytes, path: str) -> None:
+        self._record("filesystem.write_bytes", len(data), path)
+        script = '[ -d "$0" ] && exit 21; mkdir -p -- "$(dirname -- "$0")" || exit 20; cat >"$0"'
+        code, _, err = await self._run(script, path, data)
+        _raise_fs(code, err, path)
+
+
+def _raise_fs(code: int, err: bytes, path: str) -> None:
+    if code == 0:
+        return
+    detail = f"{err.decode(errors='replace').strip()}: {path}"
+    if code == 2:
+        raise SandboxFilesystemNotFoundError(f"No such file or directory: {path}")
+    if code == 21:
+        raise SandboxFilesystemIsADirectoryError(f"Is a directory: {path}")
+    if code == 20:
+        raise SandboxFilesystemNotADirectoryError(detail)
+    raise SandboxFilesystemError(detail)
+
+
+def _pids_with(marker: str) -> list[int]:
+    needle = marker.encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+class FakeModal:
+    """The fake module object. Pass it where the backend would import ``modal``."""
+
+    def __init__(self, known_images: set[str] | None = None) -> None:
+        self.known_images = known_images
+        self.create_latency_s = 0.0
+        self.rate_limit_rate = 0.0
+        self.terminate_failures = 0
+        self.rng = random.Random(7)
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.sandboxes: list[FakeSandbox] = []
+        self.terminated: list[str] = []
+        self.creating = 0
+        self.peak_creating = 0
+        self.workdir = Path(tempfile.mkdtemp(prefix="fake-modal-"))
+        self.exception = EXCEPTIONS
+        self.App = SimpleNamespace(lookup=_Method(self._app_lookup))
+        self.Secret = SimpleNamespace(from_name=self._secret_from_name)
+        self.Image = SimpleNamespace(from_registry=self._image_from_registry)
+        self.Sandbox = SimpleNamespace(
+            create=_Method(self._create),
+            from_id=_Method(self._from_id),
+            from_name=_Method(self._from_name),
+            list=_Method(self._list),
+        )
+        self.apps: dict[str, SimpleNamespace] = {}
+
+    def close(self) -> None:
+        for sb in self.sandboxes:
+            sb.kill(0)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def live(self) -> list[FakeSandbox]:
+        return [sb for sb in self.sandboxes if sb.returncode is None]
+
+    def die(self, sb: FakeSandbox, returncode: int = 137) -> None:
+        """Simulate the sandbox dying (OOM kill, lifetime over, host failure)."""
+        sb.kill(returncode)
+
+    def calls_of(self, name: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        return [(args, kwargs) for n, args, kwargs in self.calls if n == name]
+
+    async def _app_lookup(self, name: str, *, create_if_missing: bool = False) -> SimpleNamespace:
+        self.calls.append(("App.lookup", (name,), {"create_if_missing": create_if_missing}))
+        if name not in self.apps:
+            if not create_if_missing:
+                raise NotFoundError(f"App {name!r} not found")
+            self.apps[name] = SimpleNamespace(name=name, app_id=f"ap-{uuid.uuid4().hex[:12]}")
+        return self.apps[name]
+
+    def _secret_from_name(self, name: str) -> SimpleNamespace:
+        self.calls.append(("Secret.from_name", (name,), {}))
+        return SimpleNamespace(kind="secret", name=name)
+
+    def _image_from_registry(self, tag: str, secret: Any = None) -> SimpleNamespace:
+        self.calls.append(("Image.from_registry", (tag,), {"secret": secret}))
+        return SimpleNamespace(kind="image", tag=tag, secret=secret)
+
+    async def _create(self, *args: str, **kwargs: Any) -> FakeSandbox:
+        self.calls.append(("Sandbox.create", args, kwargs))
+        self.creating += 1
+        self.peak_creating = max(self.peak_creating, self.creating)
+        try:
+            await asyncio.sleep(self.create_latency_s)
+        finally:
+            self.creating -= 1
+        if self.rng.random() < self.rate_limit_rate:
+            raise ResourceExhaustedError("sandbox creation rate limit exceeded, try again later")
+        image = kwargs["image"]
+        if self.known_images is not None and image.tag not in self.known_images:
+            raise ImageBuildError(f"image {image.tag} not found in registry")
+        sb = FakeSandbox(self, kwargs["app"], kwargs, args)
+        self.sandboxes.append(sb)
+        return sb
+
+    async def _from_id(self, sandbox_id: str) -> FakeSandbox:
+        for sb in self.sandboxes:
+            if sb.object_id == sandbox_id:
+                return sb
+        raise NotFoundError(sandbox_id)
+
+    async def _from_name(self, app_name: str, name: str) -> FakeSandbox:
+        for sb in self.sandboxes:
+            if sb.app.name == app_name and sb.name == name and sb.returncode is None:
+                return sb
+        raise NotFoundError(f"{app_name}/{name}")
+
+    async def _list(
+        self, *, app_id: str | None = None, tags: dict[str, str] | None = None
+    ) -> AsyncIterator[FakeSandbox]:
+        self.calls.append(("Sandbox.list", (), {"app_id": app_id, "tags": tags}))
+        for sb in list(self.sandboxes):
+            if sb.returncode is not None or (app_id and sb.app.app_id != app_id):
+                continue
+            if tags and any(sb.tags.get(k) != v for k, v in tags.items()):
+                continue
+            yield sb

@@ -1,0 +1,58 @@
+"""Process-wide fake clouds for the contract suite, started on first use, stopped at exit."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+from typing import Any, ClassVar
+
+from fakes.fake_modal import FakeModal
+from fakes.fake_vefaas import FakeVefaas
+from fakes.jail import bwrap_missing
+from sandlot.sandboxes.modal import ModalSandbox
+from sandlot.sandboxes.registry import register_backend
+
+
+@functools.cache
+def shared_modal() -> FakeModal:
+    fake = FakeModal()
+    atexit.register(fake.close)
+    return fake
+
+
+@functools.cache
+def shared_vefaas() -> FakeVefaas:
+    fake = FakeVefaas().start()
+    atexit.register(fake.stop)
+    return fake
+
+
+class FakeModalSandbox(ModalSandbox):
+    """``ModalSandbox`` whose SDK is :attr:`fake` (the shared fake unless a test sets one)."""
+
+    fake: ClassVar[FakeModal | None] = None
+
+    def sdk(self) -> Any:
+        return self.fake or shared_modal()
+
+
+register_backend("modal-fake", FakeModalSandbox)
+
+
+def modal_fake_unavailable() -> str | None:
+    """Start nothing; give the fake Modal its (fake) token; say why it cannot run."""
+    os.environ.setdefault("MODAL_TOKEN_ID", "ak-fake")
+    os.environ.setdefault("MODAL_TOKEN_SECRET", "as-fake")
+    return bwrap_missing()
+
+
+def vefaas_fake_unavailable() -> str | None:
+    """Why the fake veFaaS cannot run here (bwrap, the SDK or swe-rex missing), or ``None``."""
+    reason = bwrap_missing()
+    for module, extra in (("volcenginesdkvefaas", "sandlot[vefaas]"), ("swerex", "swe-rex")):
+        try:
+            __import__(module)
+        except ImportError:
+            reason = reason or f"{module} is not installed (pip install '{extra}')"
+    return reason

@@ -1,0 +1,163 @@
+"""``sandlot gc``: selection, the CLI, and a real docker run killed with ``kill -9``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from sandlot.cli import gc_cmd
+from sandlot.cli.main import cli
+from sandlot.sandboxes.labels import CREATED_AT, RUN_ID, recorded_runs, run_id
+from sandlot.sandboxes.reaper import RemoteSandbox, select
+
+DOCKER_IMAGE = os.environ.get("SANDLOT_TEST_IMAGE", "localhost/sandlot-base:bookworm")
+
+
+def sb(run: str, created: float | None, sid: str = "") -> RemoteSandbox:
+    labels = {RUN_ID: run} if created is None else {RUN_ID: run, CREATED_AT: str(int(created))}
+    return RemoteSandbox("docker", sid or uuid.uuid4().hex, labels)
+
+
+def test_select_by_run_and_age() -> None:
+    now = 10_000.0
+    old_a, new_a, old_b, undated = (
+        sb("a", now - 7200),
+        sb("a", now - 60),
+        sb("b", now - 7200),
+        sb("a", None),
+    )
+    every = [old_a, new_a, old_b, undated]
+    assert select(every, run_id="a", now=now) == [old_a, new_a, undated]
+    assert select(every, older_than_s=3600, now=now) == [old_a, old_b]
+    assert select(every, run_id="a", older_than_s=3600, now=now) == [old_a]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5d", 129600)]
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert gc_cmd.parse_duration(text) == seconds
+
+
+def test_parse_duration_rejects_garbage() -> None:
+    with pytest.raises(click.BadParameter, match="2 hours"):
+        gc_cmd.parse_duration("2 hours")
+
+
+class StubReaper:
+    backend = "stub"
+
+    def __init__(self, sandboxes: list[RemoteSandbox], fail: set[str]) -> None:
+        self.sandboxes, self.fail, self.killed = sandboxes, fail, []  # type: ignore[var-annotated]
+
+    async def list_sandboxes(self, run_id: str | None = None) -> list[RemoteSandbox]:
+        return [s for s in self.sandboxes if run_id is None or s.run_id == run_id]
+
+    async def kill(self, sandbox: RemoteSandbox) -> None:
+        if sandbox.id in self.fail:
+            raise RuntimeError("provider said no")
+        self.killed.append(sandbox.id)
+
+
+def test_cli_requires_a_filter_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+    result = runner.invoke(cli, ["gc", "--backend", "docker"])
+    assert result.exit_code == 2 and "--run-id" in result.output
+    result = runner.invoke(cli, ["gc", "--backend", "nope", "--all"])
+    assert result.exit_code == 1 and "sandlot gc knows: docker, modal, vefaas" in result.output
+
+    stub = StubReaper(
+        [sb("r1", time.time(), "s1"), sb("r1", time.time(), "s2"), sb("r2", 0, "s3")], {"s2"}
+    )
+    monkeypatch.setattr(gc_cmd, "get_reaper", lambda name, **kw: stub)
+    result = runner.invoke(cli, ["gc", "--backend", "stub", "--run-id", "r1", "--dry-run"])
+    assert result.exit_code == 0 and "would kill 2" in result.output and stub.killed == []
+    result = runner.invoke(cli, ["gc", "--backend", "stub", "--run-id", "r1"])
+    assert result.exit_code == 1, result.output
+    assert (
+        stub.killed == ["s1"]
+        and "failed 1" in result.output
+        and "provider said no" in result.output
+    )
+
+
+def test_run_id_is_pinned_and_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SANDLOT_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("SANDLOT_RUN_ID", raising=False)
+    first = run_id()
+    assert os.environ["SANDLOT_RUN_ID"] == first and run_id() == first
+    (record,) = recorded_runs()
+    assert record["run_id"] == first and record["pid"] == os.getpid()
+
+
+def _docker() -> Any:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        client.images.get(DOCKER_IMAGE)
+    except Exception as exc:
+        reason = f"no container engine with {DOCKER_IMAGE} at DOCKER_HOST ({exc})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {reason}", pytrace=False)
+        pytest.skip(f'{reason}; start one with: eval "$(bash ../shared/ci/container-engine.sh)"')
+    return client
+
+
+CRASHING_RUN = textwrap.dedent(
+    """
+    import anyio, sandlot
+
+    async def main():
+        boxes = [sandlot.open("docker", image={image!r}, pull="never") for _ in range(3)]
+        for sb in boxes:
+            await sb.start()
+        print("ready", flush=True)
+        await anyio.sleep(3600)
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.slow
+def test_gc_removes_everything_a_kill_9_run_left_on_docker(tmp_path: Path) -> None:
+    client = _docker()
+    env = {k: v for k, v in os.environ.items() if k != "SANDLOT_RUN_ID"}
+    env["SANDLOT_STATE_DIR"] = str(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_RUN.format(image=DOCKER_IMAGE)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    (run,) = [r["run_id"] for r in runs if r["pid"] == proc.pid]
+    label = {"label": f"{RUN_ID}={run}"}
+    assert len(client.api.containers(all=True, filters=label)) == 3, "the run leaked nothing?"
+
+    result = CliRunner().invoke(cli, ["gc", "--backend", "docker", "--run-id", run, "--dry-run"])
+    assert result.exit_code == 0 and "would kill 3" in result.output
+    assert len(client.api.containers(all=True, filters=label)) == 3
+
+    result = CliRunner().invoke(cli, ["gc", "--backend", "docker", "--run-id", run])
+    assert result.exit_code == 0, result.output
+    assert "killed 3" in result.output
+    assert client.api.containers(all=True, filters=label) == []

@@ -1,0 +1,258 @@
+"""The ``modal`` backend through the fake ``modal`` module: exact SDK arguments and faults.
+
+No test reaches Modal: the backend's ``sdk()`` returns :class:`fakes.fake_modal.FakeModal`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import sys
+from collections.abc import Iterator
+
+import anyio
+import pytest
+from fakes.fake_modal import FakeModal
+from fakes.jail import bwrap_missing
+from fakes.shared import FakeModalSandbox
+
+from sandlot import BackendUnavailableError, SandboxDeadError, SandboxSpec, SandboxStartError
+from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
+from sandlot.sandboxes.limits import StartLimits
+from sandlot.sandboxes.modal import ModalOptions
+from sandlot.sandboxes.modal.reaper import ModalReaper
+from sandlot.sandboxes.reaper import reap
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(bwrap_missing() is not None, reason=str(bwrap_missing())),
+]
+FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=4)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModal]:
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
+    monkeypatch.setenv("SANDLOT_RUN_ID", "run-modal-test")
+    f = FakeModal()
+    monkeypatch.setattr(FakeModalSandbox, "fake", f)
+    yield f
+    f.close()
+
+
+def make(spec: SandboxSpec | None = None, **options: object) -> FakeModalSandbox:
+    return FakeModalSandbox(spec or SandboxSpec(image="python:3.12"), ModalOptions(**options))
+
+
+async def test_create_passes_exactly_these_arguments(fake: FakeModal) -> None:
+    spec = SandboxSpec(
+        image="swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest",
+        env={"PIP_PROGRESS_BAR": "off"},
+        workdir="/testbed",
+        cpu=2.0,
+        memory_mb=4096,
+        timeout_s=1800.5,
+        labels={"team": "rl"},
+    )
+    async with make(spec, app_name="rl-app", registry_secret="dockerhub", idle_timeout_s=600) as sb:
+        assert fake.calls_of("App.lookup") == [(("rl-app",), {"create_if_missing": True})]
+        assert fake.calls_of("Secret.from_name") == [(("dockerhub",), {})]
+        ((tag,), image_kw) = fake.calls_of("Image.from_registry")[0]
+        assert tag == spec.image and image_kw["secret"].name == "dockerhub"
+        ((args, kwargs),) = fake.calls_of("Sandbox.create")
+        tags = kwargs.pop("tags")
+        assert tags[RUN_ID] == "run-modal-test" and tags[SANDBOX_ID] == sb.id
+        assert tags["team"] == "rl" and "@" in tags[OWNER] and int(tags[CREATED_AT]) > 0
+        assert kwargs.pop("image").tag == spec.image
+        assert kwargs.pop("app").name == "rl-app"
+        assert kwargs == {
+            "name": f"{sb.id}-1",
+            "env": {"PIP_PROGRESS_BAR": "off"},
+            "timeout": 1801,
+            "idle_timeout": 600,
+            "workdir": "/testbed",
+            "cpu": 2.0,
+            "memory": 4096,
+            "block_network": True,
+        }
+        assert args[:2] == ("/bin/sh", "-c") and "sleep" in args[2] and int(args[3]) > 1801
+        r = await sb.exec("echo $X", env={"X": "1"}, timeout=400)
+        assert r.stdout == "1\n"
+        (argv, exec_kw) = fake.calls_of("Sandbox.exec")[-1]
+        assert argv[:2] == ("/bin/sh", "-c") and argv[-2:] == ("/testbed", "echo $X")
+        assert exec_kw["text"] is False and exec_kw["env"]["X"] == "1"
+        assert set(exec_kw["env"]) == {"X", "SANDLOT_EXEC_ID"}
+        # A command may run longer than 300 s: Modal's own timeout is ours + grace + margin.
+        assert exec_kw["timeout"] == math.ceil(400 + 1.0) + 30
+
+
+def test_arguments_are_accepted_by_the_installed_sdk() -> None:
+    modal = pytest.importorskip("modal")
+    create = inspect.signature(modal.Sandbox.create)
+    create.bind(
+        "/bin/sh",
+        "-c",
+        "x",
+        "1",
+        app=None,
+        name="n",
+        tags={},
+        image=None,
+        env=None,
+        timeout=1,
+        idle_timeout=None,
+        workdir="/",
+        cpu=1.0,
+        memory=1,
+        block_network=True,
+    )
+    inspect.signature(modal.Sandbox.exec).bind(None, "sh", timeout=1, env={}, text=False)
+    inspect.signature(modal.App.lookup).bind("app", create_if_missing=True)
+    inspect.signature(modal.Image.from_registry).bind("img", secret=None)
+    inspect.signature(modal.Sandbox.list).bind(app_id="ap", tags={})
+    assert issubclass(modal.exception.SandboxFilesystemNotFoundError, modal.exception.Error)
+    for name in ("ResourceExhaustedError", "InternalError", "ConnectionError", "NotFoundError"):
+        assert issubclass(getattr(modal.exception, name), modal.exception.Error)
+
+
+async def test_missing_credentials_name_the_variables(
+    fake: FakeModal, monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.delenv("MODAL_TOKEN_SECRET")
+    monkeypatch.setenv("MODAL_CONFIG_PATH", "/nonexistent/modal.toml")
+    with pytest.raises(BackendUnavailableError, match="MODAL_TOKEN_SECRET") as info:
+        await make().start()
+    assert "MODAL_TOKEN_ID" not in str(info.value).split("set ")[1].split(" (")[0]
+    assert fake.calls == [], "nothing may reach Modal without credentials"
+
+
+async def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "modal", None)  # what an absent package looks like
+    from sandlot.sandboxes.modal import ModalSandbox
+
+    with pytest.raises(BackendUnavailableError, match=r"sandlot\[modal\]"):
+        await ModalSandbox(SandboxSpec(image="python:3.12")).start()
+
+
+async def test_unknown_image_fails_at_once(fake: FakeModal) -> None:
+    fake.known_images = {"python:3.12"}
+    sb = make(SandboxSpec(image="no/such-image:1", start_limits=FAST))
+    with pytest.raises(SandboxStartError, match="no/such-image") as info:
+        await sb.start()
+    assert not info.value.retryable and len(fake.calls_of("Sandbox.create")) == 1
+
+
+async def test_30_percent_rate_limited_creates_all_start_under_the_cap(
+    fake: FakeModal, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.rate_limit_rate = 0.3
+    fake.create_latency_s = 0.02
+    sandboxes = [make(SandboxSpec(image="python:3.12", start_limits=FAST)) for _ in range(16)]
+    with caplog.at_level(logging.WARNING, logger="sandlot.sandboxes"):
+        async with anyio.create_task_group() as tg:
+            for sb in sandboxes:
+                tg.start_soon(sb.start)
+    try:
+        assert all(sb._started for sb in sandboxes)
+        assert fake.peak_creating <= 4
+        failures = len(fake.calls_of("Sandbox.create")) - len(fake.sandboxes)
+        assert failures > 0
+        logged = [r for r in caplog.records if "rate limit" in r.getMessage()]
+        assert len(logged) == failures
+    finally:
+        for sb in sandboxes:
+            await sb.close()
+    assert not fake.live()
+
+
+async def test_terminate_raising_once_is_retried(
+    fake: FakeModal, caplog: pytest.LogCaptureFixture
+) -> None:
+    sb = make()
+    await sb.start()
+    object_id = sb.object_id
+    fake.terminate_failures = 1
+    await sb.close()
+    assert fake.terminated == [object_id] and not fake.live()
+    assert "terminate failed, retrying" in caplog.text
+
+
+async def test_terminate_failing_for_good_does_not_raise_from_close(
+    fake: FakeModal, caplog: pytest.LogCaptureFixture
+) -> None:
+    sb = make()
+    await sb.start()
+    fake.terminate_failures = 5
+    await sb.close()  # never raises
+    assert "terminate failed twice" in caplog.text
+    assert len(fake.calls_of("Sandbox.terminate")) == 2
+
+
+async def test_a_dying_sandbox_raises_dead(fake: FakeModal) -> None:
+    async with make() as sb:
+        fake.die(fake.sandboxes[0])
+        assert not await sb.is_alive()
+        with pytest.raises(SandboxDeadError, match="exit code 137"):
+            await sb.exec("true")
+
+
+async def test_dying_mid_command_raises_dead(fake: FakeModal) -> None:
+    async with make() as sb:
+
+        async def kill_soon() -> None:
+            await anyio.sleep(0.5)
+            fake.die(fake.sandboxes[0])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_soon)
+            with pytest.raises(SandboxDeadError):
+                await sb.exec("sleep 30", timeout=20)
+
+
+async def test_cancelled_run_of_200_starting_terminates_every_created_sandbox(
+    fake: FakeModal,
+) -> None:
+    fake.create_latency_s = 0.1
+    limits = StartLimits(max_starting=64)
+    sandboxes = [make(SandboxSpec(image="python:3.12", start_limits=limits)) for _ in range(200)]
+
+    async def rollout(sb: FakeModalSandbox) -> None:
+        async with sb:
+            await anyio.sleep(3600)
+
+    with anyio.move_on_after(0.15):
+        async with anyio.create_task_group() as tg:
+            for sb in sandboxes:
+                tg.start_soon(rollout, sb)
+    created = {s.object_id for s in fake.sandboxes}
+    assert created and len(created) < 200 and fake.peak_creating <= 64
+    assert set(fake.terminated) == created and not fake.live()
+
+
+async def test_gc_finds_and_kills_by_run_id(
+    fake: FakeModal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = make()
+    await mine.start()
+    mine_id = mine.object_id
+    monkeypatch.setenv("SANDLOT_RUN_ID", "other-run")
+    other = make()
+    await other.start()
+    reaper = ModalReaper(sdk=fake)  # type: ignore[arg-type]
+    listed = await reaper.list_sandboxes()
+    assert {s.run_id for s in listed} == {"run-modal-test", "other-run"}
+    report = await reap(reaper, run_id="run-modal-test", dry_run=True)
+    assert [s.id for s in report.selected] == [mine_id] and not report.killed
+    report = await reap(reaper, run_id="run-modal-test")
+    assert [s.id for s in report.killed] == [mine_id]
+    assert fake.terminated == [mine_id]
+    await mine.close()  # its own close after gc: terminate is a no-op on a finished sandbox
+    assert fake.calls_of("Sandbox.list")[-1][1]["tags"] == {RUN_ID: "run-modal-test"}
+    await other.close()

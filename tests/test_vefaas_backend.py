@@ -1,0 +1,188 @@
+"""The ``vefaas`` backend: the real Volcengine SDK against a fake control plane on loopback, and
+a real ``swerex.server`` per instance behind a gateway that routes by ``x-faas-instance-name``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from fakes.fake_vefaas import FUNCTION_ID, FakeVefaas
+from fakes.shared import vefaas_fake_unavailable
+
+from sandlot import BackendUnavailableError, SandboxError, SandboxSpec, SandboxStartError
+from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
+from sandlot.sandboxes.limits import StartLimits
+from sandlot.sandboxes.reaper import reap
+from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
+from sandlot.sandboxes.vefaas.reaper import VefaasReaper
+
+_REASON = vefaas_fake_unavailable()
+pytestmark = [pytest.mark.anyio, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=3)
+CREDENTIAL_ENV = (
+    "VOLCE_ACCESS_KEY",
+    "VOLCENGINE_ACCESS_KEY",
+    "VOLCE_SECRET_KEY",
+    "VOLCENGINE_SECRET_KEY",
+    "VEFAAS_FUNCTION_ID",
+    "VEFAAS_FUNCTION_ROUTE",
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVefaas]:
+    for var in CREDENTIAL_ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SANDLOT_RUN_ID", "run-vefaas-test")
+    f = FakeVefaas().start()
+    yield f
+    f.stop()
+
+
+def make(fake: FakeVefaas, spec: SandboxSpec | None = None, **options: Any) -> VefaasSandbox:
+    opts = VefaasOptions(**{**fake.options(), **options})
+    return VefaasSandbox(spec or SandboxSpec(image="python:3.12", start_limits=FAST), opts)
+
+
+async def test_create_request_carries_exactly_these_fields(fake: FakeVefaas) -> None:
+    spec = SandboxSpec(
+        image="swebench/sweb.eval.x86_64.django_1776_django-11099:latest",
+        env={"PAGER": "cat"},
+        cpu=1.5,
+        memory_mb=2048,
+        timeout_s=7200,
+        labels={"team": "rl"},
+    )
+    fake.known_images = None
+    async with make(fake, spec) as sb:
+        assert sb.sandbox_id is not None
+        (body,) = fake.actions("CreateSandbox")
+        metadata = body.pop("Metadata")
+        assert metadata[RUN_ID] == "run-vefaas-test" and metadata[SANDBOX_ID] == sb.id
+        assert metadata["team"] == "rl"
+        info = body.pop("InstanceImageInfo")
+        assert info["Image"] == (
+            "enterprise-public-cn-beijing.cr.volces.com/swe-bench-verified/"
+            "sweb.eval.x86_64.django_1776_django-11099:v2"
+        )
+        assert info["Port"] == 8000
+        assert "exec swerex-remote" in info["Command"] and "--auth-token" in info["Command"]
+        assert body == {
+            "FunctionId": FUNCTION_ID,
+            "Envs": [{"Key": "PAGER", "Value": "cat"}],
+            "Timeout": 7200,
+            "TimeoutUnit": "second",
+            "CpuMilli": 1500,
+            "MemoryMB": 2048,
+        }
+        assert (await sb.exec("echo $PAGER")).stdout == "cat\n"
+
+
+async def test_missing_credentials_name_the_variables(fake: FakeVefaas) -> None:
+    sb = VefaasSandbox(SandboxSpec(image="python:3.12"), VefaasOptions(endpoint=fake.endpoint))
+    with pytest.raises(BackendUnavailableError) as info:
+        await sb.start()
+    for var in ("VOLCE_ACCESS_KEY", "VOLCENGINE_ACCESS_KEY", "VOLCE_SECRET_KEY"):
+        assert var in str(info.value)
+    assert fake.calls == []
+
+
+async def test_missing_or_mismatched_functions_name_the_variables(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(BackendUnavailableError, match="VEFAAS_FUNCTION_ID"):
+        await make(fake, function_id=None, function_route=None).start()
+    monkeypatch.setenv("VEFAAS_FUNCTION_ID", "a,b")
+    monkeypatch.setenv("VEFAAS_FUNCTION_ROUTE", "http://one")
+    with pytest.raises(BackendUnavailableError, match="paired by position"):
+        await make(fake, function_id=None, function_route=None).start()
+    assert fake.calls == []
+
+
+async def test_unknown_image_fails_at_once(fake: FakeVefaas) -> None:
+    fake.known_images = {"python:3.12"}
+    with pytest.raises(SandboxStartError, match="InvalidImage") as info:
+        await make(fake, SandboxSpec(image="nosuch/image:1", start_limits=FAST)).start()
+    assert not info.value.retryable and len(fake.actions("CreateSandbox")) == 1
+
+
+async def test_throttled_creates_are_retried_under_the_cap(
+    fake: FakeVefaas, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.throttle_rate = 0.3
+    fake.create_latency_s = 0.1
+    sandboxes = [make(fake) for _ in range(6)]
+    with caplog.at_level(logging.WARNING, logger="sandlot.sandboxes"):
+        async with anyio.create_task_group() as tg:
+            for sb in sandboxes:
+                tg.start_soon(sb.start)
+    try:
+        assert all(sb._started for sb in sandboxes)
+        throttled = len(fake.actions("CreateSandbox")) - len(fake.instances)
+        assert throttled > 0
+        assert len([r for r in caplog.records if "Throttling" in r.getMessage()]) == throttled
+        assert fake.peak_starting <= 3
+    finally:
+        for sb in sandboxes:
+            await sb.close()
+    assert not fake.live()
+
+
+async def test_kill_failing_once_is_retried(fake: FakeVefaas) -> None:
+    sb = make(fake)
+    await sb.start()
+    fake.kill_failures = 1
+    await sb.close()
+    assert len(fake.actions("KillSandbox")) == 2 and not fake.live()
+
+
+async def test_data_plane_5xx_is_retried_then_reported(fake: FakeVefaas) -> None:
+    async with make(fake, request_retries=2) as sb:
+        fake.gateway_failures = 2
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+        fake.gateway_failures = 1000
+        with pytest.raises(SandboxError, match="503") as info:
+            await sb.exec("echo lost")
+        assert info.value.retryable
+        fake.gateway_failures = 0
+        assert await sb.is_alive()
+        assert (await sb.exec("echo back")).stdout == "back\n"
+
+
+async def test_no_request_lasts_as_long_as_the_command(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Shrunk scale of "a command longer than 300 s": every request is cut after 0.5 s, yet a
+    # 2 s command completes, because a command is a detached job polled with short requests.
+    import sandlot.sandboxes.vefaas.sandbox as module
+
+    monkeypatch.setattr(module, "_QUICK_S", 0.5)
+    async with make(fake) as sb:
+        r = await sb.exec("sleep 2; echo done", timeout=400)
+        assert (r.exit_code, r.stdout) == (0, "done\n")
+
+
+async def test_gc_finds_and_kills_by_run_id(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = make(fake)
+    await mine.start()
+    monkeypatch.setenv("SANDLOT_RUN_ID", "other-run")
+    other = make(fake)
+    await other.start()
+    reaper = VefaasReaper(**fake.options())
+    assert {s.run_id for s in await reaper.list_sandboxes()} == {"run-vefaas-test", "other-run"}
+    report = await reap(reaper, run_id="run-vefaas-test")
+    assert [s.id for s in report.killed] == [mine.sandbox_id]
+    assert [i.id for i in fake.live()] == [other.sandbox_id]
+    await other.close()
+    await mine.close()
