@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import local_isolation
+from runtime_helpers import local_isolation
 
 import sandlot
 from sandlot.runtimes import ExecSession, SessionConfig

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import anyio
 import anyio.from_thread
 import pytest
-from conftest import local_isolation
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from runtime_helpers import local_isolation
 
 import sandlot
 from sandlot.runtimes import BashSession, SessionConfig
