@@ -104,13 +104,15 @@ async def test_cancelled_exec_leaves_no_process(
 async def test_cancellation_inside_async_with_closes(
     open_sandbox: Callable[..., Sandbox],
 ) -> None:
-    opened: list[Sandbox] = []
-    with anyio.move_on_after(1) as scope:
-        async with open_sandbox() as sb:
-            opened.append(sb)
+    sb = open_sandbox()
+    with anyio.CancelScope() as scope:
+        async with sb:
+            # The deadline starts once the sandbox is up, so the cancel lands inside exec
+            # however slowly the backend starts.
+            scope.deadline = anyio.current_time() + 0.5
             await sb.exec("sleep 30")
     assert scope.cancelled_caught
-    assert opened[0].closed and not await opened[0].is_alive()
+    assert sb.closed and not await sb.is_alive()
 
 
 async def test_killed_from_outside_raises_dead(sandbox: Sandbox, target: ContractTarget) -> None:
