@@ -17,7 +17,6 @@ from sandlot.datasets.images import (
     DEPLOYMENT_ENV,
     DEPLOYMENTS,
     UnknownDeploymentError,
-    load_image_overrides,
     resolve_deployment,
 )
 from sandlot.datasets.local import REPO_MIRROR_ENV
@@ -25,6 +24,7 @@ from sandlot.datasets.prepare import PrepareOptions, Preprocessor, prepare
 from sandlot.datasets.prompts import PromptTemplate, load_prompt_template
 from sandlot.datasets.rows import DEFAULT_AGENT_NAME, TaskRow
 from sandlot.datasets.validate import ValidationReport, validate_file
+from sandlot.sandboxes.images import load_image_overrides
 
 PREPROCESSORS = {
     "swe_bench_verified": "sandlot.datasets.swe_bench_verified",

@@ -40,9 +40,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandlot.datasets.environment import image_environment
-from sandlot.datasets.images import IMAGE_PATH, ImageFamily, ImageNameError, image_name
+from sandlot.datasets.images import IMAGE_PATH, ImageNameError, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
 from sandlot.datasets.r2e_commit import gold_patch
+from sandlot.sandboxes.images import ImageFamily
 
 REQUIRED = (
     "repo_name",

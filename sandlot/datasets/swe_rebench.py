@@ -38,8 +38,9 @@ from typing import Any
 
 from sandlot.datasets.environment import image_environment, local_environment
 from sandlot.datasets.git_history import strip_future_history_cmd
-from sandlot.datasets.images import IMAGE_PATH, ImageFamily, image_name
+from sandlot.datasets.images import IMAGE_PATH, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
+from sandlot.sandboxes.images import ImageFamily
 
 REQUIRED = (
     "instance_id",

@@ -8,14 +8,12 @@ import pytest
 
 from sandlot.datasets.images import (
     DEPLOYMENTS,
-    ImageFamily,
     ImageNameError,
     UnknownDeploymentError,
-    image_key,
     image_name,
-    load_image_overrides,
     resolve_deployment,
 )
+from sandlot.sandboxes.images import ImageFamily, image_key, load_image_overrides
 
 ID = "astropy__astropy-12907"
 

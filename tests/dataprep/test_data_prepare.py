@@ -25,12 +25,13 @@ from dataprep_support import (
 
 from sandlot.cli.main import cli
 from sandlot.datasets.git_history import strip_future_history_cmd
-from sandlot.datasets.images import IMAGE_PATH, ImageFamily
+from sandlot.datasets.images import IMAGE_PATH
 from sandlot.datasets.loaders import DatasetError, load_instances
 from sandlot.datasets.local import LocalDeploymentError
 from sandlot.datasets.prepare import OutputDirError
 from sandlot.datasets.r2e_gym_subset import SETUP_CMD, TEST_CMD
 from sandlot.datasets.rows import TaskRow
+from sandlot.sandboxes.images import ImageFamily
 
 INSTALL = "python -m pip install --no-build-isolation --no-deps --no-index -q -e ."
 PYTEST = "python -m pytest --no-header -rA --tb=no -p no:cacheprovider"
