@@ -1,12 +1,12 @@
 """The labels every remote sandbox carries, and the run id that ``sandlot gc --run-id`` matches.
 
 A *run* is one process tree: the id is ``$SANDLOT_RUN_ID`` when set, else drawn once and then
-*written into this process's environment* (``SANDLOT_RUN_ID``), so every backend (the docker
-backend reads the same variable), every thread and every child process labels its sandboxes with
-the same id. The first time a process uses its id it also appends a record to the run log
-``<state dir>/runs.jsonl`` (``$SANDLOT_STATE_DIR``, else ``$XDG_STATE_HOME/sandlot``, else
-``~/.local/state/sandlot``) and logs it, so that after a crash, even ``kill -9``, the id can be
-found and ``sandlot gc --run-id <id>`` removes everything the run left behind.
+*written into this process's environment* (``SANDLOT_RUN_ID``), so every backend, every thread
+and every child process labels its sandboxes with the same id. The first time a process uses its
+id it also appends a record to the run log ``<state dir>/runs.jsonl`` (``$SANDLOT_STATE_DIR``,
+else ``$XDG_STATE_HOME/sandlot``, else ``~/.local/state/sandlot``) and logs it, so that after a
+crash, even ``kill -9``, the id can be found and ``sandlot gc --run-id <id>`` removes everything
+the run left behind.
 
 Label keys (docker labels, Modal tags, veFaaS metadata): ``sandlot.run_id``,
 ``sandlot.created_at`` (unix seconds), ``sandlot.owner`` (``user@host``), ``sandlot.sandbox_id``.
@@ -51,8 +51,8 @@ def state_dir() -> Path:
 def pin_run_id() -> str:
     """``$SANDLOT_RUN_ID``, set to a new id first if it is unset. Cheap; writes no file.
 
-    ``Sandbox.start()`` calls it before any backend creates anything, so backends that read the
-    variable themselves (docker) label with the same id as those using :func:`run_id`.
+    ``Sandbox.start()`` calls it for backends that leave nothing behind to collect (``local``),
+    so that their child processes still inherit the run's id without a run-log record.
     """
     with _lock:
         value = os.environ.get(RUN_ID_ENV)

@@ -34,7 +34,6 @@ from sandlot.sandboxes.docker.engine import (
     sdk,
     unreachable,
 )
-from sandlot.sandboxes.docker.labels import sandbox_labels
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
 from sandlot.sandboxes.docker.stream import CappedOutput, pump, raw_socket
 from sandlot.sandboxes.errors import (
@@ -43,6 +42,7 @@ from sandlot.sandboxes.errors import (
     SandboxFileError,
     SandboxStartError,
 )
+from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 
