@@ -32,9 +32,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox
+from sandlot.sandboxes.remote_shell import init_argv
 from sandlot.sandboxes.spec import SandboxSpec
 
-INIT = ["/bin/sh", "-c", 'trap "exit 0" TERM; sleep "$0" & wait $!', "3600"]
+INIT = init_argv(3600)
 LEVELS = (1, 8, 32)
 
 

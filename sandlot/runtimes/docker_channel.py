@@ -6,11 +6,12 @@ comes back multiplexed in 8-byte-header frames (stdout and stderr are merged by 
 anyway; see :mod:`sandlot.sandboxes.docker.stream`).
 
 Every process of the session carries ``SANDLOT_EXEC_ID=<session marker>`` in its environment
-(set on the exec, inherited by everything it starts), the docker backend's own marker: signals
-go through a second exec that scans ``/proc/*/environ`` for it, and closing the session runs
-the backend's killer for that marker. Without a TTY the stream ends only when every process
-holding the shell's output has exited, so a shell that ends without a marker (``exec``, killed
-from outside) while a background job lives is noticed at the command's timeout instead.
+(set on the exec, inherited by everything it starts), the container backends' exec marker (see
+:mod:`sandlot.sandboxes.remote_shell`): signals go through a second exec that scans
+``/proc/*/environ`` for it, and closing the session runs the backends' killer for that marker.
+Without a TTY the stream ends only when every process holding the shell's output has exited, so
+a shell that ends without a marker (``exec``, killed from outside) while a background job lives
+is noticed at the command's timeout instead.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sandlot.runtimes.channel import Channel
-from sandlot.sandboxes.docker import shell as docker_shell
+from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
 from sandlot.sandboxes.docker.stream import _read_ahead, raw_socket
 from sandlot.sandboxes.result import ExecResult
@@ -117,7 +118,7 @@ class DockerChannel(Channel):
                 ["bash", "--noprofile", "--norc"],
                 stdin=True,
                 tty=False,
-                environment={docker_shell.EXEC_MARKER_ENV: marker},
+                environment={remote_shell.EXEC_MARKER_ENV: marker},
                 workdir=cwd,
             )
             return created["Id"], api.exec_start(created["Id"], socket=True)
@@ -157,7 +158,7 @@ class DockerChannel(Channel):
 
     async def signal_newer(self, sig: int, newer_than: int) -> None:
         name = signal.Signals(sig).name[3:]
-        marker = f"{docker_shell.EXEC_MARKER_ENV}={self._marker}"
+        marker = f"{remote_shell.EXEC_MARKER_ENV}={self._marker}"
         await self._signal(["sh", "-c", _SIGNAL_NEWER, marker, name, str(newer_than)])
 
     async def exit_status(self) -> int | None:
@@ -175,4 +176,4 @@ class DockerChannel(Channel):
             with contextlib.suppress(OSError):
                 self._attached.close()
                 self._sock.close()
-            await self._signal(docker_shell.kill_argv(self._marker, _KILL_GRACE_S))
+            await self._signal(remote_shell.kill_argv(self._marker, _KILL_GRACE_S))

@@ -1,4 +1,5 @@
-"""Shell snippets that exec-based remote backends (``modal``) run inside the sandbox.
+"""Shell snippets that the container backends (``docker``, ``modal``, ``vefaas``) run inside the
+sandbox.
 
 A remote exec API starts one process and streams its output; it does not know about the
 processes that process starts. These POSIX ``sh`` snippets give every exec the contract's
@@ -7,18 +8,26 @@ directory, and once it exits, or when the caller times out or is cancelled, *eve
 started is killed, including background jobs that would otherwise hold the output streams open.
 
 Processes are found by an environment marker (``SANDLOT_EXEC_ID=<random>``) that descendants
-inherit even when they leave the process group, by scanning ``/proc/*/environ``. The image needs
-``/bin/sh``, ``grep``, ``sleep`` and ``/proc``.
+inherit even when they leave the process group (``setsid``, daemons), by scanning
+``/proc/*/environ``. The image needs ``/bin/sh``, ``grep``, ``sleep`` and ``/proc``, which every
+image able to run shell commands has.
 """
 
 from __future__ import annotations
 
 import math
 
-EXEC_MARKER_ENV = "SANDLOT_EXEC_ID"
+# PID 1. `sleep & wait` keeps the shell in `wait`, which reaps every child it is handed
+# (orphans of exec'd commands are re-parented to PID 1) and returns at once on SIGTERM, so
+# stopping the sandbox is immediate; a bare `sleep infinity` as PID 1 ignores SIGTERM and makes
+# `docker stop` wait for its timeout. When the shell exits the kernel kills everything else in
+# the PID namespace, which is how a lifetime ($0 seconds) is enforced for free.
+INIT_SCRIPT = 'trap "exit 0" TERM; sleep "$0" & wait $!'
 
-# `scan` sets $pids to the live processes whose environment holds "$m", except this shell.
-_SCAN = """
+EXEC_MARKER_ENV = "SANDLOT_EXEC_ID"
+"""Environment variable carrying a per-exec random marker, inherited by every descendant."""
+
+SCAN_FUNCTIONS = """
 scan() {
   pids=
   for f in $(grep -lsF -- "$m" /proc/[0-9]*/environ); do
@@ -34,10 +43,22 @@ kill_all() {
   done
 }
 """
+"""Shell functions for scripts that start with them: ``scan`` sets ``$pids`` to the live
+processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), except the calling
+shell; ``kill_all`` sends SIGKILL to those processes and their process groups until none is left.
 
-# $1 = working directory, $2 = command line. The exit status is the command's.
+A killed process is a zombie whose environ reads empty, so it stops matching; the grep (or
+command-substitution subshell) that matched itself is gone by the time of the ``-d`` test.
+"""
+
+# Every exec runs under this wrapper ($1 = directory, $2 = command line); the exit status is the
+# command's. The command gets bash when the image has it, else sh, decided in the sandbox by a
+# builtin (no extra round trip). `cd` instead of an API's working directory gives the same error
+# for a missing directory on every engine. Once the command exits, whatever it left running
+# (background jobs, daemons) is killed: those hold the output pipes open, and the exec API would
+# otherwise keep the exec attached until they end.
 EXEC_WRAPPER = (
-    _SCAN
+    SCAN_FUNCTIONS
     + """
 cd -- "$1" || exit
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
@@ -48,9 +69,11 @@ exit "$rc"
 """
 )
 
-# $0 = "SANDLOT_EXEC_ID=<marker>", $1 = ticks of 0.1 s between SIGTERM and SIGKILL.
+# Kills every process that carries the marker ($0 = "SANDLOT_EXEC_ID=<marker>") and its process
+# group: SIGTERM, up to $1 ticks of 0.1 s for them to go, then SIGKILL until none is left.
+# Processes spawned while a round runs are caught by the next round.
 KILL_SCRIPT = (
-    _SCAN
+    SCAN_FUNCTIONS
     + """
 m="$0"
 scan
@@ -61,11 +84,17 @@ kill_all
 )
 
 
+def init_argv(lifetime_s: float) -> list[str]:
+    """argv of the sandbox's PID 1, which lives ``lifetime_s`` seconds (rounded up, at least 1)."""
+    return ["/bin/sh", "-c", INIT_SCRIPT, str(max(1, math.ceil(lifetime_s)))]
+
+
 def exec_argv(command: str, cwd: str) -> list[str]:
     """argv running the shell line ``command`` in directory ``cwd`` under the wrapper.
 
     The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment.
     """
+    # "sandlot" is $0, the name the shell puts in front of its own error messages.
     return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command]
 
 
@@ -78,6 +107,11 @@ def kill_argv(marker: str, grace_s: float) -> list[str]:
         f"{EXEC_MARKER_ENV}={marker}",
         str(math.ceil(grace_s * 10)),
     ]
+
+
+def mkdir_argv(path: str) -> list[str]:
+    """argv creating the directory ``path`` with its parents."""
+    return ["mkdir", "-p", "--", path]
 
 
 def tar_extract_argv(archive: str, parent: str) -> list[str]:

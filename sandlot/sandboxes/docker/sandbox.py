@@ -22,8 +22,8 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar, TypeVar
 import anyio
 from pydantic import BaseModel
 
+from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
-from sandlot.sandboxes.docker import shell
 from sandlot.sandboxes.docker.archive import extract_as, file_archive, write_tree_archive
 from sandlot.sandboxes.docker.engine import (
     api_error,
@@ -233,7 +233,7 @@ class DockerSandbox(Sandbox):
         )
         created = api.create_container(
             spec.image,
-            entrypoint=shell.init_argv(spec.timeout_s),
+            entrypoint=remote_shell.init_argv(spec.timeout_s),
             name=self.id,
             labels=sandbox_labels(self.id, spec.labels),
             environment=spec.env,
@@ -310,9 +310,9 @@ class DockerSandbox(Sandbox):
         self._check_usable()
         began = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        argv = shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir)
+        argv = remote_shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir)
         handle = _Exec(marker=uuid.uuid4().hex)
-        environment = {**(env or {}), shell.EXEC_MARKER_ENV: handle.marker}
+        environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: handle.marker}
         out = CappedOutput(self.options.max_output_bytes)
         exit_code: int | None = None
         try:
@@ -364,7 +364,7 @@ class DockerSandbox(Sandbox):
         return int(code)
 
     async def _kill(self, handle: _Exec) -> None:
-        argv = shell.kill_argv(handle.marker, self.options.stop_grace_s)
+        argv = remote_shell.kill_argv(handle.marker, self.options.stop_grace_s)
         with anyio.move_on_after(self.options.stop_grace_s + _KILL_BUDGET_S):
             try:
                 for _ in range(_KILL_ATTEMPTS):
@@ -480,7 +480,7 @@ class DockerSandbox(Sandbox):
             put_archive(self._client, self._cid, parent, archive)
         except sdk().errors.NotFound:
             # Podman creates a missing destination directory, Docker answers 404.
-            self._run_quiet(shell.mkdir_argv(parent))
+            self._run_quiet(remote_shell.mkdir_argv(parent))
             if not isinstance(archive, bytes):
                 archive.seek(0)
             put_archive(self._client, self._cid, parent, archive)

@@ -132,7 +132,7 @@ class ModalSandbox(Sandbox):
         }
         # PID 1 exits on SIGTERM at once (a bare `sleep` would ignore it) and outlives the
         # lifetime Modal enforces.
-        init = ["/bin/sh", "-c", 'trap "exit 0" TERM; sleep "$0" & wait $!', str(lifetime + 60)]
+        init = remote_shell.init_argv(lifetime + 60)
         # Shielded: a cancelled caller must still learn the id of a sandbox Modal created, so
         # close() can terminate it.
         with anyio.CancelScope(shield=True):
@@ -149,7 +149,8 @@ class ModalSandbox(Sandbox):
                     retryable=True,
                 )
         # The STARTING slot is held until a command works.
-        probe = await self._call("first exec", self._run_quiet, ["mkdir", "-p", "--", spec.workdir])
+        mkdir = remote_shell.mkdir_argv(spec.workdir)
+        probe = await self._call("first exec", self._run_quiet, mkdir)
         if probe != 0:
             raise SandboxStartError(f"sandbox {self.id}: cannot create workdir {spec.workdir}")
 

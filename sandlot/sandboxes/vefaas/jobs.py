@@ -21,13 +21,13 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sandlot.sandboxes.remote_shell import _SCAN, EXEC_MARKER_ENV
+from sandlot.sandboxes.remote_shell import EXEC_MARKER_ENV, SCAN_FUNCTIONS
 
 JOBS_DIR = "/tmp/sandlot-jobs"
 
 # Runs detached. $1 = job dir, $2 = cwd, $3 = command line, then NAME=VALUE pairs for `env`.
 _RUN = (
-    _SCAN
+    SCAN_FUNCTIONS
     + """
 d=$1; cwd=$2; cmd=$3; shift 3
 in=/dev/null; [ -e "$d.stdin" ] && in="$d.stdin"
