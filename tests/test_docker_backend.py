@@ -27,9 +27,10 @@ import pytest
 from docker_engine import TEST_IMAGE, require_engine
 
 import sandlot
+from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
 from sandlot.sandboxes.docker.archive import extract_as
-from sandlot.sandboxes.docker.stream import CappedOutput, pump
+from sandlot.sandboxes.docker.stream import pump
 from sandlot.sandboxes.errors import (
     BackendUnavailableError,
     SandboxDeadError,

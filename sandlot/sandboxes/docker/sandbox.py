@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker.archive import extract_as, file_archive, write_tree_archive
 from sandlot.sandboxes.docker.engine import (
     api_error,
@@ -35,7 +36,7 @@ from sandlot.sandboxes.docker.engine import (
     unreachable,
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
-from sandlot.sandboxes.docker.stream import CappedOutput, pump, raw_socket
+from sandlot.sandboxes.docker.stream import pump, raw_socket
 from sandlot.sandboxes.errors import (
     SandboxDeadError,
     SandboxError,
@@ -328,8 +329,8 @@ class DockerSandbox(Sandbox):
                     await self._kill(handle)
         return ExecResult(
             exit_code=TIMEOUT_EXIT_CODE if exit_code is None else exit_code,
-            stdout=out.stdout.decode("utf-8", "replace"),
-            stderr=out.stderr.decode("utf-8", "replace"),
+            stdout=out.stdout.text(),
+            stderr=out.stderr.text(),
             timed_out=exit_code is None,
             duration_s=time.monotonic() - began,
             truncated=out.truncated,

@@ -17,6 +17,8 @@ from typing import Any
 
 import anyio
 
+from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
+
 _RECV_BYTES = 256 * 1024
 _SEND_BYTES = 64 * 1024
 _HEADER_BYTES = 8
@@ -31,34 +33,6 @@ _wait_writable: Callable[[socket.socket], Awaitable[None]] = (
     getattr(anyio, "wait_writable", None) or anyio.wait_socket_writable
 )
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
-
-
-class CappedOutput:
-    """stdout and stderr of one exec, each kept up to ``cap`` bytes; the rest is counted only.
-
-    Args:
-        cap: bytes kept per stream.
-    """
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.stdout = bytearray()
-        self.stderr = bytearray()
-        self.truncated = False
-
-    def add(self, stream: int, data: memoryview) -> None:
-        """Append ``data`` to stream 1 (stdout) or 2 (stderr); other stream ids are ignored."""
-        if stream == _STDOUT:
-            buf = self.stdout
-        elif stream == _STDERR:
-            buf = self.stderr
-        else:
-            return
-        room = self.cap - len(buf)
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        buf += data
 
 
 def raw_socket(attached: Any) -> socket.socket:
@@ -126,19 +100,28 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
 
 
 class _Frames:
-    """Incremental parser of the multiplexed stream, feeding payloads to a ``CappedOutput``."""
+    """Incremental parser of the multiplexed stream, feeding payloads to a ``CappedOutput``
+    (stream 1 to ``stdout``, 2 to ``stderr``; other stream ids are ignored)."""
 
     def __init__(self, out: CappedOutput) -> None:
         self.out = out
+        self.sink: CappedBuffer | None = None
         self.header = bytearray()
-        self.stream = 0
         self.remaining = 0  # payload bytes still due for the current frame
+
+    def _sink(self, stream: int) -> CappedBuffer | None:
+        if stream == _STDOUT:
+            return self.out.stdout
+        if stream == _STDERR:
+            return self.out.stderr
+        return None
 
     def feed(self, view: memoryview) -> None:
         while view:
             if self.remaining:
                 take = min(self.remaining, len(view))
-                self.out.add(self.stream, view[:take])
+                if self.sink is not None:
+                    self.sink.feed(view[:take])
                 self.remaining -= take
                 view = view[take:]
                 continue
@@ -146,7 +129,7 @@ class _Frames:
             self.header += view[:take]
             view = view[take:]
             if len(self.header) == _HEADER_BYTES:
-                self.stream = self.header[0]
+                self.sink = self._sink(self.header[0])
                 self.remaining = int.from_bytes(self.header[4:8], "big")
                 self.header.clear()
 

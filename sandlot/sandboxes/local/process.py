@@ -20,6 +20,8 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from sandlot.sandboxes.capped import CappedBuffer
+
 _CHUNK = 64 * 1024
 # Once the process has exited, its pipes normally reach EOF within milliseconds. A process that
 # escaped the group (only possible without a PID namespace) may hold them open forever; stop
@@ -78,26 +80,9 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-class _Capture:
-    """Keeps the first ``cap`` bytes of a stream (all of them when ``cap`` is None)."""
-
-    def __init__(self, cap: int | None) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.dropped = 0
-
-    def feed(self, chunk: bytes) -> None:
-        if self.cap is None:
-            self.data += chunk
-            return
-        room = self.cap - len(self.data)
-        self.data += chunk[:room]
-        self.dropped += max(0, len(chunk) - room)
-
-
 async def _drain(
     stream: anyio.abc.ByteReceiveStream,
-    capture: _Capture,
+    capture: CappedBuffer,
     done: anyio.Event,
     sink: Path | None,
 ) -> None:
@@ -179,7 +164,7 @@ async def run_process(
     pgid = process.pid  # a session leader leads its own process group
     if groups is not None:
         groups.add(pgid)
-    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+    out, err = CappedBuffer(max_output_bytes), CappedBuffer(max_output_bytes)
     timed_out = False
     try:
         async with anyio.create_task_group() as tg:
@@ -217,8 +202,8 @@ async def run_process(
     assert process.returncode is not None
     return Completed(
         returncode=128 + signal.SIGKILL if timed_out else _exit_status(process.returncode),
-        stdout=bytes(out.data),
-        stderr=bytes(err.data),
+        stdout=bytes(out),
+        stderr=bytes(err),
         stdout_dropped=out.dropped,
         stderr_dropped=err.dropped,
         timed_out=timed_out,

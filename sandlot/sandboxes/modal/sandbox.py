@@ -33,7 +33,7 @@ from pydantic import BaseModel
 
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
-from sandlot.sandboxes.capped import CappedOutput
+from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.errors import (
     SandboxDeadError,
     SandboxError,
@@ -268,8 +268,8 @@ class ModalSandbox(Sandbox):
                 launched = True
                 await self._call("exec stdin", self._feed, proc, data)
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._pump, proc.stdout, out, out.stdout)
-                    tg.start_soon(self._pump, proc.stderr, out, out.stderr)
+                    tg.start_soon(self._pump, proc.stdout, out.stdout)
+                    tg.start_soon(self._pump, proc.stderr, out.stderr)
                 code = await self._call("exec wait", proc.wait.aio)
         finally:
             if code is None and launched and self._dead is None:
@@ -282,8 +282,8 @@ class ModalSandbox(Sandbox):
         timed_out = code is None or code == _MODAL_EXEC_TIMEOUT_CODE
         return ExecResult(
             exit_code=TIMEOUT_EXIT_CODE if timed_out or code is None else code,
-            stdout=out.text(out.stdout),
-            stderr=out.text(out.stderr),
+            stdout=out.stdout.text(),
+            stderr=out.stderr.text(),
             timed_out=timed_out,
             duration_s=time.monotonic() - began,
             truncated=out.truncated,
@@ -300,9 +300,9 @@ class ModalSandbox(Sandbox):
         await proc.stdin.drain.aio()
 
     @staticmethod
-    async def _pump(stream: Any, out: CappedOutput, buf: bytearray) -> None:
+    async def _pump(stream: Any, buf: CappedBuffer) -> None:
         async for chunk in stream:
-            out.add(buf, chunk if isinstance(chunk, bytes) else chunk.encode())
+            buf.feed(chunk if isinstance(chunk, bytes) else chunk.encode())
 
     async def _run_quiet(self, argv: list[str], env: dict[str, str] | None = None) -> int:
         """Run ``argv`` to completion, output discarded; its exit status."""
