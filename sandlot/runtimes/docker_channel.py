@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import struct
 import uuid
 from collections.abc import Awaitable, Callable
@@ -29,7 +28,7 @@ import anyio
 from sandlot.runtimes.channel import Channel
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
-from sandlot.sandboxes.docker.stream import _read_ahead, raw_socket
+from sandlot.sandboxes.docker.stream import raw_socket, read_ahead, wait_readable, wait_writable
 from sandlot.sandboxes.result import ExecResult
 
 if TYPE_CHECKING:
@@ -50,12 +49,6 @@ done
 exit 0
 """
 
-_wait_readable: Callable[[socket.socket], Awaitable[None]] = (
-    getattr(anyio, "wait_readable", None) or anyio.wait_socket_readable
-)
-_wait_writable: Callable[[socket.socket], Awaitable[None]] = (
-    getattr(anyio, "wait_writable", None) or anyio.wait_socket_writable
-)
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
 
 Runner = Callable[[list[str]], Awaitable[ExecResult]]
@@ -94,7 +87,7 @@ class DockerChannel(Channel):
         self._marker = marker
         self._run = run
         self._demux = _Demux()
-        self._pending = self._demux.feed(_read_ahead(attached))
+        self._pending = self._demux.feed(read_ahead(attached))
         self._closed = False
 
     @classmethod
@@ -132,11 +125,11 @@ class DockerChannel(Channel):
             try:
                 view = view[self._sock.send(view) :]
             except _WOULD_BLOCK:
-                await _wait_writable(self._sock)
+                await wait_writable(self._sock)
 
     async def receive(self) -> bytes:
         while not self._pending:
-            await _wait_readable(self._sock)
+            await wait_readable(self._sock)
             try:
                 data = self._sock.recv(_RECV_BYTES)
             except _WOULD_BLOCK:

@@ -26,12 +26,14 @@ _STDOUT, _STDERR = 1, 2
 
 # anyio 4.7 renamed wait_socket_readable/writable to wait_readable/writable (the old names warn);
 # the project supports anyio >= 4.4.
-_wait_readable: Callable[[socket.socket], Awaitable[None]] = (
+wait_readable: Callable[[socket.socket], Awaitable[None]] = (
     getattr(anyio, "wait_readable", None) or anyio.wait_socket_readable
 )
-_wait_writable: Callable[[socket.socket], Awaitable[None]] = (
+"""Wait until ``sock`` is readable (``anyio.wait_readable``, under either of its names)."""
+wait_writable: Callable[[socket.socket], Awaitable[None]] = (
     getattr(anyio, "wait_writable", None) or anyio.wait_socket_writable
 )
+"""Wait until ``sock`` is writable (``anyio.wait_writable``, under either of its names)."""
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
@@ -48,14 +50,22 @@ def raw_socket(attached: Any) -> socket.socket:
     return sock
 
 
-def _read_ahead(attached: Any) -> bytes:
+def read_ahead(attached: Any) -> bytes:
     """Stream bytes the HTTP client already buffered while it parsed the response headers.
 
-    http.client reads headers through a ``BufferedReader``; when the engine sends the first
-    frames right behind them (a fast command on a loaded machine), those bytes sit in that
-    buffer and never show up on the socket. docker 7.1 keeps the response on the returned
-    socket as ``_response``. The socket must already be non-blocking: ``peek`` then returns
-    what is buffered (or readable) without waiting.
+    Whoever reads the raw socket of an attached exec (:func:`pump`,
+    :class:`sandlot.runtimes.docker_channel.DockerChannel`) must take these bytes first: they
+    are the start of the multiplexed stream. http.client reads headers through a
+    ``BufferedReader``; when the engine sends the first frames right behind them (a fast command
+    on a loaded machine), those bytes sit in that buffer and never show up on the socket.
+    docker 7.1 keeps the response on the returned socket as ``_response``.
+
+    Args:
+        attached: what ``exec_start(socket=True)`` returned, its socket already non-blocking
+            (``peek`` then returns what is buffered, or readable, without waiting).
+
+    Returns:
+        The buffered bytes, consumed from the reader; ``b""`` when there are none.
     """
     response = getattr(attached, "_response", None)
     if response is None:
@@ -79,7 +89,7 @@ async def pump(attached: Any, stdin: bytes | None, out: CappedOutput) -> None:
     sock = raw_socket(attached)
     sock.setblocking(False)
     frames = _Frames(out)
-    frames.feed(memoryview(_read_ahead(attached)))
+    frames.feed(memoryview(read_ahead(attached)))
     async with anyio.create_task_group() as tg:
         if stdin is not None:
             tg.start_soon(_send_all, sock, stdin)
@@ -93,7 +103,7 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
             try:
                 view = view[sock.send(view[:_SEND_BYTES]) :]
             except _WOULD_BLOCK:
-                await _wait_writable(sock)
+                await wait_writable(sock)
         sock.shutdown(socket.SHUT_WR)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the command exited without reading all of its input, like a closed pipe
@@ -140,7 +150,7 @@ async def _receive(sock: socket.socket, frames: _Frames) -> None:
         try:
             n = sock.recv_into(buf)
         except _WOULD_BLOCK:
-            await _wait_readable(sock)
+            await wait_readable(sock)
             continue
         except ConnectionResetError:
             return
