@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.sandboxes.local import archive as archive_module
-from sandlot.sandboxes.local.archive import UnsafeArchiveError, build_archive, extract_archive
+from sandlot.sandboxes import archive as archive_module
+from sandlot.sandboxes.archive import UnsafeArchiveError, build_archive, extract_archive
 
 
 @pytest.fixture(autouse=True, params=["filters", "no-filters"])

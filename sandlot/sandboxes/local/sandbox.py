@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 import anyio
 from pydantic import BaseModel
 
+from sandlot.sandboxes.archive import build_archive, extract_archive
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.errors import (
     BackendUnavailableError,
@@ -26,7 +27,6 @@ from sandlot.sandboxes.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.sandboxes.local.archive import build_archive, extract_archive
 from sandlot.sandboxes.local.cgroup import PidsCgroup
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
 from sandlot.sandboxes.local.jail import (

@@ -32,6 +32,7 @@ import anyio
 from pydantic import BaseModel
 
 from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.archive import build_archive, extract_archive
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.errors import (
@@ -42,7 +43,6 @@ from sandlot.sandboxes.errors import (
 )
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import sandbox_labels
-from sandlot.sandboxes.local.archive import build_archive, extract_archive
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
 from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.archive import build_archive, extract_archive
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.errors import (
     SandboxDeadError,
@@ -37,7 +38,6 @@ from sandlot.sandboxes.errors import (
 )
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import sandbox_labels
-from sandlot.sandboxes.local.archive import build_archive, extract_archive
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.vefaas import jobs

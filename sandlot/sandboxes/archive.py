@@ -1,5 +1,8 @@
 """Tar archives for ``upload``/``download``: built from trusted host files, extracted with care.
 
+Shared by the backends that move trees as tar files (``local``, ``modal``, ``vefaas``; ``docker``
+streams the engine's archive endpoints through :mod:`sandlot.sandboxes.docker.archive`).
+
 What comes out of a sandbox is hostile: an archive member may be absolute, climb out with
 ``..``, be a device, a hard link to a host file, or be written *through* a symlink placed by an
 earlier member. :func:`extract_archive` checks every member right before extracting it, against
