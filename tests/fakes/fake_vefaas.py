@@ -48,10 +48,39 @@ FUNCTION_ID = "fn-sandlot-test"
 VERSION = "2024-06-06"
 
 
+_HANDED_OUT: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port that is free now and stays free until the instance binds it.
+
+    Ports are drawn below the kernel's ephemeral range: an ephemeral port can be taken by any
+    outgoing connection of the test run in the moment between this check and the bind of the
+    SWE-ReX server, which made instances fail to start at random.
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randint(max(1024, low - 12000), low - 1)
+        with _PORTS_LOCK:
+            # Concurrent creates must not both pick a port that none of them has bound yet.
+            if port in _HANDED_OUT:
+                continue
+            _HANDED_OUT.add(port)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 @dataclass
