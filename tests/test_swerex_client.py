@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fakes.fake_vefaas import free_port
 
 from sandlot.runtimes.swerex import (
     SwerexClient,
@@ -31,9 +31,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
