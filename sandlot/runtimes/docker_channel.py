@@ -28,7 +28,13 @@ import anyio
 from sandlot.runtimes.channel import Channel
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
-from sandlot.sandboxes.docker.stream import raw_socket, read_ahead, wait_readable, wait_writable
+from sandlot.sandboxes.docker.stream import (
+    WOULD_BLOCK,
+    raw_socket,
+    read_ahead,
+    wait_readable,
+    wait_writable,
+)
 from sandlot.sandboxes.result import ExecResult
 
 if TYPE_CHECKING:
@@ -48,8 +54,6 @@ for f in $(grep -lsF -- "$0" /proc/[0-9]*/environ); do
 done
 exit 0
 """
-
-_WOULD_BLOCK = (BlockingIOError, InterruptedError)
 
 Runner = Callable[[list[str]], Awaitable[ExecResult]]
 """Runs a one-shot command in the same container (the sandbox's ``exec``)."""
@@ -124,7 +128,7 @@ class DockerChannel(Channel):
         while view:
             try:
                 view = view[self._sock.send(view) :]
-            except _WOULD_BLOCK:
+            except WOULD_BLOCK:
                 await wait_writable(self._sock)
 
     async def receive(self) -> bytes:
@@ -132,7 +136,7 @@ class DockerChannel(Channel):
             await wait_readable(self._sock)
             try:
                 data = self._sock.recv(_RECV_BYTES)
-            except _WOULD_BLOCK:
+            except WOULD_BLOCK:
                 continue
             except OSError:
                 return b""

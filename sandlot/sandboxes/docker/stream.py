@@ -34,7 +34,8 @@ wait_writable: Callable[[socket.socket], Awaitable[None]] = (
     getattr(anyio, "wait_writable", None) or anyio.wait_socket_writable
 )
 """Wait until ``sock`` is writable (``anyio.wait_writable``, under either of its names)."""
-_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+"""Errors of a non-blocking socket call that mean "try again" (TLS engines raise the SSL ones)."""
 
 
 def raw_socket(attached: Any) -> socket.socket:
@@ -102,7 +103,7 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
         while view:
             try:
                 view = view[sock.send(view[:_SEND_BYTES]) :]
-            except _WOULD_BLOCK:
+            except WOULD_BLOCK:
                 await wait_writable(sock)
         sock.shutdown(socket.SHUT_WR)
     except (BrokenPipeError, ConnectionResetError):
@@ -149,7 +150,7 @@ async def _receive(sock: socket.socket, frames: _Frames) -> None:
     while True:
         try:
             n = sock.recv_into(buf)
-        except _WOULD_BLOCK:
+        except WOULD_BLOCK:
             await wait_readable(sock)
             continue
         except ConnectionResetError:
