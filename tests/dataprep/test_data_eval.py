@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import anyio
@@ -23,6 +24,14 @@ from sandlot.sandboxes.open import open as open_sandbox
 
 pytest.importorskip("swebench")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+# The local rows' install command is `pip install -e .`; in the jail the host Python is
+# read-only, and pip then installs into the jail's private home, a fallback virtualenvs disable.
+needs_user_site_fallback = pytest.mark.skipif(
+    sys.prefix != sys.base_prefix,
+    reason="local rows that pip-install need sandlot running from a non-virtualenv Python "
+    "(see sandlot/datasets/local.py)",
+)
 
 
 def _gold(instances: list[Instance]) -> dict[str, Prediction]:
@@ -59,6 +68,7 @@ def test_swe_mini_through_the_swe_bench_verified_path_resolves_gold(
     assert set(statuses.values()) == {EvalStatus.RESOLVED}, statuses
 
 
+@needs_user_site_fallback
 def test_sandlot_eval_grades_swe_rebench_local_rows(tmp_path: Path, mirror: Path) -> None:
     """`sandlot eval --dataset X.parquet`: setup (history cleanup + pip install), gold resolves."""
     result = run_prepare("swe_rebench", tmp_path, "local", repo_mirror=str(mirror))
@@ -84,6 +94,7 @@ async def _git_view(instance: Instance) -> dict[str, str]:
         return out
 
 
+@needs_user_site_fallback
 def test_git_log_all_shows_nothing_after_base_commit(tmp_path: Path, mirror: Path) -> None:
     result = run_prepare("swe_rebench", tmp_path, "local", repo_mirror=str(mirror))
     [instance] = [i for i in load_instances(result.path) if i.instance_id == "minicalc__minicalc-1"]
