@@ -12,8 +12,8 @@ A local row has image ``"host"`` and ``repo_source`` = the absolute path of its 
 holds the dataset's install commands. Those run inside the bubblewrap jail with the host's
 toolchain: the host root is read-only, ``$HOME``, ``/tmp`` and ``workdir`` are writable, and
 there is no network, so an install must work offline (``pip`` falls back to a user install
-in the jail's home). That fallback needs sandlot to run from a Python that is not a virtualenv:
-virtualenvs disable user installs, so a ``pip install`` in a local row then fails on the
+in the jail's home). That fallback needs user installs enabled: a virtualenv created without
+``--system-site-packages`` disables them, so a ``pip install`` in a local row then fails on the
 read-only environment.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import sys
+import site
 from pathlib import Path
 
 import anyio
@@ -28,9 +28,9 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bub
 # The local rows' install command is `pip install -e .`; in the jail the host Python is
 # read-only, and pip then installs into the jail's private home, a fallback virtualenvs disable.
 needs_user_site_fallback = pytest.mark.skipif(
-    sys.prefix != sys.base_prefix,
-    reason="local rows that pip-install need sandlot running from a non-virtualenv Python "
-    "(see sandlot/datasets/local.py)",
+    not site.ENABLE_USER_SITE,
+    reason="local rows that pip-install need a Python with user installs enabled (not a "
+    "virtualenv without system site-packages; see sandlot/datasets/local.py)",
 )
 
 
