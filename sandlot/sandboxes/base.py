@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import posixpath
 import shlex
 import uuid
 from collections.abc import Mapping, Sequence
@@ -212,6 +213,10 @@ class Sandbox(abc.ABC):
             raise SandboxDeadError(f"sandbox {self.id} is closed")
         if not self._started:
             raise SandboxDeadError(f"sandbox {self.id} is not started; use `async with` or start()")
+
+    def resolve_path(self, path: str) -> str:
+        """``path`` made absolute (relative paths start at ``spec.workdir``) and normalised."""
+        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
 
     @abc.abstractmethod
     async def _start(self) -> None:

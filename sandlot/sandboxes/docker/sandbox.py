@@ -414,7 +414,7 @@ class DockerSandbox(Sandbox):
         dead = await self._gone()
         if dead is not None:
             raise dead
-        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
+        return self.resolve_path(path)
 
     async def read_file(self, path: str) -> bytes:
         """Return the bytes of the file at ``path`` (relative: to ``spec.workdir``).

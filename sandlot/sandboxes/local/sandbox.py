@@ -308,10 +308,6 @@ class LocalSandbox(Sandbox):
 
     # ----------------------------------------------------------------- running
 
-    def _resolve(self, path: str) -> str:
-        """``path`` made absolute (relative to the workdir) and normalised, as commands see it."""
-        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
-
     def _seen(self, path: str) -> str:
         """Where ``path`` (absolute, sandbox view) is for the process that will use it."""
         if self.isolated:
@@ -451,7 +447,7 @@ class LocalSandbox(Sandbox):
         """
         self._ensure_usable()
         workdir = self.spec.workdir
-        target = self._resolve(cwd) if cwd is not None else workdir
+        target = self.resolve_path(cwd) if cwd is not None else workdir
         cd = ""
         if not self.isolated and target != workdir:
             # No bwrap --chdir here; fail like it does when the directory is missing.
@@ -485,7 +481,7 @@ class LocalSandbox(Sandbox):
         from sandlot.runtimes.channel_session import ChannelSession
         from sandlot.runtimes.local_channel import LocalChannel
 
-        cwd = self._resolve(config.cwd) if config.cwd is not None else self.spec.workdir
+        cwd = self.resolve_path(config.cwd) if config.cwd is not None else self.spec.workdir
 
         async def open_channel() -> LocalChannel:
             dirs = self._ensure_usable()
@@ -539,7 +535,7 @@ class LocalSandbox(Sandbox):
             SandboxDeadError: the sandbox is closed or died.
         """
         self._ensure_usable()
-        target = self._resolve(path)
+        target = self.resolve_path(path)
         return await self._file_op(["cat", "--", self._seen(target)], f"cannot read {target!r}")
 
     async def write_file(self, path: str, data: bytes | str) -> None:
@@ -557,7 +553,7 @@ class LocalSandbox(Sandbox):
             SandboxDeadError: the sandbox is closed or died.
         """
         self._ensure_usable()
-        target = self._resolve(path)
+        target = self.resolve_path(path)
         parent = posixpath.dirname(target)
         await self._file_op(
             ["bash", "-c", _WRITE_SCRIPT, "sandlot-write", self._seen(parent), self._seen(target)],
@@ -587,7 +583,7 @@ class LocalSandbox(Sandbox):
             SandboxDeadError: the sandbox is closed or died.
         """
         self._ensure_usable()
-        target = self._resolve(remote_path)
+        target = self.resolve_path(remote_path)
         parent, base = posixpath.split(target)
         if not base:
             raise SandboxFileError(f"cannot upload onto {target!r}")
@@ -618,7 +614,7 @@ class LocalSandbox(Sandbox):
             SandboxDeadError: the sandbox is closed or died.
         """
         self._ensure_usable()
-        target = self._resolve(remote_path)
+        target = self.resolve_path(remote_path)
         parent, base = posixpath.split(target)
         base = base or "."
         archive = self._staging_file()

@@ -227,9 +227,6 @@ class ModalSandbox(Sandbox):
 
     # ----------------------------------------------------------------- commands
 
-    def _path(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
-
     async def exec(
         self,
         cmd: Command,
@@ -254,7 +251,7 @@ class ModalSandbox(Sandbox):
         began = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
         marker = uuid.uuid4().hex
-        argv = remote_shell.exec_argv(as_shell(cmd), self._path(cwd or self.spec.workdir))
+        argv = remote_shell.exec_argv(as_shell(cmd), self.resolve_path(cwd or self.spec.workdir))
         environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: marker}
         backstop = None
         if timeout is not None:
@@ -352,7 +349,7 @@ class ModalSandbox(Sandbox):
             SandboxDeadError: the sandbox finished.
         """
         self._check_usable()
-        path = self._path(path)
+        path = self.resolve_path(path)
         data = await self._fs("read_file", path, self._sb.filesystem.read_bytes.aio, path)
         return bytes(data)
 
@@ -364,7 +361,7 @@ class ModalSandbox(Sandbox):
             SandboxDeadError: the sandbox finished.
         """
         self._check_usable()
-        path = self._path(path)
+        path = self.resolve_path(path)
         raw = data.encode() if isinstance(data, str) else data
         await self._fs("write_file", path, self._sb.filesystem.write_bytes.aio, raw, path)
 
@@ -379,7 +376,7 @@ class ModalSandbox(Sandbox):
             SandboxDeadError: the sandbox finished.
         """
         self._check_usable()
-        target = self._path(remote_path)
+        target = self.resolve_path(remote_path)
         parent, name = posixpath.split(target)
         staging = f"/tmp/sandlot-upload-{uuid.uuid4().hex}.tar"
         with tempfile.TemporaryDirectory() as tmp:
@@ -398,7 +395,7 @@ class ModalSandbox(Sandbox):
             SandboxDeadError: the sandbox finished.
         """
         self._check_usable()
-        source = self._path(remote_path)
+        source = self.resolve_path(remote_path)
         staging = f"/tmp/sandlot-download-{uuid.uuid4().hex}.tar"
         await self._run_checked("download", source, remote_shell.tar_create_argv(source, staging))
         try:

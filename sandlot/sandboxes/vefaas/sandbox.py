@@ -227,9 +227,6 @@ class VefaasSandbox(Sandbox):
 
     # ----------------------------------------------------------------- commands
 
-    def _path(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
-
     async def exec(
         self,
         cmd: Command,
@@ -261,7 +258,7 @@ class VefaasSandbox(Sandbox):
             )
         cap = self.options.max_output_bytes
         argv = jobs.launch_argv(
-            job, self._path(cwd or self.spec.workdir), as_shell(cmd), env or {}, cap
+            job, self.resolve_path(cwd or self.spec.workdir), as_shell(cmd), env or {}, cap
         )
         launched = await self._data(client.execute, argv, timeout=_QUICK_S)
         result = self._parse(launched.stdout)
@@ -332,7 +329,7 @@ class VefaasSandbox(Sandbox):
             SandboxDeadError: the instance is no longer running.
         """
         client = self._check_usable()
-        path = self._path(path)
+        path = self.resolve_path(path)
         try:
             return await self._data(client.read_bytes, path, timeout=_FILE_TIMEOUT_S)
         except FileNotFoundError as exc:
@@ -346,7 +343,7 @@ class VefaasSandbox(Sandbox):
             SandboxDeadError: the instance is no longer running.
         """
         client = self._check_usable()
-        path = self._path(path)
+        path = self.resolve_path(path)
         raw = data.encode() if isinstance(data, str) else data
         staging = f"{jobs.JOBS_DIR}/upload-{uuid.uuid4().hex}"
         await self._data(client.write_bytes, staging, raw, timeout=_FILE_TIMEOUT_S)
@@ -365,7 +362,7 @@ class VefaasSandbox(Sandbox):
             SandboxDeadError: the instance is no longer running.
         """
         client = self._check_usable()
-        target = self._path(remote_path)
+        target = self.resolve_path(remote_path)
         parent, name = posixpath.split(target)
         staging = f"{jobs.JOBS_DIR}/upload-{uuid.uuid4().hex}.tar"
         with tempfile.TemporaryDirectory() as tmp:
@@ -384,7 +381,7 @@ class VefaasSandbox(Sandbox):
             SandboxDeadError: the instance is no longer running.
         """
         client = self._check_usable()
-        source = self._path(remote_path)
+        source = self.resolve_path(remote_path)
         staging = f"{jobs.JOBS_DIR}/download-{uuid.uuid4().hex}.tar"
         await self._run_checked("download", source, remote_shell.tar_create_argv(source, staging))
         try:
