@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from requirements import EVAL, bwrap_missing, importable, needs
 
 from sandlot.cli.main import cli
 
@@ -69,7 +70,7 @@ def test_missing_instance_field_names_field_and_record(tmp_path: Path) -> None:
     assert "base_commit" in out and "x__y-1" in out
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@needs(bwrap_missing, importable("swebench", EVAL))
 def test_gold_on_selected_instances(dataset: Path, tmp_path: Path) -> None:
     code, out = _eval(
         "--dataset",

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from requirements import EVAL, need_module
 
 from sandlot.datasets.loaders import (
     DatasetError,
@@ -39,8 +40,8 @@ def write_jsonl(path: Path, *lines: Any) -> Path:
 
 
 def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa = need_module("pyarrow", EVAL)
+    pq = need_module("pyarrow.parquet", EVAL)
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
@@ -260,7 +261,7 @@ def test_parquet_row_errors_are_located(tmp_path: Path) -> None:
 
 
 def test_unreadable_parquet(tmp_path: Path) -> None:
-    pytest.importorskip("pyarrow")
+    need_module("pyarrow", EVAL)
     path = tmp_path / "d.parquet"
     path.write_text("not parquet")
     with pytest.raises(DatasetError, match=r"d\.parquet: unreadable parquet file"):

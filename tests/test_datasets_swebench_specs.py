@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from requirements import EVAL, need_module
 
 from sandlot.datasets import swebench_specs
 from sandlot.datasets.instance import Instance
@@ -17,10 +18,10 @@ from sandlot.datasets.swebench_specs import (
     resolve_test_cmd,
 )
 
-constants = pytest.importorskip("swebench.harness.constants")
-log_parsers = pytest.importorskip("swebench.harness.log_parsers")
-python_parsers = pytest.importorskip("swebench.harness.log_parsers.python")
-create_scripts = pytest.importorskip("swebench.harness.test_spec.create_scripts")
+constants = need_module("swebench.harness.constants", EVAL)
+log_parsers = need_module("swebench.harness.log_parsers", EVAL)
+python_parsers = need_module("swebench.harness.log_parsers.python", EVAL)
+create_scripts = need_module("swebench.harness.test_spec.create_scripts", EVAL)
 
 
 def patch_touching(*paths: str) -> str:

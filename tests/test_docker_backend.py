@@ -1,8 +1,8 @@
 """The docker backend against a real engine (Docker Engine or Podman's Docker API).
 
-Without an engine these tests skip with instructions (see ``tests/docker_engine.py``); with
-``CI=true`` they fail instead. Tests that need no engine (options, unreachable engine, missing SDK,
-archive safety) always run.
+Without the docker SDK, an engine or the test image these tests skip with instructions (see
+``tests/requirements.py``); with ``CI=true`` they fail instead. Tests that need no engine
+(options, unreachable engine, missing SDK, archive safety) always run.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 import pytest
-from docker_engine import TEST_IMAGE, require_engine
+from requirements import DOCKER, TEST_IMAGE, docker_engine, need_module
 
 import sandlot
 from sandlot.sandboxes.capped import CappedOutput
@@ -51,7 +51,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def engine() -> Any:
-    return require_engine()
+    return docker_engine()
 
 
 @pytest.fixture
@@ -127,6 +127,7 @@ def test_import_without_sdk_names_the_extra() -> None:
 async def test_unreachable_engine_names_docker_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    need_module("docker", DOCKER)
     monkeypatch.setenv("SANDLOT_START_ATTEMPTS", "1")  # retryable; one attempt keeps it short
     sandbox = make(options={"base_url": f"unix://{tmp_path}/no-engine.sock"})
     with pytest.raises(EngineUnreachableError) as info:

@@ -11,18 +11,16 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import click
 import pytest
 from click.testing import CliRunner
+from requirements import TEST_IMAGE, docker_engine
 
 from sandlot.cli import gc_cmd
 from sandlot.cli.main import cli
 from sandlot.sandboxes.labels import CREATED_AT, RUN_ID, recorded_runs, run_id
 from sandlot.sandboxes.reaper import RemoteSandbox, select
-
-DOCKER_IMAGE = os.environ.get("SANDLOT_TEST_IMAGE", "localhost/sandlot-base:bookworm")
 
 
 def sb(run: str, created: float | None, sid: str = "") -> RemoteSandbox:
@@ -102,20 +100,6 @@ def test_run_id_is_pinned_and_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert record["run_id"] == first and record["pid"] == os.getpid()
 
 
-def _docker() -> Any:
-    try:
-        import docker
-
-        client = docker.from_env(timeout=10)
-        client.images.get(DOCKER_IMAGE)
-    except Exception as exc:
-        reason = f"no container engine with {DOCKER_IMAGE} at DOCKER_HOST ({exc})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {reason}", pytrace=False)
-        pytest.skip(f'{reason}; start one with: eval "$(bash ../shared/ci/container-engine.sh)"')
-    return client
-
-
 CRASHING_RUN = textwrap.dedent(
     """
     import anyio, sandlot
@@ -134,11 +118,11 @@ CRASHING_RUN = textwrap.dedent(
 
 @pytest.mark.slow
 def test_gc_removes_everything_a_kill_9_run_left_on_docker(tmp_path: Path) -> None:
-    client = _docker()
+    client = docker_engine()
     env = {k: v for k, v in os.environ.items() if k != "SANDLOT_RUN_ID"}
     env["SANDLOT_STATE_DIR"] = str(tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_RUN.format(image=DOCKER_IMAGE)],
+        [sys.executable, "-c", CRASHING_RUN.format(image=TEST_IMAGE)],
         env=env,
         stdout=subprocess.PIPE,
         text=True,

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import anyio
 import pytest
 from fakes.fake_modal import FakeModal
-from fakes.jail import bwrap_missing
 from fakes.shared import FakeModalSandbox
+from requirements import MODAL, bwrap_missing, need_module, needs
 
 from sandlot import BackendUnavailableError, SandboxDeadError, SandboxSpec, SandboxStartError
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
@@ -24,10 +24,7 @@ from sandlot.sandboxes.modal import ModalOptions
 from sandlot.sandboxes.modal.reaper import ModalReaper
 from sandlot.sandboxes.reaper import reap
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.skipif(bwrap_missing() is not None, reason=str(bwrap_missing())),
-]
+pytestmark = [pytest.mark.anyio, needs(bwrap_missing)]
 FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=4)
 
 
@@ -94,7 +91,7 @@ async def test_create_passes_exactly_these_arguments(fake: FakeModal) -> None:
 
 
 def test_arguments_are_accepted_by_the_installed_sdk() -> None:
-    modal = pytest.importorskip("modal")
+    modal = need_module("modal", MODAL)
     create = inspect.signature(modal.Sandbox.create)
     create.bind(
         "/bin/sh",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from requirements import EVAL, bwrap_missing, need_module, needs
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
@@ -22,8 +23,8 @@ from sandlot.rewards.predictions import Prediction, load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import run_evaluation
 
-pytest.importorskip("swebench")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+need_module("swebench", EVAL)
+pytestmark = needs(bwrap_missing)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-mini"
 
@@ -110,6 +111,7 @@ def _make_patch(inst: Instance, edits: dict[str, str | None], tmp_path: Path) ->
     return diff
 
 
+@pytest.mark.slow
 def test_gold_wrong_and_empty_runs(
     instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
 ) -> None:

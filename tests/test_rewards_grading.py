@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+from requirements import EVAL, need_module
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import resolve_log_parser
 from sandlot.rewards.grading import grade
 
-pytest.importorskip("swebench")
+need_module("swebench", EVAL)
 
 
 def _instance(**kw: object) -> Instance:

@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from requirements import EVAL, need_module
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 
-swebench_python = pytest.importorskip("swebench.harness.log_parsers.python")
+swebench_python = need_module("swebench.harness.log_parsers.python", EVAL)
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "swe-mini"
 MAKE_REPOS = EXAMPLE / "make_repos.py"

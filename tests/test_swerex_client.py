@@ -8,18 +8,20 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from fakes.fake_vefaas import free_port
+from requirements import SWEREX, TEST, need_module
 
-from sandlot.runtimes.swerex import (
+httpx = need_module("httpx", TEST)
+need_module("swerex.server", SWEREX)
+
+from sandlot.runtimes.swerex import (  # noqa: E402 (needs httpx)
     SwerexClient,
     SwerexHTTPError,
     SwerexRemoteError,
     SwerexUnavailableError,
 )
 
-pytest.importorskip("swerex.server", reason="swe-rex is not installed (pip install swe-rex)")
 pytestmark = pytest.mark.anyio
 TOKEN = "test-token"
 

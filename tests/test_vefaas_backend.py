@@ -12,16 +12,22 @@ import anyio
 import pytest
 from fakes.fake_vefaas import FUNCTION_ID, FakeVefaas
 from fakes.shared import vefaas_fake_unavailable
+from requirements import missing
 
 from sandlot import BackendUnavailableError, SandboxError, SandboxSpec, SandboxStartError
 from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.reaper import reap
+
+if (_REASON := vefaas_fake_unavailable()) is not None:
+    missing(_REASON)
+
+# The backend needs httpx: imported once the check above has passed.
 from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
+from sandlot.sandboxes.vefaas.control import SandboxInfo
 from sandlot.sandboxes.vefaas.reaper import VefaasReaper
 
-_REASON = vefaas_fake_unavailable()
-pytestmark = [pytest.mark.anyio, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+pytestmark = pytest.mark.anyio
 FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=3)
 CREDENTIAL_ENV = (
     "VOLCE_ACCESS_KEY",
@@ -115,6 +121,43 @@ async def test_unknown_image_fails_at_once(fake: FakeVefaas) -> None:
     assert not info.value.retryable and len(fake.actions("CreateSandbox")) == 1
 
 
+async def test_a_start_command_that_exits_fails_at_once_with_its_output(fake: FakeVefaas) -> None:
+    # As when the image has no interpreter: the same command would exit again, so no retry.
+    sb = make(fake, bootstrap="echo no server in this image >&2; exit 3")
+    with pytest.raises(SandboxStartError, match="StartCommandExited") as info:
+        await sb.start()
+    assert not info.value.retryable and len(fake.actions("CreateSandbox")) == 1
+    assert "status 3" in str(info.value) and "no server in this image" in str(info.value)
+    assert sb.closed and not fake.live()
+
+
+async def test_a_token_that_begins_with_a_dash_still_starts_the_server(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandlot.sandboxes.vefaas.sandbox as module
+
+    monkeypatch.setattr(module.secrets, "token_urlsafe", lambda n: "-dash-first-token")
+    async with make(fake) as sb:
+        assert (await sb.exec("echo up")).stdout == "up\n"
+
+
+@pytest.mark.parametrize(
+    ("code", "retryable"),
+    [
+        ("", True),
+        ("InternalError", True),
+        ("InsufficientCapacity", True),
+        ("ImagePullFailed", False),
+    ],
+)
+def test_failed_instances_are_retried_unless_the_cause_is_permanent(
+    code: str, retryable: bool
+) -> None:
+    info = SandboxInfo("sb-1", FUNCTION_ID, "Failed", {}, error="x", error_code=code)
+    assert info.failure_retryable is retryable
+
+
+@pytest.mark.slow
 async def test_throttled_creates_are_retried_under_the_cap(
     fake: FakeVefaas, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -158,6 +201,7 @@ async def test_data_plane_5xx_is_retried_then_reported(fake: FakeVefaas) -> None
         assert (await sb.exec("echo back")).stdout == "back\n"
 
 
+@pytest.mark.slow
 async def test_no_request_lasts_as_long_as_the_command(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.rewards.predictions import load_predictions
@@ -122,6 +123,10 @@ def eval_command(
         f"{len(instances)} instance(s), backend [cyan]{backend_name}[/], {workers} worker(s)"
     )
     started = time.monotonic()
+    if get_backend(backend_name).on_host:
+        # Built once up front, with a spinner, instead of silently inside the first sandbox.
+        wanted = [i for i in instances if i.instance_id in preds]
+        build_recipes(console, distinct_recipes(wanted, backend_name), backend_name)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -8,6 +8,7 @@ import click
 
 from sandlot import __version__
 from sandlot.cli.data_cmd import data_group
+from sandlot.cli.env_cmd import env_group
 from sandlot.cli.eval_cmd import eval_command
 from sandlot.cli.gc_cmd import gc_command
 
@@ -24,6 +25,7 @@ def cli(verbose: int) -> None:
 cli.add_command(eval_command)
 cli.add_command(data_group)
 cli.add_command(gc_command)
+cli.add_command(env_group)
 
 
 def main() -> None:

@@ -14,8 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sandlot.sandboxes.environment import EnvironmentRecipe
+
 DEFAULT_LOG_PARSER = "parse_log_pytest"
 DEFAULT_EVAL_TIMEOUT_S = 1800.0
+DEFAULT_IMAGE_KEY = "default"
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # git's scp-like remote syntax: a colon before any slash ("git@github.com:owner/repo.git").
@@ -60,7 +63,14 @@ class Instance(BaseModel):
         PASS_TO_PASS: tests that must keep passing.
         version: the repo version key of the ``swebench`` specifications.
         problem_statement: the issue text shown to the agent.
-        image: sandbox image (``"host"`` or a rootfs path for ``local``; an image name otherwise).
+        image: sandbox image: ``"host"`` or a rootfs path for ``local``, an image name for the
+            container backends; or a mapping from backend name (or ``"default"``) to image,
+            ``{"local": "host", "docker": "python:3.12"}``, so one row runs on every backend
+            (see :meth:`image_for`).
+        environment: the test environment the instance needs (``python``, ``pip_packages``,
+            ``requirements``, ``pre_install``, ``install``, as in SWE-bench's specs); ``None``
+            means the image provides it (on ``local``, swebench's spec for ``repo`` +
+            ``version`` is used when there is one).
         repo_source: where to get the repo when the image does not hold it: a git URL (cloned
             inside the sandbox) or a host path to a repository or mirror (uploaded). Relative
             paths are resolved against the dataset file by the loaders.
@@ -83,7 +93,8 @@ class Instance(BaseModel):
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     version: str | None = None
     problem_statement: str = ""
-    image: str = "host"
+    image: str | dict[str, str] = "host"
+    environment: EnvironmentRecipe | None = None
     repo_source: str | None = None
     post_setup_cmd: str | None = None
     workdir: str = "/testbed"
@@ -96,6 +107,32 @@ class Instance(BaseModel):
     @classmethod
     def _parse_test_lists(cls, value: Any, info: Any) -> list[str]:
         return _as_test_list(value, info.field_name)
+
+    @field_validator("image")
+    @classmethod
+    def _image_names(cls, value: str | dict[str, str]) -> str | dict[str, str]:
+        names = value.values() if isinstance(value, dict) else [value]
+        if not value or not all(n.strip() for n in names):
+            raise ValueError("image must be a non-empty name or a non-empty {backend: name} map")
+        return value
+
+    def image_for(self, backend: str) -> str:
+        """The image this instance runs in on ``backend``.
+
+        Raises:
+            ValueError: ``image`` is a mapping with neither ``backend`` nor ``"default"``
+                (the message lists the backends it has and says to pass ``--image``).
+        """
+        if isinstance(self.image, str):
+            return self.image
+        found = self.image.get(backend) or self.image.get(DEFAULT_IMAGE_KEY)
+        if found is None:
+            raise ValueError(
+                f"instance {self.instance_id!r} names images for {', '.join(sorted(self.image))} "
+                f"but not for backend {backend!r}; add a {backend!r} (or 'default') entry to its "
+                "image map, or pass --image"
+            )
+        return found
 
     @field_validator("version", mode="before")
     @classmethod

@@ -9,12 +9,12 @@ source repository, named after its ``owner/name`` with ``/`` replaced by ``__``:
 A local row has image ``"host"`` and ``repo_source`` = the absolute path of its mirror; the
 ``local`` backend uploads it, clones it into ``workdir`` and checks out ``base_commit``
 (``sandlot.rewards.environment.prepare_repo``), then runs the row's ``post_setup_cmd``, which
-holds the dataset's install commands. Those run inside the bubblewrap jail with the host's
-toolchain: the host root is read-only, ``$HOME``, ``/tmp`` and ``workdir`` are writable, and
-there is no network, so an install must work offline (``pip`` falls back to a user install
-in the jail's home). That fallback needs user installs enabled: a virtualenv created without
-``--system-site-packages`` disables them, so a ``pip install`` in a local row then fails on the
-read-only environment.
+holds the dataset's install commands. Those run inside the bubblewrap jail, without network,
+on the row's test environment: its ``environment`` recipe (SWE-rebench rows carry the
+``python`` and ``pip_packages`` of their ``install_config``; SWE-bench rows get swebench's spec
+for ``repo`` + ``version``), built once as a cached virtualenv and mounted read-only. ``pip
+install`` there lands in the sandbox's private overlay, so an install must work offline (the
+datasets' ``pip install --no-build-isolation --no-deps --no-index -e .`` does).
 """
 
 from __future__ import annotations

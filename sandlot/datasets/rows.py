@@ -177,7 +177,7 @@ def build_row(
 ) -> TaskRow:
     """The row of ``instance``: its environment fields copied into ``tools_kwargs.env``."""
     env = EnvKwargs(
-        image=instance.image,
+        image=instance.image_for(deployment),
         post_setup_cmd=instance.post_setup_cmd,
         workdir=instance.workdir,
         repo_source=instance.repo_source,

@@ -114,6 +114,12 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
     if ctx.deployment == "local":
         setup = "\n".join([cleanup, *map(str, pre_install), install]).strip()
         data.update(local_environment(record, ctx, setup))
+        # The local backend builds this as a cached virtualenv: the row's tests never run on
+        # the caller's Python. Install steps stay in the setup, after the history cleanup.
+        data["environment"] = {
+            "python": config.get("python"),
+            "pip_packages": [str(p) for p in config.get("pip_packages") or []],
+        }
         data["test_cmd"] = run_tests
     else:
         image = image_name(

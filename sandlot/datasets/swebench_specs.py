@@ -34,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from sandlot.datasets.instance import DEFAULT_LOG_PARSER, Instance
+from sandlot.sandboxes.environment import EnvironmentRecipe
 
 LogParser = Callable[[str, Any], dict[str, str]]
 """``parser(log, test_spec) -> {test_id: status}``, the signature of swebench's log parsers."""
@@ -183,3 +184,42 @@ def install_commands(repo: str, version: str | None) -> list[str]:
     if spec.get("install"):
         commands.append(str(spec["install"]))
     return commands
+
+
+# Values of a spec's ``packages`` that name a file of the repository, not packages.
+_PACKAGE_FILES = frozenset({"requirements.txt", "environment.yml"})
+
+
+def spec_environment(instance: Instance) -> EnvironmentRecipe | None:
+    """The environment recipe of swebench 4.1's specification for ``repo`` + ``version``.
+
+    Used on backends that build environments themselves (``local``) for instances that carry
+    none. From the spec (``swebench.harness.test_spec.python``): ``python``; ``pip_packages``
+    plus the spec's ``packages`` when that is a list of package names (when it names
+    ``requirements.txt`` or ``environment.yml``, which swebench reads from GitHub, those
+    packages are not known offline and are left out); ``install`` unless the instance has its
+    own ``post_setup_cmd`` (rows prepared for ``DEPLOYMENT=local`` carry the install commands
+    there). ``pre_install`` is left out: it holds system-level commands (``apt-get``) that
+    need a container.
+
+    Returns:
+        ``None`` when the instance has no ``repo``/``version``, swebench does not know them,
+        the repository is not Python, or ``swebench`` is not installed.
+    """
+    if not instance.repo or instance.version is None:
+        return None
+    try:
+        constants = _swebench("swebench.harness.constants")
+    except ImportError:
+        return None
+    spec = constants.MAP_REPO_VERSION_TO_SPECS.get(instance.repo, {}).get(instance.version)
+    if not spec or constants.MAP_REPO_TO_EXT.get(instance.repo) != "py":
+        return None
+    packages = [str(p) for p in spec.get("pip_packages", [])]
+    listed = str(spec.get("packages") or "")
+    if listed and listed not in _PACKAGE_FILES:
+        packages += listed.split()
+    install = spec.get("install") if not instance.post_setup_cmd else None
+    return EnvironmentRecipe(
+        python=spec.get("python"), pip_packages=packages, install=install or None
+    )

@@ -1,18 +1,24 @@
-"""Bring an instance's environment up in a fresh sandbox: spec, repository, setup command."""
+"""Bring an instance's environment up in a fresh sandbox: spec, repository, setup commands.
+
+Order, as in the SWE-bench harness's env → repo → eval layers: the sandbox starts with the
+instance's environment packages (``Instance.environment``), the repository is put at
+``base_commit``, the recipe's repository steps (``pre_install``, ``install``) run in it, then the
+instance's ``post_setup_cmd``.
+"""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
-from pathlib import Path
 
 import anyio
 
 from sandlot.datasets.instance import Instance
+from sandlot.datasets.swebench_specs import spec_environment
 from sandlot.rewards.scripts import EVAL_DIR, fetch_repo_script
 from sandlot.sandboxes.base import Sandbox, output_tail
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.errors import SandboxSetupError
+from sandlot.sandboxes.registry import get_backend
 from sandlot.sandboxes.spec import SandboxSpec
 
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*://|git@)", re.IGNORECASE)
@@ -25,28 +31,52 @@ def is_url(source: str) -> bool:
     return bool(_URL.match(source))
 
 
+def instance_environment(instance: Instance, backend: str) -> EnvironmentRecipe | None:
+    """The environment recipe of ``instance`` on ``backend``.
+
+    The instance's own ``environment`` when it has one. Otherwise, on a backend that runs on
+    this machine (``local``), the recipe of swebench's specification for ``repo`` + ``version``
+    (:func:`~sandlot.datasets.swebench_specs.spec_environment`); container backends take the
+    environment from the image.
+
+    Raises:
+        BackendNotFoundError: unknown backend.
+    """
+    if instance.environment is not None:
+        return instance.environment
+    if not get_backend(backend).on_host:
+        return None
+    return spec_environment(instance)
+
+
 def instance_spec(instance: Instance, backend: str) -> SandboxSpec:
     """The ``SandboxSpec`` that evaluates ``instance`` on ``backend``.
 
-    The network is on only when the repository must be cloned from a URL. On the ``local``
-    backend with the host image, the interpreter running sandlot comes first on ``PATH`` so
-    that ``python`` in a test command means the Python that has the test tools installed.
+    The sandbox gets the recipe's packages (its repository steps run after the repository is
+    in place, in :func:`prepare_repo`). The network is on when the repository is cloned from
+    a URL, and on container backends when a recipe's packages must be installed by pip.
+
+    Raises:
+        ValueError: the instance's image map has no image for ``backend``.
+        BackendNotFoundError: unknown backend.
     """
-    env = dict(instance.env)
-    if backend == "local" and instance.image == "host" and "PATH" not in env:
-        host_path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), host_path])
+    recipe = instance_environment(instance, backend)
+    needs_pip = bool(recipe and recipe.has_packages and not get_backend(backend).on_host)
     return SandboxSpec(
-        image=instance.image,
+        image=instance.image_for(backend),
         workdir=instance.workdir,
-        env=env,
-        network=bool(instance.repo_source and is_url(instance.repo_source)),
+        env=dict(instance.env),
+        environment=recipe.packages_only() if recipe else None,
+        network=bool(instance.repo_source and is_url(instance.repo_source)) or needs_pip,
         labels={"sandlot.instance_id": instance.instance_id},
     )
 
 
-async def prepare_repo(sb: Sandbox, instance: Instance) -> None:
-    """Put the repository at ``base_commit`` into ``workdir`` and run ``post_setup_cmd``.
+async def prepare_repo(sb: Sandbox, instance: Instance, backend: str | None = None) -> None:
+    """Put the repository at ``base_commit`` into ``workdir``, run the environment recipe's
+    repository steps (``pre_install``, ``install``), then ``post_setup_cmd``.
+
+    ``backend`` (default: ``sb.name``) selects the recipe as :func:`instance_environment` does.
 
     A host path in ``repo_source`` is uploaded and cloned inside the sandbox; a URL is cloned
     inside the sandbox; without ``repo_source`` the image must already hold the repository.
@@ -71,13 +101,15 @@ async def prepare_repo(sb: Sandbox, instance: Instance) -> None:
             script = fetch_repo_script(
                 _UPLOADED_REPO, instance.workdir, instance.base_commit, uploaded=True
             )
-        await _run_setup(sb, script, instance, label=f"fetch repo from {source}")
+        await _run_setup(sb, script, "/", step=f"fetch repo from {source}")
+    recipe = instance_environment(instance, backend or sb.name)
+    for command in recipe.repo_steps if recipe else []:
+        await _run_setup(sb, command, instance.workdir, step="environment install")
     if instance.post_setup_cmd:
-        await _run_setup(sb, instance.post_setup_cmd, instance, label=None)
+        await _run_setup(sb, instance.post_setup_cmd, instance.workdir, step="post_setup_cmd")
 
 
-async def _run_setup(sb: Sandbox, script: str, instance: Instance, *, label: str | None) -> None:
-    r = await sb.exec(script, timeout=_SETUP_TIMEOUT_S, cwd=instance.workdir if not label else "/")
+async def _run_setup(sb: Sandbox, script: str, cwd: str, *, step: str) -> None:
+    r = await sb.exec(script, timeout=_SETUP_TIMEOUT_S, cwd=cwd)
     if not r.ok:
-        tail = output_tail(r.stdout + r.stderr)
-        raise SandboxSetupError(label or script, r.exit_code, tail)
+        raise SandboxSetupError(script, r.exit_code, output_tail(r.stdout + r.stderr), step=step)

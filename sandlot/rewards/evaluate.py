@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,6 +19,7 @@ from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.grading import grade
+from sandlot.rewards.missing_runner import missing_runner
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.scripts import (
     MODEL_PATCH_PATH,
@@ -28,7 +30,7 @@ from sandlot.rewards.scripts import (
     reset_test_files_script,
 )
 from sandlot.sandboxes.base import Sandbox, output_tail
-from sandlot.sandboxes.errors import SandboxError, SandboxSetupError
+from sandlot.sandboxes.errors import EnvironmentBuildError, SandboxError, SandboxSetupError
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.registry import resolve_backend_name
 
@@ -79,31 +81,74 @@ async def evaluate(
     if not model_patch or not model_patch.strip():
         return EvalResult(**base, status=EvalStatus.EMPTY_PATCH)
     timings: dict[str, float] = {}
-    try:
-        test_cmd = resolve_test_cmd(instance)
-        parser = resolve_log_parser(instance)
+
+    async def steps() -> EvalResult:
         backend_name = resolve_backend_name(backend)
         spec = instance_spec(instance, backend_name)
         async with open_sandbox(backend_name, spec, options=sandbox_options) as sb:
             t = time.monotonic()
-            await prepare_repo(sb, instance)
+            await prepare_repo(sb, instance, backend_name)
             timings["setup"] = time.monotonic() - t
+            return await _test_and_grade(sb, instance, model_patch, base, timings, timeout)
 
-            t = time.monotonic()
-            apply_cmd = await _apply_model_patch(sb, instance, model_patch)
-            await _prepare_tests(sb, instance)
-            timings["apply"] = time.monotonic() - t
+    return await _guarded(steps, instance, base, timings, started)
 
-            t = time.monotonic()
-            limit = timeout if timeout is not None else instance.eval_timeout
-            # 2>&1 inside the sandbox keeps the real interleaving of the test runner's output.
-            run = await sb.exec(f"exec 2>&1\n{test_cmd}", timeout=limit, cwd=instance.workdir)
-            timings["tests"] = time.monotonic() - t
+
+async def evaluate_in_sandbox(
+    sb: Sandbox,
+    instance: Instance,
+    model_patch: str | None,
+    *,
+    model_name_or_path: str = "",
+    timeout: float | None = None,
+) -> EvalResult:
+    """Grade the changes already in ``sb``'s repository (the agent's own sandbox).
+
+    The model's changes stay as they are (``model_patch`` is recorded, not applied); the
+    files ``test_patch`` touches are reset and ``test_patch`` applied, then the tests run as in
+    :func:`evaluate`. Faster than a fresh sandbox, but whatever the agent left running or
+    installed is still there: use :func:`evaluate` where that matters (training rewards).
+    Never raises except on cancellation; the sandbox is not closed.
+
+    Args:
+        sb: a started sandbox whose ``instance.workdir`` holds the repository.
+        instance: the task.
+        model_patch: the diff of the agent's changes (``None``/empty gives ``empty_patch``).
+        model_name_or_path: recorded in the result.
+        timeout: seconds for the test command; defaults to ``instance.eval_timeout``.
+    """
+    started = time.monotonic()
+    base: dict[str, Any] = {
+        "instance_id": instance.instance_id,
+        "model_name_or_path": model_name_or_path,
+    }
+    if not model_patch or not model_patch.strip():
+        return EvalResult(**base, status=EvalStatus.EMPTY_PATCH)
+    timings: dict[str, float] = {}
+
+    async def steps() -> EvalResult:
+        return await _test_and_grade(sb, instance, None, base, timings, timeout)
+
+    return await _guarded(steps, instance, base, timings, started)
+
+
+async def _guarded(
+    steps: Callable[[], Awaitable[EvalResult]],
+    instance: Instance,
+    base: dict[str, Any],
+    timings: dict[str, float],
+    started: float,
+) -> EvalResult:
+    """Run ``steps``, turning every failure but cancellation into an error ``EvalResult``."""
+    try:
+        result = await steps()
     except _EvalError as exc:
         timings["total"] = time.monotonic() - started
         return EvalResult(**base, status=exc.status, error=str(exc), timings_s=timings)
     except SandboxSetupError as exc:
         return _error(base, f"environment setup failed: {exc}", timings, started)
+    except EnvironmentBuildError as exc:
+        return _error(base, f"environment build failed: {exc}", timings, started)
     except SandboxError as exc:
         return _error(base, f"sandbox failure ({type(exc).__name__}): {exc}", timings, started)
     except (ValueError, OSError, LookupError) as exc:
@@ -111,31 +156,63 @@ async def evaluate(
     except Exception as exc:  # one instance must never take down the batch
         log.exception("evaluation of %s failed unexpectedly", instance.instance_id)
         return _error(base, f"unexpected {type(exc).__name__}: {exc}", timings, started)
+    timings["total"] = time.monotonic() - started
+    return result
 
-    graded = grade(
-        instance,
-        run.stdout,
-        parser=parser,
-        tests_exit_code=None if run.timed_out else run.exit_code,
-    )
+
+async def _test_and_grade(
+    sb: Sandbox,
+    instance: Instance,
+    model_patch: str | None,
+    base: dict[str, Any],
+    timings: dict[str, float],
+    timeout: float | None,
+) -> EvalResult:
+    """Apply ``model_patch`` (``None``: already in place), prepare the tests, run, grade."""
+    test_cmd = resolve_test_cmd(instance)
+    parser = resolve_log_parser(instance)
+    t = time.monotonic()
+    apply_cmd = None
+    if model_patch is not None:
+        apply_cmd = await _apply_model_patch(sb, instance, model_patch)
+    await _prepare_tests(sb, instance)
+    timings["apply"] = time.monotonic() - t
+
+    t = time.monotonic()
+    limit = timeout if timeout is not None else instance.eval_timeout
+    # 2>&1 inside the sandbox keeps the real interleaving of the test runner's output.
+    run = await sb.exec(f"exec 2>&1\n{test_cmd}", timeout=limit, cwd=instance.workdir)
+    timings["tests"] = time.monotonic() - t
+    exit_code = None if run.timed_out else run.exit_code
+    applied: dict[str, Any] = {"patch_applied": True, "patch_apply_command": apply_cmd}
+    cannot_start = missing_runner(run.stdout, exit_code)
+    if cannot_start is not None:
+        return EvalResult(
+            **base,
+            **applied,
+            status=EvalStatus.ERROR,
+            error=cannot_start,
+            tests_exit_code=run.exit_code,
+            timings_s=timings,
+            log=run.stdout + run.stderr,
+        )
+    graded = grade(instance, run.stdout, parser=parser, tests_exit_code=exit_code)
     resolved = graded.resolved and not run.timed_out
     status = (
         EvalStatus.TIMED_OUT
         if run.timed_out
         else (EvalStatus.RESOLVED if resolved else EvalStatus.UNRESOLVED)
     )
-    timings["total"] = time.monotonic() - started
     return EvalResult(
         **base,
+        **applied,
         status=status,
         resolved=resolved,
         reward=1.0 if resolved else 0.0,
-        patch_applied=True,
-        patch_apply_command=apply_cmd,
         tests_status=graded.tests_status,
         FAIL_TO_PASS=graded.fail_to_pass,
         PASS_TO_PASS=graded.pass_to_pass,
-        tests_exit_code=None if run.timed_out else run.exit_code,
+        tests_exit_code=exit_code,
         tests_timed_out=run.timed_out,
         log_warnings=graded.warnings,
         timings_s=timings,

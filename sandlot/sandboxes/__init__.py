@@ -1,9 +1,11 @@
 """The sandbox protocol and its backends."""
 
 from sandlot.sandboxes.base import Command, Sandbox
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
+    EnvironmentBuildError,
     SandboxDeadError,
     SandboxError,
     SandboxFileError,
@@ -20,6 +22,8 @@ __all__ = [
     "BackendNotFoundError",
     "BackendUnavailableError",
     "Command",
+    "EnvironmentBuildError",
+    "EnvironmentRecipe",
     "ExecResult",
     "Sandbox",
     "SandboxDeadError",

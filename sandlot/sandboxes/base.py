@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.errors import (
     SandboxDeadError,
     SandboxError,
@@ -41,6 +42,7 @@ Command = str | Sequence[str]
 """A shell command line (run by ``bash -c``) or an argv list (quoted with ``shlex.join``)."""
 
 _SETUP_TAIL_LINES = 40
+_ENVIRONMENT_TIMEOUT_S = 1800.0
 # Closing must finish even when the caller is being cancelled; this bounds how long it may take.
 _CLOSE_BUDGET_S = 60.0
 
@@ -75,9 +77,17 @@ class Sandbox(abc.ABC):
 
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]] = NoOptions
+    on_host: ClassVar[bool] = False
+    """``True`` for backends whose commands run on this machine (``local``): the image
+    ``"host"`` means this machine's root, and environment recipes become cached virtualenvs
+    here. ``False`` for container backends: the image is the environment."""
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
-        self.spec = spec or SandboxSpec()
+        spec = spec or SandboxSpec()
+        recipe = spec.environment
+        if recipe is not None and recipe.has_packages and not self.on_host:
+            spec = spec.model_copy(update={"env": {**spec.env, "PATH": container_path(spec.env)}})
+        self.spec = spec
         self.options = options if options is not None else self.Options()
         if not isinstance(self.options, self.Options):
             raise TypeError(
@@ -92,24 +102,36 @@ class Sandbox(abc.ABC):
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Create the sandbox and run ``spec.post_setup_cmd``, under the scale controls.
+        """Create the sandbox, provide ``spec.environment``, run ``spec.post_setup_cmd``.
 
         Creation holds a STARTING slot (see :mod:`sandlot.sandboxes.limits`) until the backend
         can run commands; a retryable failure is cleaned up and retried with backoff within the
-        start budget; ``post_setup_cmd`` runs after the slot is released. On any failure,
-        including cancellation, the partly created sandbox is closed before the error
-        propagates.
+        start budget. After the slot is released: the environment recipe's packages are
+        provided (:meth:`_install_environment`), its repository steps (``pre_install``,
+        ``install``) run in ``workdir``, then ``post_setup_cmd``. On any failure, including
+        cancellation, the partly created sandbox is closed before the error propagates.
 
         Raises:
             SandboxStartError: the backend could not create the sandbox (also when the start
-                budget ran out; ``retryable`` then says whether a later start may succeed).
-            SandboxSetupError: ``post_setup_cmd`` failed; carries the command and its output tail.
+                budget ran out; ``retryable`` then says whether a later start may succeed), or
+                the image ``"host"`` was given to a container backend.
+            SandboxSetupError: an environment step or ``post_setup_cmd`` failed; carries the
+                command and its output tail.
+            EnvironmentBuildError: (``local``) the recipe's environment could not be built.
             BackendUnavailableError: the backend cannot run on this machine.
         """
         if self._closed:
             raise SandboxDeadError(f"sandbox {self.id} was closed; open a new one")
         if self._started:
             return
+        if self.spec.image == "host" and not self.on_host:
+            raise SandboxStartError(
+                f"image 'host' means this machine's root, which only the local backend runs; "
+                f"give the {self.name} backend a container image (e.g. `--image python:3.12` "
+                "for `sandlot eval`, or the row's `image`, which may map backends to images: "
+                '{"local": "host", "docker": "python:3.12"})',
+                retryable=False,
+            )
         # Before any backend labels anything: one run id for every backend, and (for backends
         # that leave remote resources) recorded in the run log for `sandlot gc --run-id`.
         if self.name == "local":
@@ -119,6 +141,12 @@ class Sandbox(abc.ABC):
         try:
             await self._start_limited(self.spec.start_limits or StartLimits.from_env())
             self._started = True
+            recipe = self.spec.environment
+            if recipe is not None:
+                if recipe.has_packages:
+                    await self._install_environment(recipe)
+                for step in recipe.repo_steps:
+                    await self._setup_step(step, self.spec.post_setup_timeout_s, "install")
             if self.spec.post_setup_cmd:
                 await self._post_setup(self.spec.post_setup_cmd)
         except BaseException:
@@ -172,10 +200,40 @@ class Sandbox(abc.ABC):
                 log.exception("cleaning up a failed start of sandbox %s failed", self.id)
 
     async def _post_setup(self, cmd: str) -> None:
-        r = await self.exec(cmd, timeout=self.spec.post_setup_timeout_s)
+        await self._setup_step(cmd, self.spec.post_setup_timeout_s, "post_setup_cmd")
+
+    async def _setup_step(self, cmd: str, timeout: float, step: str) -> None:
+        r = await self.exec(cmd, timeout=timeout)
         if not r.ok:
             combined = r.stdout + ("\n" if r.stdout and r.stderr else "") + r.stderr
-            raise SandboxSetupError(cmd, r.exit_code, output_tail(combined))
+            raise SandboxSetupError(cmd, r.exit_code, output_tail(combined), step=step)
+
+    @classmethod
+    async def build_environment(cls, recipe: EnvironmentRecipe) -> None:
+        """Prepare ``recipe`` ahead of the sandboxes that use it (to build it once, up front,
+        with progress shown). The default does nothing: container backends install a recipe
+        in each sandbox; ``local`` builds its cached virtual environment.
+
+        Raises:
+            EnvironmentBuildError: the environment cannot be built.
+        """
+        return None
+
+    async def _install_environment(self, recipe: EnvironmentRecipe) -> None:
+        """Backend hook: make the recipe's interpreter and packages available to commands.
+
+        The default, for container backends, runs
+        :meth:`~sandlot.sandboxes.environment.EnvironmentRecipe.container_script` (a virtual
+        environment at ``/opt/sandlot-env`` that also sees the image's packages; ``PATH`` was
+        set for it at construction). pip needs ``spec.network`` unless the image already has
+        the packages.
+
+        Raises:
+            SandboxSetupError: the script failed (its output tail names the package).
+        """
+        await self._setup_step(
+            recipe.container_script(), _ENVIRONMENT_TIMEOUT_S, "environment install"
+        )
 
     async def close(self) -> None:
         """Release everything the sandbox holds. Idempotent; never raises; survives cancellation."""

@@ -37,23 +37,35 @@ class SandboxStartError(SandboxError):
 
 
 class SandboxSetupError(SandboxStartError):
-    """``post_setup_cmd`` exited non-zero or timed out during ``start()``.
+    """A setup step (``post_setup_cmd``, an environment step) exited non-zero or timed out.
 
     Attributes:
+        step: which step (``"post_setup_cmd"``, ``"environment install"``, ...).
         command: the setup command that failed.
         exit_code: its exit status (124 on timeout).
         output_tail: the last lines of its combined output.
     """
 
-    def __init__(self, command: str, exit_code: int, output_tail: str) -> None:
+    def __init__(
+        self, command: str, exit_code: int, output_tail: str, *, step: str = "post_setup_cmd"
+    ) -> None:
         self.command = command
         self.exit_code = exit_code
         self.output_tail = output_tail
+        self.step = step
         super().__init__(
-            f"post_setup_cmd failed with exit code {exit_code}: {command!r}\n"
+            f"{step} failed with exit code {exit_code}: {command!r}\n"
             f"--- last output ---\n{output_tail}",
             retryable=False,
         )
+
+
+class EnvironmentBuildError(SandboxStartError):
+    """An environment recipe could not be provided (missing interpreter, a package that does
+    not install); nothing half-built is kept. Not retryable: the same recipe fails again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
 
 
 class SandboxDeadError(SandboxError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.limits import StartLimits
 
 
@@ -13,7 +14,8 @@ class SandboxSpec(BaseModel):
     Attributes:
         image: what the sandbox runs on. For ``local``: ``"host"`` (the host's root, read-only)
             or a path to a root filesystem directory; for container backends an image name.
-        post_setup_cmd: a shell command run once by ``start()``; failure aborts the start.
+        post_setup_cmd: a shell command run once by ``start()``, after the environment;
+            failure aborts the start.
         post_setup_timeout_s: time limit of ``post_setup_cmd`` in seconds.
         env: environment variables set for every command.
         workdir: absolute path of the private writable working directory (the default cwd).
@@ -22,6 +24,8 @@ class SandboxSpec(BaseModel):
         timeout_s: lifetime of the sandbox in seconds; backends that support it kill it after.
         network: allow outbound network. Off by default: model-written code is hostile.
         labels: free-form labels attached to remote resources (used by ``sandlot gc``).
+        environment: the test environment (interpreter, packages, install steps) the backend
+            provides before ``post_setup_cmd``; see :mod:`sandlot.sandboxes.environment`.
         start_limits: STARTING cap, retries and start budget; ``None`` reads the ``SANDLOT_*``
             environment variables (see :mod:`sandlot.sandboxes.limits`).
     """
@@ -38,4 +42,5 @@ class SandboxSpec(BaseModel):
     timeout_s: float = Field(default=3600.0, gt=0)
     network: bool = False
     labels: dict[str, str] = Field(default_factory=dict)
+    environment: EnvironmentRecipe | None = None
     start_limits: StartLimits | None = None

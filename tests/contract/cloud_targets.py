@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fakes.shared import (
     modal_fake_unavailable,
@@ -18,7 +14,6 @@ from fakes.shared import (
 
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.modal import ModalSandbox
-from sandlot.sandboxes.vefaas import VefaasSandbox
 
 
 class _VefaasFields(Mapping[str, Any]):
@@ -44,6 +39,9 @@ async def _modal_die(sb: Sandbox) -> None:
 
 
 async def _vefaas_kill(sb: Sandbox) -> None:
+    # Imported here: the vefaas backend needs httpx, which collecting the suite must not.
+    from sandlot.sandboxes.vefaas import VefaasSandbox
+
     assert isinstance(sb, VefaasSandbox) and sb.sandbox_id is not None
     fake = shared_vefaas()
     fake._kill_instance(fake.instances[sb.sandbox_id])

@@ -4,7 +4,7 @@ Each test takes the ``sandbox`` fixture (a started sandbox, closed afterwards) o
 ``open_sandbox`` (a factory: ``open_sandbox(**spec_or_option_fields)`` returns a sandbox that is
 not started yet), and runs once per entry of :data:`TARGETS`. A target names a backend, the
 fields it is opened with, how to tell that it cannot run here (the tests are then skipped with
-that reason), and its capabilities:
+that reason, or failed with ``CI=true``: see ``tests/requirements.py``), and its capabilities:
 
 * ``kill_from_outside``: an async hook that kills a started sandbox behind its back, the way a
   crash, an OOM kill or ``docker kill`` would. ``None`` skips the ``SandboxDeadError`` test.
@@ -45,8 +45,6 @@ Run one target with ``pytest tests/contract -k docker``.
 
 from __future__ import annotations
 
-import functools
-import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -54,6 +52,7 @@ from typing import Any
 
 import anyio
 import pytest
+from requirements import TEST_IMAGE, bwrap_missing, docker_engine_missing, missing
 
 import sandlot
 from sandlot.sandboxes.base import Sandbox
@@ -91,37 +90,11 @@ class ContractTarget:
             pytest.skip(f"{self.id} does not isolate commands")
 
 
-def _bwrap_missing() -> str | None:
-    return None if shutil.which("bwrap") else "bubblewrap (bwrap) is not installed"
-
-
 async def _remove_local_sandbox(sb: Sandbox) -> None:
     # A local sandbox has no long-lived process: it is its host directory. Removing that
     # (a tmp cleaner, `sandlot gc`, a full disk wiped by an operator) is how it dies.
     assert isinstance(sb, LocalSandbox) and sb.host_dir is not None
     await anyio.to_thread.run_sync(shutil.rmtree, sb.host_dir)
-
-
-DOCKER_IMAGE = os.environ.get("SANDLOT_TEST_IMAGE", "localhost/sandlot-base:bookworm")
-
-
-@functools.cache
-def _docker_unavailable() -> str | None:
-    # Skipped without an engine, but failed under CI=true: CI must not go green untested.
-    try:
-        import docker
-
-        docker.from_env(timeout=10).images.get(DOCKER_IMAGE)
-    except Exception as exc:
-        reason = (
-            f"no engine with image {DOCKER_IMAGE} at DOCKER_HOST="
-            f"{os.environ.get('DOCKER_HOST', 'unset')} ({exc}); start one with: "
-            'eval "$(bash ../shared/ci/container-engine.sh)"'
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason, pytrace=False)
-        return reason
-    return None
 
 
 async def _kill_docker_container(sb: Sandbox) -> None:
@@ -137,7 +110,7 @@ TARGETS: list[ContractTarget] = [
         id="local-bwrap",
         backend="local",
         fields={"isolation": "bwrap"},
-        unavailable=_bwrap_missing,
+        unavailable=bwrap_missing,
         kill_from_outside=_remove_local_sandbox,
     ),
     ContractTarget(
@@ -150,8 +123,8 @@ TARGETS: list[ContractTarget] = [
     ContractTarget(
         id="docker",
         backend="docker",
-        fields={"image": DOCKER_IMAGE, "pull": "never"},
-        unavailable=_docker_unavailable,
+        fields={"image": TEST_IMAGE, "pull": "never"},
+        unavailable=docker_engine_missing,
         kill_from_outside=_kill_docker_container,
     ),
 ]
@@ -169,11 +142,11 @@ def anyio_backend() -> str:
 
 @pytest.fixture(params=TARGETS, ids=[t.id for t in TARGETS])
 def target(request: pytest.FixtureRequest) -> ContractTarget:
-    """The contract target under test (skipped when it cannot run here)."""
+    """The contract target under test (skipped when it cannot run here; failed with CI=true)."""
     chosen: ContractTarget = request.param
     reason = chosen.unavailable()
     if reason:
-        pytest.skip(reason)
+        missing(reason)
     return chosen
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import shlex
-import shutil
-import site
 from pathlib import Path
 
 import anyio
 import pytest
 from click.testing import CliRunner
 from dataprep_support import EXAMPLES, MINICALC_BASE, MINICALC_LATER, run_prepare
+from requirements import EVAL, bwrap_missing, need_module, needs
 
 from sandlot.cli.main import cli
 from sandlot.datasets.instance import Instance
@@ -22,16 +21,8 @@ from sandlot.rewards.result import EvalStatus
 from sandlot.rewards.runner import run_evaluation
 from sandlot.sandboxes.open import open as open_sandbox
 
-pytest.importorskip("swebench")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
-
-# The local rows' install command is `pip install -e .`; in the jail the host Python is
-# read-only, and pip then installs into the jail's private home, a fallback virtualenvs disable.
-needs_user_site_fallback = pytest.mark.skipif(
-    not site.ENABLE_USER_SITE,
-    reason="local rows that pip-install need a Python with user installs enabled (not a "
-    "virtualenv without system site-packages; see sandlot/datasets/local.py)",
-)
+need_module("swebench", EVAL)
+pytestmark = needs(bwrap_missing)
 
 
 def _gold(instances: list[Instance]) -> dict[str, Prediction]:
@@ -53,6 +44,7 @@ def _evaluate_gold(parquet: Path, out: Path) -> dict[str, EvalStatus]:
     return {k: r.status for k, r in outcome.results.items()}
 
 
+@pytest.mark.slow
 def test_swe_mini_through_the_swe_bench_verified_path_resolves_gold(
     tmp_path: Path, mirror: Path
 ) -> None:
@@ -68,7 +60,6 @@ def test_swe_mini_through_the_swe_bench_verified_path_resolves_gold(
     assert set(statuses.values()) == {EvalStatus.RESOLVED}, statuses
 
 
-@needs_user_site_fallback
 def test_sandlot_eval_grades_swe_rebench_local_rows(tmp_path: Path, mirror: Path) -> None:
     """`sandlot eval --dataset X.parquet`: setup (history cleanup + pip install), gold resolves."""
     result = run_prepare("swe_rebench", tmp_path, "local", repo_mirror=str(mirror))
@@ -94,7 +85,6 @@ async def _git_view(instance: Instance) -> dict[str, str]:
         return out
 
 
-@needs_user_site_fallback
 def test_git_log_all_shows_nothing_after_base_commit(tmp_path: Path, mirror: Path) -> None:
     result = run_prepare("swe_rebench", tmp_path, "local", repo_mirror=str(mirror))
     [instance] = [i for i in load_instances(result.path) if i.instance_id == "minicalc__minicalc-1"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from requirements import EVAL, need_module
 
 from sandlot.datasets.images import (
     DEPLOYMENTS,
@@ -56,7 +57,7 @@ def test_table(family: ImageFamily, deployment: str, expected: str) -> None:
 
 
 def test_key_matches_swebench_instance_image_key() -> None:
-    test_spec = pytest.importorskip("swebench.harness.test_spec.test_spec")
+    test_spec = need_module("swebench.harness.test_spec.test_spec", EVAL)
     spec = test_spec.TestSpec(
         instance_id="Django__Django-11099",
         repo="django/django",

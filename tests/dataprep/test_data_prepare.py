@@ -10,8 +10,6 @@ import types
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from dataprep_support import (
@@ -22,6 +20,7 @@ from dataprep_support import (
     run_prepare,
     write_jsonl,
 )
+from requirements import EVAL, need_module
 
 from sandlot.cli.main import cli
 from sandlot.datasets.git_history import strip_future_history_cmd
@@ -32,6 +31,9 @@ from sandlot.datasets.prepare import OutputDirError
 from sandlot.datasets.r2e_gym_subset import SETUP_CMD, TEST_CMD
 from sandlot.datasets.rows import TaskRow
 from sandlot.sandboxes.images import ImageFamily
+
+pa = need_module("pyarrow", EVAL)
+pq = need_module("pyarrow.parquet", EVAL)
 
 INSTALL = "python -m pip install --no-build-isolation --no-deps --no-index -q -e ."
 PYTEST = "python -m pytest --no-header -rA --tb=no -p no:cacheprovider"

@@ -6,15 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from dataprep_support import run_prepare
+from requirements import EVAL, need_module
 
 from sandlot.cli.main import cli
 from sandlot.datasets.loaders import DatasetError, load_instances
 from sandlot.datasets.validate import validate_file
+
+pa = need_module("pyarrow", EVAL)
+pq = need_module("pyarrow.parquet", EVAL)
 
 
 @pytest.fixture

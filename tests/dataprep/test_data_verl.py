@@ -1,6 +1,6 @@
 """verl's own ``RLHFDataset`` reads the files back as the agent loop will receive them.
 
-Skipped only where verl (``sandlot[train]``) is not installed; CI installs it.
+Skipped where verl (``sandlot[train]``) is not installed; CI installs it, and fails without it.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 from dataprep_support import EXAMPLES, run_prepare
+from requirements import TRAIN, need_module
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.datasets.rows import TaskRow
 
-rl_dataset = pytest.importorskip("verl.utils.dataset.rl_dataset", reason="needs sandlot[train]")
+rl_dataset = need_module("verl.utils.dataset.rl_dataset", TRAIN)
 
 
 def _tokenizer() -> Any:

@@ -7,7 +7,10 @@
 * Instances: ``CreateSandbox`` runs ``InstanceImageInfo.Command`` with ``/bin/sh -c`` in a
   bubblewrap jail of its own (private root, own PID namespace, ``Envs`` as environment,
   ``SANDLOT_SWEREX_PORT`` set to a free loopback port): with sandlot's bootstrap that is a real
-  ``swerex.server`` process. ``KillSandbox`` kills the jail (everything in it dies).
+  ``swerex.server`` process, run by the interpreter running the tests. ``KillSandbox`` kills the
+  jail (everything in it dies). An instance whose command exits is ``Failed`` with ErrorCode
+  ``StartCommandExited`` and an ErrorMessage with the exit status and the last output, which
+  the backend does not retry (the same command exits again).
 * Gateway: an HTTP proxy that requires ``x-faas-instance-name`` and forwards to that
   instance's server; unknown or dead instances get 502, as a gateway without a backend would.
 
@@ -95,11 +98,27 @@ class Instance:
     created_at: float = field(default_factory=time.time)
     killed: bool = False
 
+    log: Path | None = None
+
     @property
     def status(self) -> str:
         if self.killed:
             return "Terminated"
         return "Running" if self.process.poll() is None else "Failed"
+
+    def failure(self) -> dict[str, str]:
+        """``ErrorCode``/``ErrorMessage`` of a ``Failed`` instance (its command exited), else {}."""
+        if self.status != "Failed":
+            return {}
+        tail = ""
+        if self.log is not None:
+            with contextlib.suppress(OSError):
+                tail = self.log.read_bytes()[-600:].decode(errors="replace").strip()
+        message = f"the start command exited with status {self.process.returncode}"
+        return {
+            "ErrorCode": "StartCommandExited",
+            "ErrorMessage": f"{message}; last output: {tail}" if tail else message,
+        }
 
 
 class FakeVefaas:
@@ -211,17 +230,19 @@ class FakeVefaas:
             **{e["Key"]: e["Value"] for e in body.get("Envs") or []},
         }
         argv = jail_argv(root, network=True, own_pids=True, env=env)
-        log = (self.workdir / f"{sandbox_id}.log").open("wb")
-        process = subprocess.Popen(
-            [*argv, "/bin/sh", "-c", info["Command"]],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        log_path = self.workdir / f"{sandbox_id}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [*argv, "/bin/sh", "-c", info["Command"]],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         inst = Instance(
             sandbox_id, FUNCTION_ID, info["Image"], body.get("Metadata") or {}, port, root, process
         )
+        inst.log = log_path
         with self.lock:
             self.instances[sandbox_id] = inst
         return 200, {"SandboxId": sandbox_id}
@@ -231,12 +252,23 @@ class FakeVefaas:
         if inst is None:
             return 404, _error("ResourceNotFound.Sandbox", "no such sandbox")
         metadata = [{"MetaKey": k, "MetaValue": v} for k, v in inst.metadata.items()]
-        return 200, {"Id": inst.id, "Status": inst.status, "MetadataList": metadata}
+        return 200, {
+            "Id": inst.id,
+            "Status": inst.status,
+            "MetadataList": metadata,
+            **inst.failure(),
+        }
 
     def _ListSandboxes(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         wanted = body.get("Metadata") or {}
         rows = [
-            {"Id": i.id, "Status": i.status, "Metadata": i.metadata, "FunctionId": i.function_id}
+            {
+                "Id": i.id,
+                "Status": i.status,
+                "Metadata": i.metadata,
+                "FunctionId": i.function_id,
+                **i.failure(),
+            }
             for i in self.instances.values()
             if i.function_id == body.get("FunctionId")
             and all(i.metadata.get(k) == v for k, v in wanted.items())

@@ -1,22 +1,40 @@
 """A fake container for the cloud fakes: a private root directory entered with bubblewrap.
 
 The host's system directories are bound read-only; everything else (``/tmp``, the workdir,
-whatever a command creates) lands in the sandbox's own writable root directory.
+whatever a command creates) lands in the sandbox's own writable root directory. The running
+Python (its virtualenv, its base installation) and this checkout are bound read-only too when
+they live under a directory the container gets its own of (a venv in ``/tmp``), as the local
+backend does (``sandlot/sandboxes/local/jail.py``): the fake veFaaS starts its SWE-ReX server
+with this very interpreter.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import sys
 from pathlib import Path
 
 # Host paths that are not bound (the fake container gets its own or none).
 _PRIVATE = {"proc", "dev", "sys", "tmp", "run", "testbed", "lost+found", "old_root", "mnt", "media"}
+_CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-def bwrap_missing() -> str | None:
-    """Why the fakes cannot run here, or ``None``."""
-    return None if shutil.which("bwrap") else "bubblewrap (bwrap) is not installed"
+def private_host_paths() -> list[str]:
+    """The interpreter's prefixes and the checkout, where a private top-level dir hides them.
+
+    Outermost first, each once, nested ones dropped (a venv inside a checkout under ``/tmp``).
+    """
+    found: list[str] = []
+    for path in (sys.prefix, sys.base_prefix, str(_CHECKOUT)):
+        for candidate in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+            parts = Path(candidate).parts
+            if len(parts) > 2 and parts[1] in _PRIVATE and os.path.isdir(candidate):
+                found.append(candidate)
+    kept: list[str] = []
+    for path in sorted(set(found), key=len):
+        if not any(path == k or path.startswith(k + os.sep) for k in kept):
+            kept.append(path)
+    return kept
 
 
 def jail_argv(
@@ -41,6 +59,8 @@ def jail_argv(
                 os.symlink(os.readlink(host), root / entry)
         elif host.is_dir():
             argv += ["--ro-bind", str(host), f"/{entry}"]
+    for path in private_host_paths():
+        argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--die-with-parent", "--clearenv"]
     if not network:
         argv.append("--unshare-net")

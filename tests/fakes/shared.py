@@ -7,9 +7,10 @@ import functools
 import os
 from typing import Any, ClassVar
 
+from requirements import SWEREX, VEFAAS, bwrap_missing, module_missing
+
 from fakes.fake_modal import FakeModal
 from fakes.fake_vefaas import FakeVefaas
-from fakes.jail import bwrap_missing
 from sandlot.sandboxes.modal import ModalSandbox
 from sandlot.sandboxes.registry import register_backend
 
@@ -48,11 +49,16 @@ def modal_fake_unavailable() -> str | None:
 
 
 def vefaas_fake_unavailable() -> str | None:
-    """Why the fake veFaaS cannot run here (bwrap, the SDK or swe-rex missing), or ``None``."""
-    reason = bwrap_missing()
-    for module, extra in (("volcenginesdkvefaas", "sandlot[vefaas]"), ("swerex", "swe-rex")):
-        try:
-            __import__(module)
-        except ImportError:
-            reason = reason or f"{module} is not installed (pip install '{extra}')"
-    return reason
+    """Why the fake veFaaS cannot run here (bwrap, its SDK, httpx or swe-rex missing), or None."""
+    reasons = [
+        reason
+        for name, install in (
+            ("volcenginesdkvefaas", VEFAAS),
+            ("httpx", VEFAAS),
+            ("swerex.server", SWEREX),
+        )
+        if (reason := module_missing(name, install)) is not None
+    ]
+    if (reason := bwrap_missing()) is not None:
+        reasons.append(reason)
+    return "; ".join(reasons) or None

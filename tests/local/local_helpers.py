@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
-import pytest
+from requirements import bwrap_missing, needs
 
 from sandlot.sandboxes.local.cgroup import pids_parent_dir
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
-needs_pids_cgroup = pytest.mark.skipif(
-    pids_parent_dir() is None, reason="no writable pids cgroup on this host"
-)
+
+def _pids_cgroup_missing() -> str | None:
+    if pids_parent_dir() is not None:
+        return None
+    return "no writable pids cgroup on this host (run as root on a host with the pids controller)"
+
+
+needs_bwrap = needs(bwrap_missing)
+needs_pids_cgroup = needs(_pids_cgroup_missing)
 
 
 def host_pids_with(marker: str) -> list[int]:

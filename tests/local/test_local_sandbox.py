@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,22 @@ def test_python_from_a_virtualenv_under_tmp_is_visible(tmp_path: Path) -> None:
         [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
         check=True,
     )
+    # The new venv sees the base installation's packages only; when this interpreter is itself a
+    # venv, sandlot's dependencies are in its own site-packages: a .pth file adds those.
+    python = str(venv / "bin" / "python")
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    dirs = [
+        *site.getsitepackages(),
+        *([site.getusersitepackages()] if site.ENABLE_USER_SITE else []),
+    ]
+    Path(purelib, "outer_site_packages.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in dirs)
+    )
     script = (
         "import anyio, sys, sandlot\n"
         "async def main():\n"
@@ -177,7 +194,7 @@ def test_python_from_a_virtualenv_under_tmp_is_visible(tmp_path: Path) -> None:
         "anyio.run(main)\n"
     )
     out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", script],
+        [python, "-c", script],
         check=True,
         capture_output=True,
         text=True,

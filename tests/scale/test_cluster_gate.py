@@ -6,6 +6,7 @@ import sys
 
 import anyio
 import pytest
+from requirements import TRAIN, need_module
 
 from sandlot.sandboxes.cluster_gate import SlotTable, cluster_slot
 from sandlot.sandboxes.limits import ray_is_running
@@ -41,7 +42,7 @@ def test_ray_is_not_imported_to_check_for_it(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.slow
 def test_named_actor_caps_starting_across_the_cluster() -> None:
-    ray = pytest.importorskip("ray")
+    ray = need_module("ray", TRAIN)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace="sandlot-test")
     try:
         assert ray_is_running()

@@ -19,8 +19,12 @@ def limits(**kw: float) -> StartLimits:
     return StartLimits(**{"backoff_s": 0.001, "backoff_max_s": 0.01, "budget_s": 30, **kw})
 
 
+# A cloud backend needs a container image ("host", the default, is the local backend's).
+IMAGE = "python:3.12"
+
+
 def make(start_limits: StartLimits, **spec: object) -> FakeCloudSandbox:
-    return FakeCloudSandbox(SandboxSpec(start_limits=start_limits, **spec))
+    return FakeCloudSandbox(SandboxSpec(image=IMAGE, start_limits=start_limits, **spec))
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,7 +101,8 @@ async def test_slot_is_released_before_post_setup(cloud: Cloud) -> None:
             seen.append(starting_gate().stats.starting)
             return await super().exec(cmd, **kw)
 
-    sb = Probe(SandboxSpec(start_limits=limits(max_starting=1), post_setup_cmd="setup"))
+    spec = SandboxSpec(image=IMAGE, start_limits=limits(max_starting=1), post_setup_cmd="setup")
+    sb = Probe(spec)
     await sb.start()
     assert seen == [0]
     await sb.close()

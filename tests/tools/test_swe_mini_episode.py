@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from requirements import EVAL, need_module
 
 import sandlot
 from sandlot.datasets.loaders import load_instances
@@ -15,7 +16,7 @@ from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.evaluate import evaluate
 from sandlot.tools import Toolbox, ToolCall, ToolContext, get_parser
 
-pytest.importorskip("swebench")
+need_module("swebench", EVAL)
 pytestmark = pytest.mark.anyio
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"

@@ -57,6 +57,11 @@ class HostDirs:
         return self.root / "empty"
 
     @property
+    def overlay(self) -> Path:
+        """Bound on ``JAIL_OVERLAY``: where pip installs on top of a read-only environment."""
+        return self.root / "overlay"
+
+    @property
     def transfer(self) -> Path:
         """Staging area for upload/download archives; never visible to commands."""
         return self.root / "transfer"
@@ -68,7 +73,7 @@ class HostDirs:
             FileExistsError: ``root`` already exists.
         """
         self.root.mkdir(mode=0o700)
-        for sub in (self.work, self.tmp, self.home, self.empty, self.transfer):
+        for sub in (self.work, self.tmp, self.home, self.empty, self.overlay, self.transfer):
             sub.mkdir()
         self.tmp.chmod(0o1777)
         self.empty.chmod(0o555)

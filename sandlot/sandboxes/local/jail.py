@@ -11,6 +11,8 @@ binding ``/`` itself, leaves room to create new mount points such as the default
   ``kernel.core_pattern``, are writable without any capability) and a minimal ``/dev``;
 * private, writable: the workdir, ``/tmp`` and ``$HOME`` (``/sandlot/home``), all host
   directories of this sandbox; a tmpfs ``/run``;
+* with an environment recipe, the cached virtual environment read-only at its own path and a
+  private writable ``/sandlot/overlay`` that pip installs into;
 * for ``image="host"``, the ``hidden_paths`` (credential stores of the host user's home,
   password hashes) are covered by an empty read-only directory or ``/dev/null``, and so is the
   host directory holding all sandboxes when it would be visible;
@@ -36,6 +38,10 @@ from sandlot.sandboxes.local.hostdirs import HostDirs
 JAIL_HOME = "/sandlot/home"
 """``$HOME`` inside the jail: a private directory; the host user's own home stays read-only."""
 
+JAIL_OVERLAY = "/sandlot/overlay"
+"""Private writable prefix inside the jail where pip installs on top of a read-only environment
+(``PIP_PREFIX``); see :mod:`sandlot.sandboxes.local.venv`."""
+
 JAIL_CGROUP_PROCS = "/sandlot/cgroup.procs"
 """Where the sandbox's ``cgroup.procs`` is bound inside the jail, so commands can join it."""
 
@@ -60,6 +66,9 @@ class JailConfig:
         sandboxes_dir: host directory that holds every sandbox's directory (covered when the
             image is the host, so sandboxes cannot read each other's files).
         cgroup_procs: host path of the sandbox's ``cgroup.procs``, or ``None``.
+        environment: host directory of the sandbox's cached virtual environment, bound
+            read-only at the same path (its scripts name their interpreter by that path), or
+            ``None``.
     """
 
     bwrap: str
@@ -70,6 +79,7 @@ class JailConfig:
     hidden: Sequence[str] = ()
     sandboxes_dir: Path | None = None
     cgroup_procs: Path | None = None
+    environment: Path | None = None
 
 
 def _top_level(rootfs: Path) -> list[str]:
@@ -112,8 +122,9 @@ def _mask(path: str, empty_dir: Path) -> list[str]:
 def _private_interpreter_binds() -> list[str]:
     """Read-only binds for the running Python when it lives where the jail is private.
 
-    A virtualenv under ``/tmp`` would otherwise vanish inside the jail, and ``python`` in a test
-    command would silently be some other interpreter, or none.
+    Cached environments are virtualenvs of the base interpreter (``sys.base_prefix``), whose
+    ``bin/python`` links to it: under ``/tmp`` it would vanish inside the jail. The caller's
+    own virtualenv (``sys.prefix``) stays runnable by absolute path, but is not on ``PATH``.
     """
     argv: list[str] = []
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
@@ -158,6 +169,9 @@ def jail_argv(config: JailConfig) -> list[str]:
         argv += _private_interpreter_binds()
     if config.cgroup_procs is not None:
         argv += ["--bind", str(config.cgroup_procs), JAIL_CGROUP_PROCS]
+    if config.environment is not None:
+        argv += ["--ro-bind", str(config.environment), str(config.environment)]
+        argv += ["--bind", str(dirs.overlay), JAIL_OVERLAY]
     if config.network and config.rootfs == Path("/"):
         resolv = os.path.realpath("/etc/resolv.conf")
         if resolv.startswith("/run/") and os.path.exists(resolv):

@@ -32,9 +32,10 @@ DEFAULT_HIDDEN_PATHS: tuple[str, ...] = (
 """Host paths masked inside ``image="host"`` jails: credential stores of the invoking user's real
 home (``~`` is that home) and the password hashes. Model-written commands are hostile input."""
 
-DEFAULT_INHERITED_ENV: tuple[str, ...] = ("PYENV_ROOT", "PYENV_VERSION", "VIRTUAL_ENV")
+DEFAULT_INHERITED_ENV: tuple[str, ...] = ("PYENV_ROOT", "PYENV_VERSION")
 """Host variables copied into ``image="host"`` jails when set: they locate the host's toolchain
-(pyenv shims need ``PYENV_ROOT`` once ``HOME`` points elsewhere) and hold no secrets."""
+(pyenv shims need ``PYENV_ROOT`` once ``HOME`` points elsewhere) and hold no secrets. The
+caller's ``VIRTUAL_ENV`` is not among them: the caller's Python is never the sandbox's."""
 
 
 class LocalOptions(BaseModel):

@@ -9,6 +9,7 @@ import os
 import posixpath
 import shlex
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 
 from sandlot.sandboxes.archive import build_archive, extract_archive
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.errors import (
     BackendUnavailableError,
     SandboxDeadError,
@@ -33,6 +35,7 @@ from sandlot.sandboxes.local.jail import (
     DEFAULT_PATH,
     JAIL_CGROUP_PROCS,
     JAIL_HOME,
+    JAIL_OVERLAY,
     JailConfig,
     check_workdir,
     jail_argv,
@@ -40,6 +43,7 @@ from sandlot.sandboxes.local.jail import (
 from sandlot.sandboxes.local.limits import Limits, shell_prelude
 from sandlot.sandboxes.local.options import MIB, LocalOptions
 from sandlot.sandboxes.local.process import Completed, ProcessGroups, run_process
+from sandlot.sandboxes.local.venv import OVERLAY_ENV, BuiltEnvironment, ensure_environment
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 
@@ -143,6 +147,7 @@ class LocalSandbox(Sandbox):
 
     name: ClassVar[str] = "local"
     Options: ClassVar[type[BaseModel]] = LocalOptions
+    on_host: ClassVar[bool] = True
     options: LocalOptions
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
@@ -150,6 +155,8 @@ class LocalSandbox(Sandbox):
         self._dirs: HostDirs | None = None
         self._cgroup: PidsCgroup | None = None
         self._jail: list[str] = []
+        self._jail_config: JailConfig | None = None
+        self._venv: BuiltEnvironment | None = None
         self._env: dict[str, str] = {}
         self._prelude = ""
         self._groups = ProcessGroups()
@@ -233,18 +240,17 @@ class LocalSandbox(Sandbox):
         if self.isolated:
             home = Path.home()
             hidden = [str(home / p[2:]) if p.startswith("~/") else p for p in opts.hidden_paths]
-            self._jail = jail_argv(
-                JailConfig(
-                    bwrap=bwrap,
-                    rootfs=rootfs,
-                    workdir=spec.workdir,
-                    dirs=dirs,
-                    network=spec.network,
-                    hidden=hidden,
-                    sandboxes_dir=parent,
-                    cgroup_procs=self._cgroup.procs_file if self._cgroup else None,
-                )
+            self._jail_config = JailConfig(
+                bwrap=bwrap,
+                rootfs=rootfs,
+                workdir=spec.workdir,
+                dirs=dirs,
+                network=spec.network,
+                hidden=hidden,
+                sandboxes_dir=parent,
+                cgroup_procs=self._cgroup.procs_file if self._cgroup else None,
             )
+            self._jail = jail_argv(self._jail_config)
         else:
             log.warning(
                 "sandbox %s uses isolation='none': its commands run directly on this host as "
@@ -255,13 +261,64 @@ class LocalSandbox(Sandbox):
             )
         self._deadline = time.monotonic() + spec.timeout_s
 
+    @classmethod
+    async def build_environment(cls, recipe: EnvironmentRecipe) -> None:
+        """Build (or find in the cache) the virtual environment of ``recipe``'s packages.
+
+        Raises:
+            EnvironmentBuildError: the interpreter is missing or the build failed.
+        """
+        if recipe.has_packages:
+            await anyio.to_thread.run_sync(ensure_environment, recipe.packages_only())
+
+    async def _install_environment(self, recipe: EnvironmentRecipe) -> None:
+        """Mount the recipe's cached virtual environment (built on first use) first on ``PATH``.
+
+        The environment is built on this machine, outside the jail, once per recipe and
+        interpreter (:func:`~sandlot.sandboxes.local.venv.ensure_environment`; concurrent
+        sandboxes wait for one build). Inside the jail it is read-only; ``pip install`` goes to
+        the sandbox's private ``/sandlot/overlay`` (``PIP_PREFIX``), which the environment's
+        Python also imports from.
+
+        Raises:
+            EnvironmentBuildError: the interpreter is missing or the build failed.
+            SandboxStartError: the image is a root filesystem directory (recipes need the host).
+        """
+        assert self._dirs is not None
+        if self._rootfs() != Path("/"):
+            raise SandboxStartError(
+                "an environment recipe on the local backend needs image='host': the cached "
+                "virtual environment is built with this machine's interpreter"
+            )
+        self._venv = await anyio.to_thread.run_sync(ensure_environment, recipe.packages_only())
+        if self._jail_config is not None:
+            self._jail_config = dataclasses.replace(self._jail_config, environment=self._venv.path)
+            self._jail = jail_argv(self._jail_config)
+        self._env = self._base_env(Path("/"), self._dirs)
+
+    def _host_path(self) -> str:
+        """The host's ``PATH`` without the caller's virtualenv: its Python never runs tests."""
+        entries = os.environ.get("PATH", DEFAULT_PATH).split(os.pathsep)
+        venvs = {os.environ.get("VIRTUAL_ENV")}
+        if sys.prefix != sys.base_prefix:
+            venvs.add(sys.prefix)
+        hidden = {os.path.join(v, "bin") for v in venvs if v}
+        return os.pathsep.join(e for e in entries if e and e.rstrip("/") not in hidden)
+
     def _base_env(self, rootfs: Path, dirs: HostDirs) -> dict[str, str]:
         on_host = rootfs == Path("/")
         env: dict[str, str] = {}
         if on_host:
             env.update({k: os.environ[k] for k in self.options.inherit_env if k in os.environ})
+        path = self._host_path() if on_host else DEFAULT_PATH
+        if self._venv is not None:
+            overlay = JAIL_OVERLAY if self.isolated else str(dirs.overlay)
+            path = os.pathsep.join([f"{overlay}/bin", str(self._venv.bin_dir), path])
+            env.update(
+                VIRTUAL_ENV=str(self._venv.path), PIP_PREFIX=overlay, **{OVERLAY_ENV: overlay}
+            )
         env.update(
-            PATH=os.environ.get("PATH", DEFAULT_PATH) if on_host else DEFAULT_PATH,
+            PATH=path,
             HOME=JAIL_HOME if self.isolated else str(dirs.home),
             LANG="C.UTF-8",
             TERM="dumb",

@@ -7,6 +7,8 @@ the sandbox in ``Terminating`` until the platform's grace period ends (uni-agent
 The default uses the image's ``swerex-remote`` or ``python3 -m swerex.server`` and installs
 ``swe-rex==1.4.0`` with pip when the image has neither (which needs egress from the function).
 The port is ``$SANDLOT_SWEREX_PORT`` when the platform sets it, else ``VefaasOptions.port``.
+The token goes as ``--auth-token=TOKEN``: a random token may begin with ``-``, which argparse
+would take for an option after a separate ``--auth-token``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ DEFAULT_BOOTSTRAP = (
     "! python3 -c 'import swerex.server' >/dev/null 2>&1; then "
     "python3 -m pip install -q 'swe-rex==1.4.0' || exit 1; fi; "
     "if command -v swerex-remote >/dev/null 2>&1; then "
-    'exec swerex-remote --host 0.0.0.0 --port "$P" --auth-token {token}; '
-    'else exec python3 -m swerex.server --host 0.0.0.0 --port "$P" --auth-token {token}; fi'
+    'exec swerex-remote --host 0.0.0.0 --port "$P" --auth-token={token}; '
+    'else exec python3 -m swerex.server --host 0.0.0.0 --port "$P" --auth-token={token}; fi'
 )
 
 

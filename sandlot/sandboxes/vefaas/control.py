@@ -59,6 +59,7 @@ class SandboxInfo:
         status: ``Creating``, ``Running``, ``Terminating``, ``Terminated``, ... (service word).
         metadata: its metadata (our labels).
         error: the service's error message for the sandbox, if any.
+        error_code: the service's error code for the sandbox, if any.
     """
 
     id: str
@@ -66,6 +67,15 @@ class SandboxInfo:
     status: str
     metadata: Mapping[str, str]
     error: str = ""
+    error_code: str = ""
+
+    @property
+    def failure_retryable(self) -> bool:
+        """Whether a sandbox that failed this way may start on another attempt: ``True`` when
+        the service gives no error code (cause unknown) or one naming a transient cause (see
+        :func:`retryable_code`); ``False`` for any other code (bad image, a start command that
+        exits), which the same request meets again."""
+        return not self.error_code or retryable_code(self.error_code)
 
 
 class ControlPlane:
@@ -162,6 +172,7 @@ class ControlPlane:
             status=str(out.status or ""),
             metadata=metadata,
             error=str(out.error_message or ""),
+            error_code=str(out.error_code or ""),
         )
 
     async def list(self, function_id: str, metadata: Mapping[str, str] | None) -> list[SandboxInfo]:
@@ -184,6 +195,7 @@ class ControlPlane:
                     status=str(row.status or ""),
                     metadata=dict(row.metadata or {}),
                     error=str(row.error_message or ""),
+                    error_code=str(row.error_code or ""),
                 )
                 for row in rows
             ]
@@ -197,6 +209,13 @@ class ControlPlane:
         await self._call("KillSandbox", self.api.kill_sandbox, request)
 
 
+def retryable_code(code: str) -> bool:
+    """Whether an error code of the service names a cause another attempt may fix (a rate
+    limit, capacity, an internal fault) rather than a permanent one (bad request, bad image)."""
+    squashed = code.lower().replace(".", "").replace("-", "")
+    return any(w in squashed for w in _RETRYABLE_CODE_WORDS)
+
+
 def translate(what: str, exc: Any) -> SandboxError:
     """A ``SandboxError`` for an ``ApiException``: retryable for 429, 5xx and rate-limit,
     capacity or internal error codes; permanent for other 4xx (bad image, auth, not found)."""
@@ -207,8 +226,7 @@ def translate(what: str, exc: Any) -> SandboxError:
         code, message = str(error.get("Code", "")), str(error.get("Message", message))
     except (TypeError, ValueError, KeyError):
         pass
-    squashed = code.lower().replace(".", "").replace("-", "")
-    retryable = status == 429 or status >= 500 or any(w in squashed for w in _RETRYABLE_CODE_WORDS)
+    retryable = status == 429 or status >= 500 or retryable_code(code)
     return SandboxError(
         f"{what}: HTTP {status} {code}: {message}".rstrip(": "), retryable=retryable
     )

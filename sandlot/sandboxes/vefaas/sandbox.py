@@ -74,7 +74,9 @@ class VefaasSandbox(Sandbox):
         BackendUnavailableError: SDK missing, credentials or function targets missing (the
             message names the variables).
         SandboxStartError: ``CreateSandbox`` refused (``retryable`` for rate limits and
-            capacity), or the SWE-ReX server never answered within ``ready_timeout_s``.
+            capacity), the instance failed before its server answered (``retryable`` unless
+            veFaaS gives an error code naming a permanent cause, such as a start command that
+            exits), or the SWE-ReX server never answered within ``ready_timeout_s``.
     """
 
     name: ClassVar[str] = "vefaas"
@@ -144,8 +146,9 @@ class VefaasSandbox(Sandbox):
             if info is not None and info.status not in ("", "Creating", "Pending", RUNNING):
                 raise SandboxStartError(
                     f"sandbox {self.id}: veFaaS instance {self._id} is {info.status}"
+                    + (f" ({info.error_code})" if info.error_code else "")
                     + (f": {info.error}" if info.error else ""),
-                    retryable=True,
+                    retryable=info.failure_retryable,
                 )
             if time.monotonic() >= deadline:
                 raise SandboxStartError(

@@ -1,0 +1,161 @@
+"""``EnvironmentRecipe``: what a sandbox's test environment needs, in SWE-bench's vocabulary.
+
+The fields are those of a ``swebench`` 4.1 specification (``MAP_REPO_VERSION_TO_SPECS[repo]
+[version]``): ``python``, ``pip_packages``, the lines of a requirements file, ``pre_install`` and
+``install``. SWE-bench splits them the same way sandlot does
+(``swebench.harness.test_spec.python``): the *packages* (``python``, ``pip_packages``,
+``requirements``) make the environment (``make_env_script_list_py``) and do not depend on the
+repository; the *repository steps* (``pre_install``, then ``install``, e.g.
+``python -m pip install -e .``) run in the checked-out repository (``make_repo_script_list_py``).
+
+How a backend provides it:
+
+* ``local`` (``Sandbox.on_host``): the packages become a virtual environment built once per
+  recipe and interpreter on this machine, cached, and mounted read-only first on ``PATH``
+  (:mod:`sandlot.sandboxes.local.venv`); the repository steps install into a per-sandbox
+  writable layer on top of it.
+* container backends (``docker``, ``modal``, ``vefaas``): the image is the environment. A recipe
+  given for a plain base image runs as setup, :meth:`EnvironmentRecipe.container_script`: a
+  virtual environment at :data:`CONTAINER_ENV_DIR` that also sees the image's own packages, with
+  the packages installed by pip (which needs the network unless the image already has them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+CONTAINER_ENV_DIR = "/opt/sandlot-env"
+"""Where :meth:`EnvironmentRecipe.container_script` puts the environment in a container."""
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""``PATH`` assumed for a container image whose environment does not set one."""
+
+_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
+_BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Exits 0 when every distribution named in argv is installed for this interpreter.
+_HAS_ALL = "import importlib.metadata as m, sys; [m.distribution(n) for n in sys.argv[1:]]"
+
+
+class EnvironmentRecipe(BaseModel):
+    """The test environment of an instance or sandbox (SWE-bench spec fields).
+
+    Attributes:
+        python: interpreter version, ``"3.11"``; ``None`` uses the interpreter sandlot runs on
+            (``local``) or the image's ``python3`` (containers). ``local`` cannot download an
+            interpreter: the version must exist on the machine (``python3.X`` on ``PATH`` or one
+            ``uv python find`` knows).
+        pip_packages: pip requirement specifiers, ``["pytest==8.3.3", "numpy<2"]``.
+        requirements: lines of a requirements file (a multi-line string is split into lines).
+        pre_install: shell commands run in the repository before ``install``.
+        install: shell command that installs the repository, ``"python -m pip install -e ."``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str | None = None
+    pip_packages: list[str] = Field(default_factory=list)
+    requirements: list[str] = Field(default_factory=list)
+    pre_install: list[str] = Field(default_factory=list)
+    install: str | None = None
+
+    @field_validator("python", mode="before")
+    @classmethod
+    def _python_version(cls, value: Any) -> Any:
+        if isinstance(value, int | float):
+            value = str(value)
+        if isinstance(value, str) and not _VERSION.match(value.strip()):
+            raise ValueError(f"python must be a version like '3.11', got {value!r}")
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("requirements", mode="before")
+    @classmethod
+    def _requirement_lines(cls, value: Any) -> Any:
+        lines = value.splitlines() if isinstance(value, str) else value
+        if isinstance(lines, list):
+            return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+        return lines
+
+    @field_validator("pip_packages", "pre_install", mode="before")
+    @classmethod
+    def _no_blank_items(cls, value: Any) -> Any:
+        return [v for v in value if str(v).strip()] if isinstance(value, list) else value
+
+    @property
+    def has_packages(self) -> bool:
+        """``True`` when the recipe asks for an interpreter or packages (an environment build)."""
+        return bool(self.python or self.pip_packages or self.requirements)
+
+    @property
+    def repo_steps(self) -> list[str]:
+        """``pre_install`` then ``install``: the commands run in the checked-out repository."""
+        return [*self.pre_install, *([self.install] if self.install else [])]
+
+    def packages_only(self) -> EnvironmentRecipe:
+        """This recipe without its repository steps (what an environment build depends on)."""
+        return self.model_copy(update={"pre_install": [], "install": None})
+
+    def describe(self) -> str:
+        """A one-line summary for progress displays and errors: ``python 3.11 + pytest, ...``."""
+        parts = [*self.pip_packages, *(["-r <requirements>"] if self.requirements else [])]
+        head = f"python {self.python}" if self.python else "python"
+        return head + (f" + {', '.join(parts)}" if parts else "")
+
+    def digest(self, *salt: str) -> str:
+        """A 16-hex-digit content hash of the packages (and ``salt``, e.g. the interpreter)."""
+        payload = json.dumps(
+            [self.python, self.pip_packages, self.requirements, *salt], separators=(",", ":")
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def container_script(self) -> str:
+        """Shell script building the environment in a container at :data:`CONTAINER_ENV_DIR`.
+
+        When every package is a bare name the image's Python already has, nothing is built:
+        the image is the environment. Otherwise the virtual environment is created with
+        ``--system-site-packages``, so that what the image holds stays importable (and is not
+        downloaded again).
+        """
+        env = shlex.quote(CONTAINER_ENV_DIR)
+        want = f"python{self.python}" if self.python else "python3"
+        lines = [
+            "set -e",
+            # A requested version is that version or nothing; otherwise any Python 3.
+            f"py=$(command -v {shlex.quote(want)} || true)"
+            if self.python
+            else "py=$(command -v python3 || command -v python || true)",
+            f'[ -n "$py" ] || {{ echo "sandlot: no {want} in this image: the environment needs '
+            f'one (use an image with Python {self.python or "3"})" >&2; exit 127; }}',
+        ]
+        names = self.pip_packages
+        if names and not self.requirements and all(_BARE_NAME.match(n) for n in names):
+            quoted = " ".join(shlex.quote(n) for n in names)
+            lines.append(f'"$py" -c {shlex.quote(_HAS_ALL)} {quoted} 2>/dev/null && exit 0')
+        lines += [
+            f'"$py" -m venv --system-site-packages {env} 2>/dev/null '
+            f'|| "$py" -m venv --system-site-packages --without-pip {env}',
+        ]
+        if self.requirements:
+            body = "\n".join(self.requirements)
+            lines.append(
+                f"cat > {env}/requirements.txt <<'SANDLOT_REQUIREMENTS'\n{body}\n"
+                "SANDLOT_REQUIREMENTS"
+            )
+        args = [shlex.quote(p) for p in self.pip_packages]
+        if self.requirements:
+            args += ["-r", f"{env}/requirements.txt"]
+        if args:
+            lines.append(
+                f"{env}/bin/python -m pip install -q --disable-pip-version-check " + " ".join(args)
+            )
+        return "\n".join(lines) + "\n"
+
+
+def container_path(env: dict[str, str]) -> str:
+    """``PATH`` of a container sandbox whose recipe was installed by ``container_script``."""
+    return f"{CONTAINER_ENV_DIR}/bin:{env.get('PATH') or DEFAULT_PATH}"

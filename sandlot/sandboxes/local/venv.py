@@ -1,0 +1,377 @@
+"""Cached virtual environments of the ``local`` backend: one per recipe and interpreter.
+
+An :class:`~sandlot.sandboxes.environment.EnvironmentRecipe` with packages becomes a virtual
+environment under ``<cache>/envs/<key>``, where ``<cache>`` is ``$SANDLOT_ENV_CACHE`` or the
+user cache directory (``platformdirs.user_cache_dir("sandlot")``, ``~/.cache/sandlot`` on
+Linux) and ``<key>`` is a hash of the packages, the interpreter's path and its version. It is
+built with ``uv`` (the PyPI package ``uv``, or a ``uv`` on ``PATH``) when present, else with
+``python -m venv`` and pip; ``$SANDLOT_ENV_INSTALLER`` (``uv`` or ``pip``) forces one.
+
+Builds hold a file lock per key (``filelock``), so concurrent sandboxes and processes build an
+environment once and the others wait for it. An environment is complete only once its marker
+file :data:`MARKER` exists, written last; a directory without it (a build that failed, was
+interrupted or killed) is deleted and rebuilt, never used. A failed build leaves nothing behind.
+
+Inside a jail the environment is read-only. Its site-packages holds :data:`OVERLAY_PTH`, which
+adds the site-packages under ``$SANDLOT_ENV_OVERLAY`` when that variable is set: the sandbox
+points it (and ``PIP_PREFIX``) at a private writable directory, so ``pip install -e .`` in a
+sandbox installs there, on top of the shared environment, without touching it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandlot.sandboxes.environment import EnvironmentRecipe
+from sandlot.sandboxes.errors import EnvironmentBuildError
+from sandlot.sandboxes.local.hostdirs import remove_tree
+
+log = logging.getLogger("sandlot.sandboxes.local.venv")
+
+CACHE_ENV = "SANDLOT_ENV_CACHE"
+INSTALLER_ENV = "SANDLOT_ENV_INSTALLER"
+OVERLAY_ENV = "SANDLOT_ENV_OVERLAY"
+MARKER = "sandlot-env.json"
+OVERLAY_PTH = "_sandlot_overlay.pth"
+BUILD_TIMEOUT_S = 1800.0
+_TAIL_LINES = 25
+
+# One line: site.py executes .pth lines that start with "import".
+_OVERLAY_LINE = (
+    "import os, site, sysconfig; p = os.environ.get('SANDLOT_ENV_OVERLAY'); "
+    "p and site.addsitedir(sysconfig.get_path('purelib', vars={'base': p, 'platbase': p}))\n"
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BuiltEnvironment:
+    """A complete cached environment.
+
+    Attributes:
+        path: its directory (``bin/python`` inside).
+        key: its cache key.
+        recipe: the recipe it was built from (packages only).
+        interpreter: the base interpreter it was created from.
+    """
+
+    path: Path
+    key: str
+    recipe: EnvironmentRecipe
+    interpreter: str
+
+    @property
+    def bin_dir(self) -> Path:
+        """``<path>/bin``, put first on ``PATH``."""
+        return self.path / "bin"
+
+
+def cache_dir() -> Path:
+    """``$SANDLOT_ENV_CACHE``, else ``<user cache dir>/envs`` (``~/.cache/sandlot/envs``)."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured).expanduser().absolute()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("sandlot")) / "envs"
+
+
+def _default_interpreter() -> str:
+    # The interpreter behind the caller's virtualenv, never the virtualenv itself: its packages
+    # must not leak into the environment.
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    return os.path.realpath(base)
+
+
+def _version_of(interpreter: str) -> str:
+    try:
+        out = subprocess.run(
+            [interpreter, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EnvironmentBuildError(f"cannot run the interpreter {interpreter}: {exc}") from exc
+    return out.stdout.strip()
+
+
+def find_interpreter(python: str | None) -> tuple[str, str]:
+    """The base interpreter for ``python`` (a version like ``"3.11"``) and its full version.
+
+    Looks at the interpreter sandlot runs on, then ``python<version>`` on ``PATH``, then the
+    interpreters ``uv python find`` knows.
+
+    Raises:
+        EnvironmentBuildError: no interpreter of that version is on this machine (the local
+            backend cannot switch interpreters without one; the message says what to do).
+    """
+    default = _default_interpreter()
+    if python is None:
+        return default, _version_of(default)
+    wanted = python.split(".")
+    current = [str(v) for v in sys.version_info[:3]]
+    if current[: len(wanted)] == wanted:
+        return default, _version_of(default)
+    candidates = [shutil.which(f"python{python}")]
+    uv = _find_uv()
+    if uv:
+        found = subprocess.run(
+            [uv, "python", "find", "--no-project", python],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        candidates.append(found.stdout.strip() if found.returncode == 0 else None)
+    for candidate in filter(None, candidates):
+        version = _version_of(candidate)
+        if version.split(".")[: len(wanted)] == wanted:
+            return os.path.realpath(candidate), version
+    raise EnvironmentBuildError(
+        f"the environment asks for Python {python}, but this machine has no python{python} "
+        f"(sandlot runs on {'.'.join(current)}). The local backend cannot switch interpreters "
+        f"without one on the machine: install it (e.g. `uv python install {python}` or your "
+        "package manager), drop `python` from the recipe, or use a container backend whose "
+        "image has it"
+    )
+
+
+def _find_uv() -> str | None:
+    try:
+        from uv import find_uv_bin  # the PyPI package `uv` ships the binary
+    except ImportError:
+        return shutil.which("uv")
+    try:
+        return str(find_uv_bin())
+    except FileNotFoundError:
+        return shutil.which("uv")
+
+
+def _installer() -> str:
+    forced = os.environ.get(INSTALLER_ENV, "").strip().lower()
+    if forced not in ("", "uv", "pip"):
+        raise EnvironmentBuildError(f"{INSTALLER_ENV} must be 'uv' or 'pip', got {forced!r}")
+    if forced == "pip":
+        return "pip"
+    uv = _find_uv()
+    if uv is None and forced == "uv":
+        raise EnvironmentBuildError(f"{INSTALLER_ENV}=uv but uv is not installed (pip install uv)")
+    return uv or "pip"
+
+
+def environment_key(recipe: EnvironmentRecipe, interpreter: str, version: str) -> str:
+    """The cache key: packages, interpreter path and interpreter version."""
+    return recipe.packages_only().digest(interpreter, version)
+
+
+def is_complete(path: Path) -> bool:
+    """``True`` when ``path`` is a finished environment (its marker exists)."""
+    return (path / MARKER).is_file()
+
+
+def ensure_environment(
+    recipe: EnvironmentRecipe,
+    *,
+    root: Path | None = None,
+    progress: Progress | None = None,
+    timeout_s: float = BUILD_TIMEOUT_S,
+) -> BuiltEnvironment:
+    """Return the cached environment of ``recipe``, building it first if needed.
+
+    Blocking (run it in a worker thread from async code). Safe to call from many threads and
+    processes at once: one builds, the others wait on the key's file lock.
+
+    Args:
+        recipe: what to install; its repository steps are ignored here.
+        root: cache directory; ``None`` for :func:`cache_dir`.
+        progress: called with one-line status messages while building.
+        timeout_s: limit in seconds for one build (also for waiting on another's build).
+
+    Raises:
+        EnvironmentBuildError: the interpreter is missing, or the build failed or timed out;
+            the message names the packages and ends with the installer's output tail.
+    """
+    from filelock import FileLock, Timeout
+
+    root = root or cache_dir()
+    interpreter, version = find_interpreter(recipe.python)
+    key = environment_key(recipe, interpreter, version)
+    path = root / key
+    built = BuiltEnvironment(path, key, recipe.packages_only(), interpreter)
+    if is_complete(path):
+        _touch(path)
+        return built
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(root / f"{key}.lock"), timeout=timeout_s):
+            if is_complete(path):
+                return built  # another worker built it while we waited
+            if os.path.lexists(path):
+                log.warning("removing the unfinished environment %s (an interrupted build)", path)
+                remove_tree(path)
+            say = progress or (lambda _msg: None)
+            say(f"building environment {key} ({recipe.describe()}); cached for later runs")
+            log.info("building environment %s at %s: %s", key, path, recipe.describe())
+            started = time.monotonic()
+            try:
+                _build(built, version, timeout_s)
+            except BaseException:
+                remove_tree(path)  # also on Ctrl-C: nothing half-built is ever reused
+                raise
+            say(f"environment {key} ready in {time.monotonic() - started:.1f} s")
+    except Timeout as exc:
+        raise EnvironmentBuildError(
+            f"waited {timeout_s:g} s for another process to build environment {key} "
+            f"({recipe.describe()}); remove {root / key}.lock if no build is running"
+        ) from exc
+    return built
+
+
+def _run(argv: list[str], what: str, recipe: EnvironmentRecipe, timeout_s: float) -> None:
+    try:
+        done = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise EnvironmentBuildError(
+            f"{what} for {recipe.describe()} did not finish within {timeout_s:g} s"
+        ) from exc
+    except OSError as exc:
+        raise EnvironmentBuildError(f"{what} could not start: {exc}") from exc
+    if done.returncode != 0:
+        tail = "\n".join(done.stdout.rstrip().splitlines()[-_TAIL_LINES:])
+        raise EnvironmentBuildError(
+            f"{what} failed (exit {done.returncode}) for {recipe.describe()}:\n{tail}"
+        )
+
+
+def _build(env: BuiltEnvironment, version: str, timeout_s: float) -> None:
+    recipe, path = env.recipe, env.path
+    installer = _installer()
+    python = str(path / "bin" / "python")
+    if installer == "pip":
+        _run([env.interpreter, "-m", "venv", str(path)], "creating the virtualenv", recipe, 600)
+    else:
+        argv = [installer, "venv", "--quiet", "--seed", "--python", env.interpreter, str(path)]
+        _run(argv, "creating the virtualenv (uv)", recipe, 600)
+    args = list(recipe.pip_packages)
+    if recipe.requirements:
+        requirements = path / "sandlot-requirements.txt"
+        requirements.write_text("\n".join(recipe.requirements) + "\n")
+        args += ["-r", str(requirements)]
+    if args:
+        if installer == "pip":
+            argv = [python, "-m", "pip", "install", "--quiet", *args]
+        else:
+            argv = [installer, "pip", "install", "--quiet", "--python", python, *args]
+        _run(argv, "installing the packages", recipe, timeout_s)
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout.strip()
+    if not purelib:
+        raise EnvironmentBuildError(f"the new environment's python at {python} does not run")
+    Path(purelib, OVERLAY_PTH).write_text(_OVERLAY_LINE)
+    marker = {
+        "key": env.key,
+        "recipe": recipe.model_dump(),
+        "interpreter": env.interpreter,
+        "python_version": version,
+        "installer": "pip" if installer == "pip" else "uv",
+        "created_at": time.time(),
+    }
+    tmp = path / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps(marker, indent=2))
+    tmp.rename(path / MARKER)  # last: the environment is complete from here on
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path / MARKER)  # "last used", for `sandlot env prune --older-than`
+
+
+@dataclass(frozen=True)
+class CachedEnvironment:
+    """One entry of the cache, as ``sandlot env list`` shows it."""
+
+    path: Path
+    complete: bool
+    info: dict[str, object]
+    last_used: float
+    size_bytes: int
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for parent, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(parent, name)).st_size
+    return total
+
+
+def list_environments(root: Path | None = None) -> list[CachedEnvironment]:
+    """Every environment directory in the cache, complete or not, oldest use first."""
+    root = root or cache_dir()
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir()):
+        complete = is_complete(path)
+        info: dict[str, object] = {}
+        if complete:
+            try:
+                info = json.loads((path / MARKER).read_text())
+            except (OSError, ValueError):
+                complete = False
+        stamp = (path / MARKER) if complete else path
+        found.append(CachedEnvironment(path, complete, info, stamp.stat().st_mtime, _size(path)))
+    return sorted(found, key=lambda e: e.last_used)
+
+
+def prune_environments(
+    *, root: Path | None = None, older_than_s: float | None = None, dry_run: bool = False
+) -> list[CachedEnvironment]:
+    """Delete unfinished environments, and complete ones unused for ``older_than_s`` seconds
+    (all of them when ``None``). Environments being built (lock held) are left alone.
+
+    Returns:
+        What was (or, with ``dry_run``, would be) deleted.
+    """
+    from filelock import FileLock, Timeout
+
+    root = root or cache_dir()
+    now = time.time()
+    removed = []
+    for env in list_environments(root):
+        if env.complete and older_than_s is not None and now - env.last_used < older_than_s:
+            continue
+        lock = FileLock(str(root / f"{env.path.name}.lock"), timeout=0)
+        try:
+            with lock:
+                if not dry_run:
+                    remove_tree(env.path)
+        except Timeout:
+            continue  # a build is running
+        removed.append(env)
+    return removed

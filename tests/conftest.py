@@ -1,0 +1,29 @@
+"""Suite-wide hooks.
+
+* The checks of ``@needs(...)`` marks run when each test is set up (``tests/requirements.py``):
+  a missing part skips the test, or fails it with ``CI=true``. A module that misses a part at
+  import is a collection error under ``CI=true``; the other modules' tests still run there.
+* Slow tests (``@pytest.mark.slow``, more than about 3 s) are deselected by the default
+  ``-m "not slow"`` of ``pyproject.toml``; ``python -m pytest -q -m ""`` runs every test, and so
+  does CI: with ``CI=true`` that default is dropped, so nothing goes untested there. It is
+  dropped too when every argument names tests (``path::test``): a slow test asked for runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from requirements import IN_CI, check_marks
+
+DEFAULT_MARKEXPR = "not slow"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    named = bool(config.args) and all("::" in arg for arg in config.args)
+    if config.option.markexpr == DEFAULT_MARKEXPR and (IN_CI or named):
+        config.option.markexpr = ""
+    if IN_CI:
+        config.option.continue_on_collection_errors = True
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    check_marks(item)
