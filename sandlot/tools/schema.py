@@ -9,6 +9,8 @@ inlined, ``title`` keys dropped, ``Optional[X]`` shown as plain ``X`` (not requi
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
 from pydantic import BaseModel
@@ -40,7 +42,13 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def parameters_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The normalised JSON schema of ``model`` (an object schema)."""
+    """The normalised JSON schema of ``model`` (an object schema; a fresh copy each call)."""
+    return copy.deepcopy(_parameters_schema(model))
+
+
+@functools.cache
+def _parameters_schema(model: type[BaseModel]) -> dict[str, Any]:
+    # Generating a schema costs far more than copying one, and every episode asks again.
     raw = model.model_json_schema()
     schema: dict[str, Any] = _inline(raw, raw.get("$defs", {}))
     schema.setdefault("properties", {})

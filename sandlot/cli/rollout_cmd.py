@@ -1,0 +1,477 @@
+"""``sandlot rollout``: run a model over a dataset (agent episodes + rewards); ``sandlot report``.
+
+``rollout`` writes into ``--output DIR``:
+
+* ``trajectories.jsonl``: one trajectory per finished episode, appended as each finishes
+  (re-running the same command resumes: episodes already there are skipped);
+* ``predictions.jsonl``: SWE-bench predictions (``instance_id``, ``model_name_or_path``,
+  ``model_patch``), one per instance: its first sample's patch. ``sandlot eval`` and the
+  SWE-bench harness read it as it is;
+* ``summary.json``: the run (model, dataset, backend, run id, ...) and its statistics;
+* ``report.html``: every episode, browsable offline (``sandlot report DIR`` rebuilds it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sandlot.cli.env_cmd import build_recipes, distinct_recipes
+from sandlot.datasets.rows import TaskRow
+from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config
+from sandlot.rollout.display import LiveDisplay
+from sandlot.rollout.episodes import InProcessEpisodes
+from sandlot.rollout.errors import RolloutError
+from sandlot.rollout.llm import OpenAIChatPolicy
+from sandlot.rollout.ray_episodes import RayEpisodes
+from sandlot.rollout.report import REPORT_FILE, report_meta, write_report
+from sandlot.rollout.rows import load_rows
+from sandlot.rollout.scheduler import run_rollout, run_until_signalled
+from sandlot.rollout.stats import RolloutStats
+from sandlot.rollout.store import TRAJECTORIES_FILE, TrajectoryLog, atomic_write, write_predictions
+from sandlot.rollout.summary import RolloutSummary, summarize
+from sandlot.sandboxes.errors import BackendNotFoundError, SandboxError
+from sandlot.sandboxes.labels import pin_run_id
+from sandlot.sandboxes.registry import get_backend
+
+PREDICTIONS_FILE = "predictions.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def _split_ids(values: tuple[str, ...]) -> list[str]:
+    return [v for value in values for v in value.replace(",", " ").split()]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.")[-60:] or "model"
+
+
+def _public_url(url: str) -> str:
+    """``url`` without user:password (never written to disk)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@click.command("rollout")
+@click.option(
+    "--dataset",
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Rows (a parquet file from `sandlot data prepare`) or instances "
+    "(.jsonl/.json/.parquet of SWE-bench records), or a directory of them.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="agent_config.yaml (see examples/agent_config/).",
+)
+@click.option("--base-url", required=True, help="OpenAI-compatible endpoint, e.g. http://host/v1.")
+@click.option("--model", required=True, help="Model name sent to the endpoint (and recorded).")
+@click.option(
+    "--backend",
+    default=None,
+    help="Sandbox backend (default: $SANDLOT_BACKEND, $DEPLOYMENT, then the config's).",
+)
+@click.option(
+    "-n",
+    "--samples",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Episodes per instance (pass@n, avg@n).",
+)
+@click.option(
+    "--concurrency",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Episodes at once (default: the config's `concurrency`).",
+)
+@click.option(
+    "--output",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Output directory (default: rollouts/<model>-<time>). Re-using one resumes it.",
+)
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Run episodes on a Ray cluster ($RAY_ADDRESS, else `auto`); needs sandlot[train].",
+)
+@click.option(
+    "--native-tools",
+    is_flag=True,
+    help="Pass tools through the API's `tools` field instead of parsing text tool calls.",
+)
+@click.option(
+    "--max-retries",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Re-runs of an episode that failed on infrastructure (sandbox start, model server).",
+)
+@click.option(
+    "--retry-backoff",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds before the first re-run; doubled for each further one.",
+)
+@click.option(
+    "--retry-errors",
+    is_flag=True,
+    help="When resuming, also re-run episodes recorded as retryable infrastructure errors.",
+)
+@click.option("--temperature", default=None, type=float, help="Sampling temperature.")
+@click.option(
+    "--api-key-env",
+    default="OPENAI_API_KEY",
+    show_default=True,
+    help="Environment variable holding the endpoint's API key (never written anywhere).",
+)
+@click.option(
+    "--image",
+    default=None,
+    help="Run every instance in this image instead of the one it names.",
+)
+@click.option(
+    "--instance-ids",
+    multiple=True,
+    help="Only these instances (repeat, or separate with commas/spaces).",
+)
+def rollout_command(
+    dataset: Path,
+    config_path: Path,
+    base_url: str,
+    model: str,
+    backend: str | None,
+    samples: int,
+    concurrency: int | None,
+    output: Path | None,
+    use_ray: bool,
+    native_tools: bool,
+    max_retries: int,
+    retry_backoff: float,
+    retry_errors: bool,
+    temperature: float | None,
+    api_key_env: str,
+    image: str | None,
+    instance_ids: tuple[str, ...],
+) -> None:
+    """Run a model over a dataset: agent episodes in sandboxes, each graded by its tests."""
+    console = Console(stderr=True)
+    try:
+        config = load_agent_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    backend_name = backend.strip().lower() if backend else config.sandbox.resolved_backend()
+    try:
+        backend_cls = get_backend(backend_name)
+        options = config.sandbox.options_for(backend_name)
+    except BackendNotFoundError as exc:
+        raise click.BadParameter(str(exc), param_hint="--backend") from None
+    except ConfigError as exc:
+        raise click.ClickException(f"{config_path}: {exc}") from None
+    try:
+        rows = _load(dataset, backend_name, image, _split_ids(instance_ids))
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        raise click.ClickException(str(exc)) from None
+    sampling = {"temperature": temperature} if temperature is not None else None
+    try:
+        policy = OpenAIChatPolicy(
+            base_url, model, api_key_env=api_key_env, native_tools=native_tools, sampling=sampling
+        )
+    except (ValueError, SandboxError) as exc:
+        raise click.ClickException(str(exc)) from None
+    concurrency = concurrency or config.concurrency
+    out = output or Path("rollouts") / f"{_slug(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        log_file = TrajectoryLog(out / TRAJECTORIES_FILE)
+    except (RolloutError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    with log_file:
+        others = {r.model_name_or_path for r in log_file.records.values()} - {model, ""}
+        if others:
+            raise click.ClickException(
+                f"{out} holds trajectories of another model ({', '.join(sorted(others))}); "
+                "choose another --output"
+            )
+        run_id = pin_run_id()
+        total = len(rows) * samples
+        ids = {r.instance.instance_id for r in rows}
+        already = sum(1 for iid, s in log_file.records if iid in ids and s < samples)
+        console.print(
+            f"[bold]sandlot rollout[/] [cyan]{model}[/] on {len(rows)} instance(s) x {samples} "
+            f"sample(s) = {total} episode(s), backend [cyan]{backend_name}[/], concurrency "
+            f"{concurrency}{', on Ray' if use_ray else ''}; output [cyan]{out}[/]; run id "
+            f"[cyan]{run_id}[/]"
+        )
+        if already:
+            console.print(f"resuming: {already} episode(s) already in {TRAJECTORIES_FILE}")
+        if log_file.repaired:
+            console.print(f"[yellow]repaired {TRAJECTORIES_FILE}[/]: {log_file.repaired}")
+        if not backend_cls.on_host:
+            console.print(
+                f"after a crash: [bold]sandlot gc --backend {backend_name} --run-id {run_id}[/]"
+            )
+        elif not use_ray:
+            # Built once up front, with a spinner, instead of inside the first episodes.
+            recipes = distinct_recipes([r.instance for r in rows], backend_name)
+            try:
+                build_recipes(console, recipes, backend_name)
+            except KeyboardInterrupt:
+                console.print("[yellow]interrupted[/] while building environments")
+                raise SystemExit(130) from None
+        stats = RolloutStats()
+        display = LiveDisplay(stats, console, title=f"rollout {model}")
+        left_open = 0
+
+        async def run() -> None:
+            nonlocal left_open
+            common: dict[str, Any] = dict(
+                samples=samples,
+                concurrency=concurrency,
+                max_retries=max_retries,
+                retry_backoff_s=retry_backoff,
+                redo_retryable=retry_errors,
+                stats=stats,
+                on_finished=display.finished,
+            )
+            async with policy:
+                if use_ray:
+                    factory = functools.partial(
+                        OpenAIChatPolicy,
+                        base_url,
+                        model,
+                        api_key=os.environ.get(api_key_env),
+                        native_tools=native_tools,
+                        sampling=sampling,
+                    )
+                    ray_eps = RayEpisodes(
+                        factory,
+                        config,
+                        backend=backend_name,
+                        model_name_or_path=model,
+                        concurrency=concurrency,
+                    )
+                    try:
+                        async with ray_eps:
+                            await run_rollout(rows, ray_eps, log_file, **common)
+                    finally:
+                        left_open = ray_eps.left_open
+                    return
+                with InProcessEpisodes(
+                    policy,
+                    config,
+                    backend=backend_name,
+                    model_name_or_path=model,
+                    sandbox_options=options,
+                ) as episodes:
+                    try:
+                        await run_rollout(rows, episodes, log_file, **common)
+                    finally:
+                        left_open = episodes.tally.alive
+
+        def on_signal(signum: int, count: int) -> None:
+            name = signal.Signals(signum).name
+            if count == 1:
+                console.print(
+                    f"[yellow]{name}[/]: cancelling running episodes and closing their "
+                    "sandboxes; finished trajectories are saved"
+                )
+            else:
+                console.print(f"[yellow]{name}[/]: still closing sandboxes (at most a minute)")
+
+        started = time.monotonic()
+        try:
+            with display:
+                _, signum = anyio.run(lambda: run_until_signalled(run, on_signal=on_signal))
+        except Exception as exc:
+            root = _root_cause(exc)
+            if isinstance(root, RolloutError | SandboxError | ValueError | OSError):
+                raise click.ClickException(str(root)) from None
+            raise
+        elapsed = time.monotonic() - started
+        if left_open:
+            cleanup = (
+                "their directories remain under the sandbox root ($SANDLOT_LOCAL_ROOT)"
+                if backend_cls.on_host
+                else f"remove them with sandlot gc --backend {backend_name} --run-id {run_id}"
+            )
+            console.print(f"[red]{left_open} sandbox(es) were still open at the end[/]; {cleanup}")
+        summary = _write_outputs(
+            out,
+            log_file,
+            rows,
+            samples=samples,
+            run={
+                "model": model,
+                "base_url": _public_url(base_url),
+                "dataset": str(dataset),
+                "config": str(config_path),
+                "backend": backend_name,
+                "samples": samples,
+                "concurrency": concurrency,
+                "ray": use_ray,
+                "run_id": run_id,
+                "interrupted": signal.Signals(signum).name if signum else None,
+                "wall_s": round(elapsed, 3),
+                "episodes_this_run": stats.new,
+                "retries_this_run": stats.retries,
+                "predictions": "the first sample of each instance",
+            },
+        )
+    _print_summary(console, summary, stats, elapsed, config)
+    if samples > 1:
+        console.print(
+            f"{PREDICTIONS_FILE} holds each instance's first sample (sample 0); every sample "
+            f"is in {TRAJECTORIES_FILE}"
+        )
+    if signum is not None:
+        console.print(
+            f"[yellow]interrupted[/]: {stats.done}/{stats.total} episodes are saved; run the same "
+            f"command with --output {out} to finish the rest"
+        )
+        raise SystemExit(128 + signum)
+    # The headline goes to stdout so scripts can read it (as `sandlot eval` prints its own).
+    click.echo(f"{summary.resolved_first}/{len(rows)} resolved; output: {out}")
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) exception groups of one exception each."""
+    while True:
+        inner = getattr(exc, "exceptions", None)
+        if not (isinstance(inner, tuple) and len(inner) == 1):
+            return exc
+        exc = inner[0]
+
+
+def _load(dataset: Path, backend: str, image: str | None, ids: list[str]) -> list[TaskRow]:
+    rows = load_rows(dataset, backend=backend, image=image, instance_ids=ids or None)
+    if not rows:
+        raise ValueError(f"{dataset}: no rows to run")
+    return rows
+
+
+def _write_outputs(
+    out: Path,
+    log_file: TrajectoryLog,
+    rows: list[TaskRow],
+    *,
+    samples: int,
+    run: dict[str, Any],
+) -> RolloutSummary:
+    """predictions.jsonl, summary.json and report.html from what ``log_file`` holds."""
+    ids = [r.instance.instance_id for r in rows]
+    wanted = set(ids)
+    records = {k: r for k, r in log_file.records.items() if k[0] in wanted and k[1] < samples}
+    write_predictions(
+        records,
+        log_file.path,
+        out / PREDICTIONS_FILE,
+        order=ids,
+        model_name_or_path=run["model"],
+    )
+    summary = summarize(records.values())
+    atomic_write(
+        out / SUMMARY_FILE,
+        json.dumps({"run": run, "summary": summary.model_dump()}, indent=2) + "\n",
+    )
+    meta = {k: run[k] for k in ("model", "dataset", "backend", "samples", "run_id")}
+    title = f"sandlot rollout: {run['model']}"
+    write_report(log_file.path, out / REPORT_FILE, title=title, meta=meta)
+    return summary
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def _print_summary(
+    console: Console,
+    summary: RolloutSummary,
+    stats: RolloutStats,
+    elapsed: float,
+    config: AgentConfig,
+) -> None:
+    table = Table(title="sandlot rollout summary", show_header=False)
+    table.add_row("instances", str(summary.instances))
+    table.add_row("episodes", f"{summary.episodes} ({stats.new} this run, {stats.resumed} resumed)")
+    first = f"{_pct(summary.pass_at_1)} (first sample: what {PREDICTIONS_FILE} holds)"
+    table.add_row("pass@1", first)
+    if summary.samples > 1:
+        table.add_row(f"avg@{summary.samples}", _pct(summary.avg_at_n))
+        for key, value in summary.pass_at_k.items():
+            if key != "pass@1":
+                table.add_row(key, f"{_pct(value)} (unbiased estimator)")
+    table.add_row("mean turns", f"{summary.mean_turns:.1f} (max {config.interaction.max_turns})")
+    table.add_row("format errors", str(summary.format_errors))
+    table.add_row("infra errors", f"{summary.infra_errors} (retries this run: {stats.retries})")
+    tokens = f"{summary.prompt_tokens} prompt, {summary.completion_tokens} completion"
+    table.add_row("tokens", tokens)
+    rate = stats.new / elapsed * 60 if elapsed > 0 else 0.0
+    table.add_row("wall time", f"{elapsed:.1f} s ({rate:.1f} episodes/min)")
+    console.print(table)
+    if summary.exit_reasons:
+        reasons = Table(title="exit reasons")
+        for column in ("exit reason", "episodes", "share"):
+            reasons.add_column(column, justify="left" if column == "exit reason" else "right")
+        for reason, count in summary.exit_reasons.items():
+            reasons.add_row(reason, str(count), _pct(count / summary.episodes))
+        console.print(reasons)
+    if summary.mean_timings_s:
+        split = Table(title="mean time per episode")
+        for column in ("phase", "seconds", "share of total"):
+            split.add_column(column, justify="left" if column == "phase" else "right")
+        whole = summary.mean_timings_s.get("total") or 0.0
+        for phase, seconds in summary.mean_timings_s.items():
+            inside = whole and phase not in ("queue", "total")
+            share = _pct(seconds / whole) if inside else ""
+            label = {
+                "queue": "queue (before the episode)",
+                "model": "  model (in agent)",
+                "tools": "  tools (in agent)",
+            }.get(phase, phase)
+            split.add_row(label, f"{seconds:.2f}", share)
+        console.print(split)
+
+
+@click.command("report")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--output",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the page (default: DIRECTORY/report.html).",
+)
+def report_command(directory: Path, output: Path | None) -> None:
+    """Rebuild report.html of a `sandlot rollout` output directory from its trajectories."""
+    source = directory / TRAJECTORIES_FILE
+    if not source.is_file():
+        raise click.ClickException(f"{directory} has no {TRAJECTORIES_FILE}")
+    dest = output or directory / REPORT_FILE
+    meta = report_meta(directory)
+    title = f"sandlot rollout: {meta['model']}" if "model" in meta else "sandlot rollout"
+    try:
+        count = write_report(source, dest, title=title, meta=meta)
+    except (RolloutError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{count} episode(s); report: {dest}")

@@ -1,0 +1,248 @@
+"""``agent_config.yaml``: how an episode runs, validated when it is loaded.
+
+One file serves ``sandlot rollout`` and training. Its blocks (every key optional)::
+
+    sandbox:                      # where episodes run
+      backend: local              # the one line that moves a run to docker, modal or vefaas;
+                                  # $SANDLOT_BACKEND, then $DEPLOYMENT, override it
+      options:                    # each backend's own options (its Options model), by name;
+        modal: {app_name: my-app} # only the active backend's block is used
+      spec: {timeout_s: 3600, memory_mb: 4096}   # SandboxSpec defaults; the row's own
+                                  # environment (image, post_setup_cmd, env, workdir) wins
+    tools: [bash, str_replace_editor, submit]    # the Toolbox config
+    tool_parser: hermes           # reads tool calls from text when the model has no native ones
+    prompt: {system: null, user: null}           # templates over the instance's fields
+    interaction: {max_turns: 50, action_timeout: 180, timeout_budget: 3,
+                  max_total_tokens: 65536, max_observation_chars: 20000}
+    reward: {mode: fresh, eval_timeout: 1800}
+    concurrency: 8
+
+The layout follows uni-agent's ``agent_config.yaml`` (``interaction``, ``tools``,
+``tool_parser``, ``reward``, ``concurrency``), with the sandbox described by sandlot's
+backend-neutral ``SandboxSpec``.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sandlot.datasets.prompts import PROMPT_FIELDS
+from sandlot.sandboxes.registry import available_backends, get_backend, resolve_backend_name
+from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.tools.parsers import PARSERS
+from sandlot.tools.toolbox import DEFAULT_TOOLS, TOOLS
+
+# The row decides these; a config default for them would be silently overridden.
+_ROW_FIELDS = frozenset({"image", "workdir", "environment"})
+
+
+class ConfigError(ValueError):
+    """``agent_config.yaml`` is unreadable or invalid; the message names the key path."""
+
+
+class SandboxConfig(BaseModel):
+    """The ``sandbox`` block: backend, per-backend options, ``SandboxSpec`` defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = "local"
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    spec: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        name = value.strip().lower()
+        if name not in available_backends():
+            known = ", ".join(available_backends())
+            raise ValueError(f"unknown backend {value!r}; allowed: {known}")
+        return name
+
+    @field_validator("spec")
+    @classmethod
+    def _spec_defaults(cls, value: dict[str, Any]) -> dict[str, Any]:
+        row_owned = sorted(_ROW_FIELDS & set(value))
+        if row_owned:
+            raise ValueError(
+                f"{', '.join(row_owned)}: set by each row, not by the config; "
+                f"allowed here: {', '.join(sorted(set(SandboxSpec.model_fields) - _ROW_FIELDS))}"
+            )
+        SandboxSpec.model_validate(value)  # unknown keys and bad values fail at load
+        return value
+
+    def resolved_backend(self) -> str:
+        """``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``, then this block's ``backend``."""
+        override = os.environ.get("SANDLOT_BACKEND") or os.environ.get("DEPLOYMENT")
+        return resolve_backend_name(override or self.backend)
+
+    def options_for(self, backend: str) -> BaseModel:
+        """``backend``'s options from the ``options`` block, validated by its ``Options`` model.
+
+        Raises:
+            ConfigError: the block has keys the backend does not know (names them), or
+                ``backend`` is not a backend (names the known ones).
+        """
+        if backend not in available_backends():
+            known = ", ".join(available_backends())
+            raise ConfigError(f"unknown backend {backend!r}; allowed: {known}")
+        cls = get_backend(backend)
+        try:
+            return cls.Options.model_validate(self.options.get(backend, {}))
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, prefix=f"sandbox.options.{backend}")) from None
+
+
+class PromptConfig(BaseModel):
+    """Optional templates replacing the row's messages: ``str.format`` over the instance
+    fields of :data:`~sandlot.datasets.prompts.PROMPT_FIELDS` (``{problem_statement}``,
+    ``{repo}``, ``{instance_id}``, ``{workdir}``, ``{base_commit}``); never the gold patch, the
+    test patch or the test lists."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system: str | None = None
+    user: str | None = None
+
+    @field_validator("system", "user")
+    @classmethod
+    def _allowed_fields(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise ValueError(f"not a str.format template ({exc}); write {{{{ for a brace") from None
+        for name in names:
+            if name not in PROMPT_FIELDS:
+                allowed = ", ".join("{" + f + "}" for f in PROMPT_FIELDS)
+                raise ValueError(f"template field {{{name}}} is not allowed; allowed: {allowed}")
+        return value
+
+
+class InteractionConfig(BaseModel):
+    """Budgets of one episode.
+
+    Attributes:
+        max_turns: model calls before the episode ends (``max_turns``).
+        action_timeout: seconds one shell command may run (the bash tools' ``timeout_s``
+            unless a tool entry sets its own).
+        timeout_budget: tool calls that may time out before the episode ends.
+        max_total_tokens: prompt + completion tokens of the last model call allowed.
+        max_observation_chars: cap on one tool observation (head and tail kept).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(default=50, ge=1)
+    action_timeout: float = Field(default=180.0, gt=0)
+    timeout_budget: int = Field(default=3, ge=1)
+    max_total_tokens: int = Field(default=65536, ge=1)
+    max_observation_chars: int = Field(default=20000, ge=200)
+
+
+class RewardConfig(BaseModel):
+    """How the model patch is graded: ``fresh`` evaluates it in a new sandbox (the default:
+    nothing the agent left behind can touch the tests); ``same`` in the agent's sandbox after
+    resetting the test files (faster; the agent's processes and files remain)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["fresh", "same"] = "fresh"
+    eval_timeout: float | None = Field(default=None, gt=0)
+
+
+class AgentConfig(BaseModel):
+    """The whole ``agent_config.yaml`` (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    tools: list[str | dict[str, Any]] = Field(default_factory=lambda: _default_tools())
+    tool_parser: str = "hermes"
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    interaction: InteractionConfig = Field(default_factory=InteractionConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    concurrency: int = Field(default=8, ge=1)
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, value: str) -> str:
+        if value not in PARSERS:
+            raise ValueError(f"unknown tool_parser {value!r}; allowed: {', '.join(PARSERS)}")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _known_tools(cls, value: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
+        for entry in value:
+            name = entry if isinstance(entry, str) else entry.get("name")
+            if name not in TOOLS:
+                raise ValueError(f"unknown tool {name!r}; allowed: {', '.join(TOOLS)}")
+        return value
+
+    def tool_specs(self) -> list[str | dict[str, Any]]:
+        """``tools`` with ``action_timeout`` filled into the bash tools that set no timeout."""
+        specs: list[str | dict[str, Any]] = []
+        for entry in self.tools:
+            fields: dict[str, Any] = {"name": entry} if isinstance(entry, str) else dict(entry)
+            if fields["name"] in ("bash", "execute_bash"):
+                fields.setdefault("timeout_s", self.interaction.action_timeout)
+            specs.append(fields)
+        return specs
+
+
+def _default_tools() -> list[str | dict[str, Any]]:
+    return [*DEFAULT_TOOLS]
+
+
+def _describe(exc: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for error in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in (prefix, *error["loc"]) if p != "")
+        lines.append(f"{path or '<top>'}: {error['msg']}")
+    return "; ".join(lines)
+
+
+def parse_agent_config(data: Any, *, source: str = "agent config") -> AgentConfig:
+    """Validate an already-loaded config (a mapping; ``None`` means all defaults).
+
+    Raises:
+        ConfigError: a key is unknown or a value invalid; names the key path (``interaction.
+            max_turns``) and, for names, the allowed values.
+    """
+    try:
+        config = AgentConfig.model_validate(data or {})
+        # Every block, not only the active backend's: $DEPLOYMENT may pick another one.
+        for backend in config.sandbox.options:
+            if backend not in available_backends():
+                known = ", ".join(available_backends())
+                raise ConfigError(f"sandbox.options.{backend}: unknown backend; allowed: {known}")
+            config.sandbox.options_for(backend)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return config
+
+
+def load_agent_config(path: str | os.PathLike[str]) -> AgentConfig:
+    """Read and validate ``agent_config.yaml``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ConfigError: not YAML, not a mapping, or invalid (the message names file and key path).
+    """
+    file = Path(path)
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML ({exc})") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{file}: must be a mapping of blocks, got {type(data).__name__}")
+    return parse_agent_config(data, source=str(file))

@@ -1,0 +1,377 @@
+"""``OpenAIChatPolicy``: the :class:`~sandlot.rollout.policy.Policy` of an OpenAI-compatible
+chat-completions endpoint.
+
+The API followed is OpenAI's ``POST {base_url}/chat/completions`` as vLLM and SGLang serve it
+(``base_url`` ends with ``/v1``, e.g. ``http://127.0.0.1:8000/v1``)::
+
+    request:  {"model": ..., "messages": [...], "tools": [...]?, **sampling}
+    response: {"choices": [{"message": {"content": ..., "tool_calls": [...]?},
+                            "finish_reason": "stop" | "tool_calls" | "length"}],
+               "usage": {"prompt_tokens": ..., "completion_tokens": ...}}
+
+Tool calls travel one of two ways:
+
+* ``native_tools=True``: the request carries ``tools`` and the server's tool parser fills
+  ``tool_calls`` (vLLM ``--enable-auto-tool-choice --tool-call-parser ...``). Each becomes a
+  :class:`~sandlot.tools.ToolCall` with its ``arguments`` JSON-decoded. Arguments that are not a
+  JSON object are kept as the server sent them, as text, so that the toolbox reports them to
+  the model as a format error (the model learns from it; the episode goes on). A reply without
+  ``tool_calls`` is returned as text (``tool_calls=None``): the agent loop then reads it with
+  its text parser.
+* ``native_tools=False`` (the default; as in training, the model writes its calls as text):
+  the reply's text is returned for the configured ``tool_parser`` (``hermes``,
+  ``qwen3_coder``). The request carries ``tools`` with ``tool_choice: "none"`` so that the
+  server's chat template still shows the tools to the model, as verl's does in training (vLLM
+  renders them for ``"none"`` unless started with ``--exclude-tools-when-tool-choice-none``)
+  and parses nothing; ``template_tools=False`` sends no ``tools`` at all, for prompts that
+  describe the tools themselves. Should the server parse calls anyway, its ``tool_calls``
+  are used as native ones.
+
+Faults: 429, 5xx, connection errors, timeouts and malformed replies are retried with
+exponential backoff and jitter (a ``Retry-After`` header is honoured), at most ``max_retries``
+times and within ``retry_budget_s``; then :class:`~sandlot.rollout.policy.PolicyError` with
+``retryable=True``. Other 4xx answers raise at once with ``retryable=False`` and the server's
+message; a prompt longer than the model's context raises
+:class:`~sandlot.rollout.policy.ContextLengthError`, which ends the episode as
+``context_length`` rather than as an infrastructure error.
+
+The API key (argument, else ``$OPENAI_API_KEY`` or the variable named by ``api_key_env``) is
+sent as ``Authorization: Bearer``, returned by :meth:`OpenAIChatPolicy.secrets` for the agent
+loop to redact, and kept out of every log line, exception message and ``repr``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import os
+import random
+import re
+import time
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandlot._optional import require
+from sandlot.rollout.policy import ContextLengthError, Message, PolicyError, PolicyTurn
+from sandlot.tools.parsers import ToolCall
+
+if TYPE_CHECKING:
+    import httpx
+
+log = logging.getLogger("sandlot.rollout.llm")
+
+EXTRA = "rollout"
+"""The ``sandlot`` extra that installs httpx for this client."""
+
+MAX_BACKOFF_S = 30.0
+"""Longest wait between two attempts, unless the server's ``Retry-After`` asks for more."""
+
+REDACTED = "[REDACTED]"
+
+_CONTEXT_LENGTH = re.compile(
+    r"context[ _]length|context window|maximum allowed length|too many tokens|"
+    r"prompt is too long|longer than the model",
+    re.IGNORECASE,
+)
+
+
+class OpenAIChatPolicy:
+    """A chat-completions client that is a :class:`~sandlot.rollout.policy.Policy`.
+
+    Use it as an async context manager (or call :meth:`aclose`) so its connections close; one
+    instance serves any number of concurrent episodes, on one event loop.
+
+    Args:
+        base_url: the API root, ``http(s)://host:port/v1``; requests go to
+            ``{base_url}/chat/completions``.
+        model: the ``model`` field of each request (the name the server serves).
+        api_key: the key to send; ``None`` reads the environment variable ``api_key_env``;
+            when that is unset or empty no ``Authorization`` header is sent (a local vLLM
+            without ``--api-key``).
+        api_key_env: the variable the key is read from when ``api_key`` is ``None``.
+        native_tools: send ``tools`` and read the reply's ``tool_calls`` (see the module
+            docstring); ``False`` leaves the calls in the text for the ``tool_parser``.
+        template_tools: with ``native_tools=False``, send ``tools`` with
+            ``tool_choice: "none"`` for the chat template to render; ``False`` sends none.
+        request_timeout_s: seconds one HTTP request may take in all (connect, wait, read).
+        max_retries: retries after the first attempt on 429, 5xx, connection errors, timeouts
+            and malformed replies (``0``: no retry).
+        retry_budget_s: seconds from the first attempt after which no retry starts; a wait
+            (backoff or ``Retry-After``) that would end past it is not taken.
+        sampling: extra request fields merged into every request (``temperature``,
+            ``top_p``, ``max_tokens``, ``seed``, ``chat_template_kwargs``, ...).
+        backoff_s: the first wait between attempts in seconds; it doubles per retry up to
+            :data:`MAX_BACKOFF_S`, and each wait is drawn between half and all of it (jitter).
+
+    Raises:
+        ValueError: ``base_url`` is not an ``http://`` or ``https://`` URL, or a number is out
+            of range.
+        BackendUnavailableError: httpx is not installed (the message names the extra).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        native_tools: bool = False,
+        template_tools: bool = True,
+        request_timeout_s: float = 600.0,
+        max_retries: int = 5,
+        retry_budget_s: float = 300.0,
+        sampling: dict[str, Any] | None = None,
+        backoff_s: float = 1.0,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if request_timeout_s <= 0 or retry_budget_s < 0 or max_retries < 0 or backoff_s < 0:
+            raise ValueError(
+                "request_timeout_s must be > 0 and max_retries, retry_budget_s, backoff_s >= 0"
+            )
+        lib = require("httpx", EXTRA)
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self.native_tools = native_tools
+        self.template_tools = template_tools
+        self.request_timeout_s = request_timeout_s
+        self.max_retries = max_retries
+        self.retry_budget_s = retry_budget_s
+        self.backoff_s = backoff_s
+        self.sampling = dict(sampling or {})
+        reserved = sorted({"model", "messages", "tools", "tool_choice"} & set(self.sampling))
+        if reserved:
+            raise ValueError(f"sampling may not set {', '.join(reserved)}")
+        key = api_key if api_key is not None else os.environ.get(api_key_env, "")
+        self._api_key = key.strip()
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        self._httpx = lib
+        self._client: httpx.AsyncClient = lib.AsyncClient(
+            headers=headers,
+            timeout=lib.Timeout(request_timeout_s),
+            # Concurrency is the scheduler's to bound; a pool cap here would queue requests
+            # behind one another and count the wait against their timeout.
+            limits=lib.Limits(max_connections=None, max_keepalive_connections=64),
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        key = "set" if self._api_key else "unset"
+        return (
+            f"OpenAIChatPolicy(base_url={self.base_url!r}, model={self.model!r}, "
+            f"native_tools={self.native_tools}, api_key={key})"
+        )
+
+    # ----------------------------------------------------------------- Policy
+
+    def secrets(self) -> list[str]:
+        """The API key, when there is one (for the agent loop to redact)."""
+        return [self._api_key] if self._api_key else []
+
+    async def generate(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyTurn:
+        """Ask for the next assistant turn (see the module docstring for the wire format).
+
+        Args:
+            messages: the conversation, OpenAI chat messages oldest first.
+            tools: the OpenAI ``tools`` schemas (sent as the module docstring says).
+
+        Returns:
+            The turn: ``content`` (``""`` when the server sent none), ``tool_calls`` (native
+            mode with calls, else ``None``), ``usage`` as ``prompt_tokens`` /
+            ``completion_tokens``, and ``finish_reason``.
+
+        Raises:
+            ContextLengthError: the server says the prompt does not fit the model's context.
+            PolicyError: a 4xx answer (``retryable=False``, with the server's message), or
+                429 / 5xx / connection errors / timeouts / malformed replies past
+                ``max_retries`` or ``retry_budget_s`` (``retryable=True``).
+        """
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.sampling}
+        if tools and self.native_tools:
+            body["tools"] = tools
+        elif tools and self.template_tools:
+            body["tools"] = tools
+            body["tool_choice"] = "none"
+        payload = json.dumps(body, ensure_ascii=False).encode()
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            outcome, retry_after = await self._attempt(payload)
+            if isinstance(outcome, PolicyTurn):
+                return outcome
+            elapsed = time.monotonic() - started
+            delay = self._delay(attempt, retry_after)
+            if attempt > self.max_retries or elapsed + delay > self.retry_budget_s:
+                raise PolicyError(
+                    self._redact(
+                        f"model server {self.url} failed {attempt} time(s) in {elapsed:.1f}s "
+                        f"(max_retries={self.max_retries}, retry_budget_s="
+                        f"{self.retry_budget_s:g}); last: {outcome}"
+                    ),
+                    retryable=True,
+                )
+            log.warning(
+                "model server %s: %s; retry %d/%d in %.2fs",
+                self.url,
+                self._redact(outcome),
+                attempt,
+                self.max_retries,
+                delay,
+            )
+            await anyio.sleep(delay)
+
+    async def _attempt(self, payload: bytes) -> tuple[PolicyTurn | str, float | None]:
+        """One request: the turn, or why it failed retryably and the ``Retry-After`` seconds.
+
+        Raises:
+            PolicyError: a non-retryable answer.
+        """
+        lib = self._httpx
+        try:
+            with anyio.fail_after(self.request_timeout_s):
+                response = await self._client.post(self.url, content=payload)
+        except (TimeoutError, lib.TimeoutException):
+            return f"no answer within request_timeout_s={self.request_timeout_s:g}s", None
+        except lib.TransportError as exc:
+            return f"{type(exc).__name__}: {exc or 'connection failed'}", None
+        status = response.status_code
+        if status == 200:
+            try:
+                return _turn(response.json()), None
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+                return f"malformed reply ({type(exc).__name__}: {exc}): {_head(response)}", None
+        message = _error_message(response)
+        if status == 429 or status >= 500:
+            return f"HTTP {status}: {message}", _retry_after(response)
+        text = self._redact(f"model server {self.url} answered HTTP {status}: {message}")
+        if status == 400 and _CONTEXT_LENGTH.search(message):
+            raise ContextLengthError(text)
+        raise PolicyError(text, retryable=False)
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        backoff = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (attempt - 1))
+        jittered = backoff * random.uniform(0.5, 1.0)
+        return max(jittered, retry_after) if retry_after is not None else jittered
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._api_key, REDACTED) if self._api_key else text
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def aclose(self) -> None:
+        """Close the connections (idempotent)."""
+        await self._client.aclose()
+
+    async def __aenter__(self) -> OpenAIChatPolicy:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _turn(data: Any) -> PolicyTurn:
+    """A ``PolicyTurn`` from a chat-completions reply. ``tool_calls`` are read in either mode:
+    a server that parsed calls in text mode (one that ignores ``tool_choice: "none"``) would
+    otherwise lose them.
+
+    Raises:
+        KeyError, IndexError, TypeError, ValueError: the reply is not a chat completion.
+    """
+    choice = data["choices"][0]
+    message = choice["message"]
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        raise TypeError(f"message.content is a {type(content).__name__}, not text")
+    calls = None
+    if message.get("tool_calls"):
+        calls = [_tool_call(call) for call in message["tool_calls"]]
+    usage = data.get("usage") or {}
+    extra: dict[str, Any] = {}
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        extra["reasoning_content"] = reasoning
+    return PolicyTurn(
+        content=content,
+        tool_calls=calls,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        finish_reason=choice.get("finish_reason"),
+        extra=extra,
+    )
+
+
+def _tool_call(call: dict[str, Any]) -> ToolCall:
+    """A native call; arguments that do not decode to a JSON object stay text (the toolbox
+    reports them to the model as a format error)."""
+    function = call["function"]
+    name = function.get("name")
+    if not isinstance(name, str):
+        raise TypeError("a tool call has no function name")
+    raw = function.get("arguments")
+    arguments: Any = raw
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        arguments = {}
+    elif isinstance(raw, str):
+        try:
+            decoded = json.loads(raw)
+        except json.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, dict):
+            arguments = decoded
+    elif not isinstance(raw, dict):
+        arguments = json.dumps(raw)
+    return ToolCall(name, arguments)
+
+
+def _head(response: httpx.Response, limit: int = 300) -> str:
+    text = response.text
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The server's error message: OpenAI's ``{"error": {"message"}}``, vLLM's and SGLang's
+    ``{"message"}`` or ``{"detail"}``, else the start of the body."""
+    try:
+        data = response.json()
+    except ValueError:
+        return _head(response) or response.reason_phrase
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if data.get(key):
+                return str(data[key])
+    return _head(response)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds or an HTTP date), or ``None``."""
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())

@@ -1,0 +1,251 @@
+"""Episodes on a Ray cluster: :class:`RayEpisodes` keeps the scheduler on the driver and runs
+each episode on one of a pool of actors (:class:`EpisodeWorker`: one asyncio loop and one
+model client each), streaming results back for the driver to append as they finish.
+Cancelling an episode cancels its actor task (``ray.cancel``), which closes its sandboxes as
+in-process cancellation does."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+from pydantic import BaseModel
+
+from sandlot._optional import require
+from sandlot.datasets.rows import TaskRow
+from sandlot.rollout.agent import run_episode
+from sandlot.rollout.config import AgentConfig
+from sandlot.rollout.episodes import Gauges, infra_error_trajectory
+from sandlot.rollout.errors import RolloutError
+from sandlot.rollout.policy import Policy
+from sandlot.rollout.tally import SandboxTally, tracked_backend
+from sandlot.rollout.trajectory import Trajectory
+from sandlot.sandboxes.labels import pin_run_id
+from sandlot.sandboxes.limits import starting_gate
+
+log = logging.getLogger("sandlot.rollout")
+
+
+# How long a cancelled Ray episode gets to close its sandboxes before the driver moves on
+# (Sandbox.close's own budget is 60 s).
+_RAY_CANCEL_WAIT_S = 75.0
+
+
+class EpisodeWorker:
+    """One Ray actor of :class:`RayEpisodes`: its own event loop, model client and tally.
+
+    Plain Python (wrapped with ``ray.remote`` by the driver), so it can also be tested
+    without Ray.
+    """
+
+    def __init__(
+        self,
+        policy_factory: Callable[[], Policy],
+        config: AgentConfig,
+        backend: str,
+        model_name_or_path: str,
+        env: Mapping[str, str],
+    ) -> None:
+        os.environ.update(env)
+        # One line per model request would flood the driver's console (log_to_driver).
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        self._factory = policy_factory
+        self._config = config
+        self._backend = backend
+        self._options: BaseModel | None = None
+        self._model = model_name_or_path
+        self._stack = contextlib.AsyncExitStack()
+        self._policy: Policy | None = None
+        self._tally = SandboxTally(backend)
+        self._running = 0
+
+    async def setup(self) -> None:
+        """Create the policy (entering it when it is an async context manager)."""
+        if self._policy is not None:
+            return
+        # The factory first: it may register the backend in this process.
+        policy: Any = self._factory()
+        if hasattr(policy, "__aenter__"):
+            policy = await self._stack.enter_async_context(policy)
+        self._tally = self._stack.enter_context(tracked_backend(self._backend))
+        self._options = self._config.sandbox.options_for(self._backend)
+        self._policy = policy
+
+    async def run(self, row: TaskRow, sample: int) -> Trajectory:
+        """One episode (:func:`~sandlot.rollout.agent.run_episode`)."""
+        await self.setup()
+        assert self._policy is not None
+        self._running += 1
+        try:
+            return await run_episode(
+                row,
+                self._policy,
+                self._config,
+                sample=sample,
+                backend=self._backend,
+                model_name_or_path=self._model,
+                sandbox_options=self._options,
+            )
+        finally:
+            self._running -= 1
+
+    async def gauges(self) -> tuple[int, int]:
+        """(sandboxes in STARTING, sandboxes open) in this actor."""
+        return starting_gate().stats.starting, self._tally.alive
+
+    async def close(self, wait_s: float = _RAY_CANCEL_WAIT_S) -> int:
+        """Wait (at most ``wait_s``) for cancelled episodes to close their sandboxes, then
+        close the policy. Returns the sandboxes still open."""
+        with anyio.move_on_after(wait_s):
+            # Polled: the tally has no event to wait on, and this runs once per actor.
+            while self._running or self._tally.alive:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        await self._stack.aclose()
+        return self._tally.alive
+
+
+def forwarded_env() -> dict[str, str]:
+    """The environment Ray actors need to label and reach sandboxes as this process does:
+    every ``SANDLOT_*`` variable (the run id among them), ``DEPLOYMENT`` and ``DOCKER_HOST``.
+    Secrets are not forwarded."""
+    pin_run_id()
+    keep = ("DEPLOYMENT", "DOCKER_HOST", "CONTAINERS_CONF")
+    return {k: v for k, v in os.environ.items() if k.startswith("SANDLOT_") or k in keep}
+
+
+class RayEpisodes:
+    """Episodes run by a pool of Ray actors (:class:`EpisodeWorker`) across a cluster.
+
+    Use as an async context manager. Connects to the cluster at ``address`` (default:
+    ``$RAY_ADDRESS``, else ``"auto"``) unless Ray is already initialised in this process,
+    and starts one actor per CPU of the cluster (at most ``concurrency``), spread over its
+    nodes, each running up to ``ceil(concurrency / actors)`` episodes at once. Each actor
+    builds its own policy with ``policy_factory`` (a picklable callable, e.g. a
+    ``functools.partial`` of the client class). Sandboxes are labelled with this run's id
+    (``SANDLOT_RUN_ID`` is forwarded), so ``sandlot gc --run-id`` finds what a dead run left.
+
+    Args:
+        policy_factory: builds the policy in each actor.
+        config: the agent config.
+        backend: the sandbox backend.
+        model_name_or_path: recorded in trajectories.
+        concurrency: episodes at once across the cluster.
+        address: the Ray cluster.
+    """
+
+    def __init__(
+        self,
+        policy_factory: Callable[[], Policy],
+        config: AgentConfig,
+        *,
+        backend: str,
+        model_name_or_path: str = "",
+        concurrency: int = 8,
+        address: str | None = None,
+    ) -> None:
+        self.policy_factory = policy_factory
+        self.config = config
+        self.backend = backend
+        self.model_name_or_path = model_name_or_path
+        self.concurrency = concurrency
+        self.address = address
+        self.actors: list[Any] = []
+        self._load: list[int] = []
+        self._ray: Any = None
+        self._owns_ray = False
+        self.left_open = 0
+
+    async def __aenter__(self) -> RayEpisodes:
+        ray = self._ray = require("ray", "train")
+        if not ray.is_initialized():
+            address = self.address or os.environ.get("RAY_ADDRESS") or "auto"
+            try:
+                ray.init(address=address, log_to_driver=True)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise RolloutError(
+                    f"no Ray cluster at {address!r} ({exc}); start one with `ray start --head` "
+                    "or set RAY_ADDRESS"
+                ) from None
+            self._owns_ray = True
+        env = forwarded_env()
+        cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
+        count = max(1, min(self.concurrency, cpus))
+        per_actor = math.ceil(self.concurrency / count)
+        remote_cls = ray.remote(EpisodeWorker)
+        self.actors = [
+            remote_cls.options(
+                num_cpus=0,
+                max_concurrency=per_actor + 4,  # + gauges and close calls
+                scheduling_strategy="SPREAD",
+                max_restarts=2,
+                runtime_env={"env_vars": env},
+            ).remote(self.policy_factory, self.config, self.backend, self.model_name_or_path, env)
+            for _ in range(count)
+        ]
+        self._load = [0] * count
+        try:
+            for actor in self.actors:
+                await actor.setup.remote()
+        except BaseException:
+            await self._shutdown()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        ray = self._ray
+
+        async def close(actor: Any) -> None:
+            try:
+                self.left_open += await actor.close.remote()
+            except Exception as exc:  # a dead actor: its sandboxes died with it
+                log.warning("closing a rollout actor failed: %s", exc)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for actor in self.actors:
+                    tg.start_soon(close, actor)
+            self.actors = []
+            if self._owns_ray:
+                ray.shutdown()
+                self._owns_ray = False
+
+    async def run(self, row: TaskRow, sample: int) -> Trajectory:
+        ray = self._ray
+        i = min(range(len(self.actors)), key=self._load.__getitem__)
+        self._load[i] += 1
+        ref = self.actors[i].run.remote(row, sample)
+        try:
+            traj: Trajectory = await ref
+            return traj
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                ray.cancel(ref)
+                with anyio.move_on_after(_RAY_CANCEL_WAIT_S), contextlib.suppress(Exception):
+                    await ref
+            raise
+        except ray.exceptions.RayError as exc:
+            # A lost actor or node may not recur; an exception raised by the episode would.
+            retryable = not isinstance(exc, ray.exceptions.RayTaskError)
+            error = f"ray: {type(exc).__name__}: {exc}"
+            return infra_error_trajectory(row, sample, error, retryable=retryable)
+        finally:
+            self._load[i] -= 1
+
+    async def gauges(self) -> Gauges:
+        starting = alive = 0
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                s, a = await actor.gauges.remote()
+                starting += s
+                alive += a
+        return Gauges(starting=starting, alive=alive)

@@ -1,0 +1,164 @@
+"""End to end on CPU through verl's own workers: ``AgentLoopManager`` starts an
+``AgentLoopWorker`` Ray actor, which finds ``SandlotAgentLoop`` through the
+``agent_loop_config_path`` YAML that ``sandlot train`` writes, builds it per sample, and runs a
+swe-mini episode in a ``local`` sandbox against a fake ``generate`` server replaying a scripted
+policy encoded with a real Qwen tokenizer and chat template."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fake_server import ByInstance, ScriptedServer
+from requirements import EVAL, TRAIN, bwrap_missing, need_module, needs
+
+need_module("verl.experimental.agent_loop", TRAIN)
+need_module("swebench", EVAL)
+ray = need_module("ray", TRAIN)
+
+from sandlot.datasets.loaders import load_instances  # noqa: E402
+from sandlot.datasets.rows import build_row  # noqa: E402
+from sandlot.trainer.launch import (  # noqa: E402
+    TrainOptions,
+    compose,
+    hydra_overrides,
+    write_agent_loop_config,
+)
+
+pytestmark = [pytest.mark.slow, needs(bwrap_missing)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SWE_MINI = ROOT / "examples" / "swe-mini"
+INSTANCE = "minicalc__minicalc-1"
+RESPONSE_LENGTH = 2048
+
+
+def rows(repos: Path) -> list[dict[str, Any]]:
+    instance = next(
+        i for i in load_instances(SWE_MINI / "instances.jsonl") if i.instance_id == INSTANCE
+    )
+    ok = instance.model_copy(update={"repo_source": str(repos / "minicalc")})
+    broken = instance.model_copy(update={"repo_source": str(repos / "no-such-repo")})
+    records = []
+    for index, (inst, policy) in enumerate([(ok, "solver"), (ok, "failer"), (broken, "solver")]):
+        prompt = [
+            {"role": "system", "content": "You fix bugs with the tools."},
+            {
+                "role": "user",
+                "content": f"<task id={INSTANCE}> policy={policy}\n{inst.problem_statement}",
+            },
+        ]
+        row = build_row(
+            inst,
+            index=index,
+            prompt=prompt,
+            data_source="swe-mini",
+            reward_name="swe",
+            deployment="local",
+        )
+        records.append(json.loads(row.model_dump_json()))
+    return records
+
+
+def batch(records: list[dict[str, Any]]) -> Any:
+    from verl import DataProto
+
+    def column(values: list[Any]) -> np.ndarray:
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    return DataProto(
+        non_tensor_batch={
+            "raw_prompt": column([np.array(r["prompt"], dtype=object) for r in records]),
+            "agent_name": column([r["agent_name"] for r in records]),
+            "index": column([r["extra_info"]["index"] for r in records]),
+            "data_source": column([r["data_source"] for r in records]),
+            "reward_model": column([r["reward_model"] for r in records]),
+            "extra_info": column([r["extra_info"] for r in records]),
+            "tools_kwargs": column([r["extra_info"]["tools_kwargs"] for r in records]),
+        }
+    )
+
+
+def test_agent_loop_manager_runs_sandlot_episodes(
+    qwen_dir: Path, tmp_path: Path, tokenizer: Any
+) -> None:
+    from verl.experimental.agent_loop import AgentLoopManager
+
+    repos = tmp_path / "repos"
+    subprocess.run(
+        [sys.executable, str(SWE_MINI / "make_repos.py"), "--dest", str(repos)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    local_root = tmp_path / "sandboxes"
+    local_root.mkdir()
+    agent_config = tmp_path / "agent_config.yaml"
+    agent_config.write_text(
+        "sandbox: {backend: local}\ninteraction: {max_turns: 6}\nreward: {mode: same}\n"
+    )
+    loop_yaml = write_agent_loop_config(tmp_path / "agent_loop.yaml", agent_config)
+    opts = TrainOptions(
+        agent_config=agent_config,
+        train_file=tmp_path / "train.parquet",
+        model=str(qwen_dir),
+        num_workers=1,
+        n_resp_per_prompt=1,
+        max_prompt_length=4096,
+        max_response_length=RESPONSE_LENGTH,
+    )
+    cfg = compose(opts, hydra_overrides(opts, loop_yaml))
+    records = rows(repos)
+    instances = {INSTANCE: records[0]["extra_info"]["tools_kwargs"]["reward"]["metadata"]}
+    instances = {k: json.loads(v) if isinstance(v, str) else v for k, v in instances.items()}
+    server = ScriptedServer(str(qwen_dir), ByInstance(instances))
+
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]),
+        "SANDLOT_LOCAL_ROOT": str(local_root),
+    }
+    for name in ("SANDLOT_TEST_CACHE", "PATH", "HOME"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env})
+    try:
+        manager = AgentLoopManager.create(
+            config=cfg, llm_client=server, reward_loop_worker_handles=None
+        )
+        out = manager.generate_sequences(batch(records))
+    finally:
+        ray.shutdown()
+
+    scores = out.batch["rm_scores"].sum(dim=1).tolist()
+    extra = out.non_tensor_batch
+    assert list(extra["exit_reason"]) == ["submitted", "submitted", "infra_error"], extra["error"]
+    assert scores == [1.0, 0.0, 0.0]
+    assert list(extra["masked"]) == [False, False, True]
+    mask = out.batch["response_mask"]
+    responses = out.batch["responses"]
+    logprobs = out.batch["rollout_log_probs"]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for i in range(2):
+        # Sampled positions: exactly the scripted replies, each ending at <|im_end|>.
+        sampled = responses[i][mask[i].bool()].tolist()
+        replies = ByInstance(instances)(
+            f"<task id={INSTANCE}> policy={'solver' if i == 0 else 'failer'}"
+        )
+        expected = [t for r in replies for t in server.encode_reply(r)]
+        assert sampled == expected
+        assert sampled.count(im_end) == 2
+        assert (logprobs[i][mask[i].bool()] == -0.5).all()
+        assert (logprobs[i][~mask[i].bool()] == 0.0).all()  # none where nothing was sampled
+    assert mask[2].sum() == 0 and logprobs[2].abs().sum() == 0
+    assert "sandbox" in extra["error"][2] or "repo" in extra["error"][2]
+    assert list(extra["min_global_steps"])[:2] == [3, 3]
+    assert list(extra["max_global_steps"])[:2] == [4, 4]
+    assert not list(local_root.iterdir()), "sandboxes left open"
