@@ -21,7 +21,8 @@ from sandlot.sandboxes.errors import BackendNotFoundError
 from sandlot.sandboxes.registry import get_backend, resolve_backend_name
 
 
-def _split_ids(values: tuple[str, ...]) -> list[str]:
+def split_ids(values: tuple[str, ...]) -> list[str]:
+    """``--instance-ids`` values (repeated, or separated by commas/spaces) as one list."""
     return [v for value in values for v in value.replace(",", " ").split()]
 
 
@@ -110,7 +111,7 @@ def eval_command(
     except BackendNotFoundError as exc:
         raise click.BadParameter(str(exc), param_hint="--backend") from exc
     try:
-        instances = _select(load_instances(dataset), _split_ids(instance_ids))
+        instances = _select(load_instances(dataset), split_ids(instance_ids))
         if image:
             instances = [i.model_copy(update={"image": image}) for i in instances]
         preds = load_predictions(predictions, instances)

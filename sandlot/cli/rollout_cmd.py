@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
+from sandlot.cli.eval_cmd import split_ids
 from sandlot.datasets.rows import TaskRow
 from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config
 from sandlot.rollout.display import LiveDisplay
@@ -48,10 +49,6 @@ from sandlot.sandboxes.registry import get_backend
 
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"
-
-
-def _split_ids(values: tuple[str, ...]) -> list[str]:
-    return [v for value in values for v in value.replace(",", " ").split()]
 
 
 def _slug(text: str) -> str:
@@ -191,7 +188,7 @@ def rollout_command(
     except ConfigError as exc:
         raise click.ClickException(f"{config_path}: {exc}") from None
     try:
-        rows = _load(dataset, backend_name, image, _split_ids(instance_ids))
+        rows = _load(dataset, backend_name, image, split_ids(instance_ids))
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
     sampling = {"temperature": temperature} if temperature is not None else None
