@@ -22,12 +22,14 @@ Conversion (R2E-Gym's ``r2egym/agenthub/runtime/docker.py`` and uni-agent's
 the text between ``[ISSUE]`` and ``[/ISSUE]`` when present. The graded tests are not in a
 ``test_patch`` but in the image (``/r2e_tests``), so ``test_patch`` is empty and the tests are
 run by the image's ``run_tests.sh`` with the tests linked into the repository for the run only.
-R2E-Gym grades by exact equality with ``expected_output_json``; sandlot grades with
-FAIL_TO_PASS = the tests expected to pass (keys cut at ``" - "`` and stripped of colour codes,
-as R2E-Gym compares them), so an expected failure is not checked. The log parser is
-``parse_log_pytest``. Only the columns named in :data:`KEPT` stay in the instance.
+Rows are graded as R2E-Gym grades them (``log_parser`` ``r2e_gym``,
+:mod:`sandlot.datasets.r2e_gym` and :mod:`sandlot.rewards.r2e_grading`): the parsed statuses
+must equal ``expected_output_json``, expected failures included. ``FAIL_TO_PASS`` lists the
+tests expected to pass, keyed as R2E-Gym keys them (``TestClass.test_name`` or ``test_name``,
+no file path), for reports and for ``sandlot data validate``. Only the columns named in
+:data:`KEPT` stay in the instance.
 
-Environment: ``post_setup_cmd`` sets up R2E-Gym's layout (:data:`SETUP_CMD`); the hidden tests
+Environment: ``post_setup_cmd`` sets up R2E-Gym's layout (``r2e_gym.SETUP_CMD``); the hidden tests
 and ``run_tests.sh`` move out of the repository to ``/root``. ``DEPLOYMENT=local`` is not
 supported: the graded tests exist only inside the images.
 """
@@ -39,6 +41,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sandlot.datasets import r2e_gym
 from sandlot.datasets.environment import image_environment
 from sandlot.datasets.images import IMAGE_PATH, ImageNameError, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
@@ -64,56 +67,19 @@ KEPT = (
     "expected_output_json",
 )
 
-SETUP_CMD = """\
-set -e
-ln -sfn /testbed/.venv /root/.venv
-mkdir -p /root/.local/bin
-ln -sf /testbed/.venv/bin/python /root/.local/bin/python
-ln -sf /testbed/.venv/bin/python /root/.local/bin/python3
-find /testbed/.venv/bin -type f -executable -exec ln -sf {} /root/.local/bin/ \\;
-find /testbed -name '*.pyc' -delete
-find /testbed -name __pycache__ -prune -exec rm -rf {} +
-if [ -e /testbed/run_tests.sh ]; then mv /testbed/run_tests.sh /root/run_tests.sh; fi
-if [ -d /testbed/r2e_tests ]; then mv /testbed/r2e_tests /root/r2e_tests; fi
-if [ -d /r2e_tests ] && [ ! -e /root/r2e_tests ]; then mv /r2e_tests /root/r2e_tests; fi
-if [ -d /root/r2e_tests ]; then
-  find /root/r2e_tests -name '*.pyc' -delete
-  find /root/r2e_tests -name __pycache__ -prune -exec rm -rf {} +
-fi"""
-"""R2E-Gym's ``DockerRuntime.setup_env``: its venv on ``PATH``, no stale bytecode, the graded
-tests and their runner out of ``/testbed``."""
-
-TEST_CMD = """\
-rm -rf r2e_tests && ln -s /root/r2e_tests r2e_tests
-bash /root/run_tests.sh
-rc=$?
-rm -f r2e_tests
-exit $rc"""
-"""Run the graded tests with ``r2e_tests`` linked into the repository for the run only
-(R2E-Gym's ``DockerRuntime.run_tests``)."""
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ISSUE = re.compile(r"\[ISSUE\](.*)\[/ISSUE\]", re.DOTALL)
 
 
 def passing_tests(expected_output_json: str) -> list[str]:
-    """Sorted ids of the tests ``expected_output_json`` expects to pass (R2E-Gym's key cleanup).
+    """Sorted keys of the tests ``expected_output_json`` expects to pass (R2E-Gym's keys).
 
     Raises:
         SourceError: not a JSON object, or no test is expected to pass.
     """
     try:
-        expected = json.loads(expected_output_json)
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise SourceError("expected_output_json", f"not valid JSON ({exc})") from None
-    if not isinstance(expected, dict):
-        raise SourceError("expected_output_json", "must be a JSON object {test id: status}")
-    passed = {
-        _ANSI.sub("", key).split(" - ")[0] for key, status in expected.items() if status == "PASSED"
-    }
-    if not passed:
-        raise SourceError("expected_output_json", "no test is expected to pass; cannot grade")
-    return sorted(passed)
+        return r2e_gym.passing_tests(expected_output_json)
+    except ValueError as exc:
+        raise SourceError("expected_output_json", str(exc)) from None
 
 
 def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
@@ -153,10 +119,12 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
         FAIL_TO_PASS=passing_tests(record["expected_output_json"]),
         PASS_TO_PASS=[],
         problem_statement=issue.group(1).strip() if issue else statement,
-        test_cmd=TEST_CMD,
-        log_parser="parse_log_pytest",
+        test_cmd=r2e_gym.TEST_CMD,
+        log_parser=r2e_gym.R2E_GYM_LOG_PARSER,
     )
-    data.update(image_environment(record, image, IMAGE_PATH[ImageFamily.R2E_GYM], SETUP_CMD))
+    data.update(
+        image_environment(record, image, IMAGE_PATH[ImageFamily.R2E_GYM], r2e_gym.SETUP_CMD)
+    )
     return data
 
 

@@ -34,6 +34,8 @@ from types import ModuleType
 from typing import Any
 
 from sandlot.datasets.instance import DEFAULT_LOG_PARSER, Instance
+from sandlot.datasets.r2e_gym import R2E_GYM_LOG_PARSER
+from sandlot.datasets.r2e_gym import parse_log as parse_log_r2e_gym
 from sandlot.sandboxes.environment import EnvironmentRecipe
 
 LogParser = Callable[[str, Any], dict[str, str]]
@@ -139,9 +141,10 @@ def resolve_log_parser(instance: Instance) -> LogParser:
     Args:
         instance: an :class:`Instance`. ``instance.log_parser`` names a function of the
             ``swebench.harness.log_parsers`` modules, with or without its ``parse_log_``
-            prefix (``"parse_log_django"`` or ``"django"``). When it is unset, the parser is
-            ``MAP_REPO_TO_PARSER[instance.repo]`` for repos swebench knows, else
-            ``parse_log_pytest``.
+            prefix (``"parse_log_django"`` or ``"django"``), or is ``"r2e_gym"``, R2E-Gym's
+            parser (:mod:`sandlot.datasets.r2e_gym`; such rows are graded by R2E-Gym's rule).
+            When it is unset, the parser is ``MAP_REPO_TO_PARSER[instance.repo]`` for repos
+            swebench knows, else ``parse_log_pytest``.
 
     Returns:
         ``parser(log, test_spec) -> {test_id: status}`` where status is a
@@ -151,8 +154,10 @@ def resolve_log_parser(instance: Instance) -> LogParser:
         SpecError: ``log_parser`` names no known parser; the message lists the valid names.
         ImportError: ``swebench`` is not installed (names ``sandlot[eval]``).
     """
-    parsers = _log_parsers()
     name = instance.log_parser
+    if name == R2E_GYM_LOG_PARSER:
+        return parse_log_r2e_gym
+    parsers = _log_parsers()
     if name is None:
         by_repo = _swebench("swebench.harness.log_parsers").MAP_REPO_TO_PARSER
         parser: LogParser = by_repo.get(instance.repo, parsers[DEFAULT_LOG_PARSER])
@@ -161,7 +166,8 @@ def resolve_log_parser(instance: Instance) -> LogParser:
     if full not in parsers:
         raise SpecError(
             f"instance {instance.instance_id!r}: unknown log_parser {name!r}; valid names "
-            f"(the {_PARSER_PREFIX} prefix is optional): {', '.join(sorted(parsers))}"
+            f"(the {_PARSER_PREFIX} prefix is optional): {R2E_GYM_LOG_PARSER}, "
+            f"{', '.join(sorted(parsers))}"
         )
     return parsers[full]
 

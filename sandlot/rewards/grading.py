@@ -20,6 +20,7 @@ from typing import Any
 
 from sandlot._optional import require
 from sandlot.datasets.instance import Instance
+from sandlot.rewards.r2e_grading import grade_r2e, is_r2e_gym
 from sandlot.rewards.result import TestOutcome
 
 LogParser = Callable[[str, Any], dict[str, str]]
@@ -91,9 +92,16 @@ def grade(
         parser: a ``swebench.harness.log_parsers`` function.
         tests_exit_code: the test command's exit status, observed outside the log.
 
+    R2E-Gym rows (``log_parser`` ``r2e_gym``) are graded by R2E-Gym's own rule instead
+    (:mod:`sandlot.rewards.r2e_grading`; ``FAIL_TO_PASS`` reports the tests expected to pass).
+
     Raises:
         BackendUnavailableError: ``swebench`` is not installed (extra ``sandlot[eval]``).
+        ValueError: an R2E-Gym row without a valid ``expected_output_json``.
     """
+    if is_r2e_gym(instance):
+        r2e = grade_r2e(instance, log, tests_exit_code=tests_exit_code)
+        return Grade(r2e.resolved, r2e.tests_status, r2e.expected_pass, TestOutcome(), r2e.warnings)
     constants = require("swebench.harness.constants", "eval")
     grading = require("swebench.harness.grading", "eval")
 

@@ -19,6 +19,7 @@ from sandlot.rewards.evaluate import evaluate
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalStatus
 from sandlot.rewards.runner import run_evaluation
+from sandlot.rollout.rows import load_rows
 from sandlot.sandboxes.open import open as open_sandbox
 
 need_module("swebench", EVAL)
@@ -128,3 +129,64 @@ def test_rows_without_a_test_patch_are_graded_with_the_environment_tests(
     )
     other = anyio.run(lambda: evaluate(instance, untouched, backend="local"))
     assert other.status == EvalStatus.UNRESOLVED, other.error or other.log
+
+
+HIDDEN_TESTS = """\
+from minicalc import evaluate
+
+
+def test_power():
+    assert evaluate("2 ^ 10") == 1024
+
+
+class TestPrecedence:
+    def test_power_binds_tighter_than_multiplication(self):
+        assert evaluate("3 * 2 ^ 2") == 12
+
+
+def test_addition():
+    assert evaluate("1 + 2") == 3
+
+
+def test_modulo():
+    assert evaluate("7 % 4") == 3
+"""
+
+
+def test_a_real_format_r2e_row_resolves_with_its_gold_patch_only(
+    tmp_path: Path, swe_mini_repos: Path
+) -> None:
+    """The prepared R2E-Gym row (keys `test_x` / `TestX.test_y`) on the local backend: R2E's
+    layout (hidden tests and run_tests.sh under $HOME), its pytest -rA log, its grading."""
+    [row] = load_rows(run_prepare("r2e_gym_subset", tmp_path, "docker").path, backend="docker")
+    r2e = row.instance
+    home = "$HOME"
+    layout = (
+        f"mkdir -p {home}/r2e_tests && printf %s {shlex.quote(HIDDEN_TESTS)} "
+        f"> {home}/r2e_tests/test_1.py && printf %s "
+        + shlex.quote("python -m pytest -rA -p no:cacheprovider r2e_tests\n")
+        + f" > {home}/run_tests.sh"
+    )
+    instance = Instance.model_validate(
+        {
+            **r2e.model_dump(),
+            "image": {"local": "host"},
+            "repo_source": str(swe_mini_repos / "minicalc"),
+            "environment": {"pip_packages": ["pytest"]},
+            "env": {},
+            "post_setup_cmd": layout,
+            "test_cmd": (r2e.test_cmd or "").replace("/root", home),
+        }
+    )
+    gold = anyio.run(lambda: evaluate(instance, instance.patch, backend="local"))
+    assert gold.status == EvalStatus.RESOLVED, gold.error or gold.log_warnings or gold.log
+    assert gold.tests_status["TestPrecedence.test_power_binds_tighter_than_multiplication"] == (
+        "PASSED"
+    )
+    assert gold.tests_status["test_modulo"] == "FAILED"
+    wrong = "diff --git a/README.md b/README.md\n" + (
+        "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-# minicalc\n+# minicalc!\n"
+    )
+    other = anyio.run(lambda: evaluate(instance, wrong, backend="local"))
+    assert other.status == EvalStatus.UNRESOLVED, other.error or other.log
+    assert other.tests_status["test_power"] == "FAILED"

@@ -28,7 +28,7 @@ from sandlot.datasets.images import IMAGE_PATH
 from sandlot.datasets.loaders import DatasetError, load_instances
 from sandlot.datasets.local import LocalDeploymentError
 from sandlot.datasets.prepare import OutputDirError
-from sandlot.datasets.r2e_gym_subset import SETUP_CMD, TEST_CMD
+from sandlot.datasets.r2e_gym import SETUP_CMD, TEST_CMD
 from sandlot.datasets.rows import TaskRow
 from sandlot.sandboxes.images import ImageFamily
 
@@ -141,10 +141,11 @@ def test_r2e_rows_grade_with_the_hidden_tests(tmp_path: Path) -> None:
     assert "tests/" not in inst.patch and "README" not in inst.patch
     assert inst.test_patch == "" and inst.PASS_TO_PASS == []
     assert inst.FAIL_TO_PASS == [
-        "r2e_tests/test_1.py::test_addition",
-        "r2e_tests/test_1.py::test_power",
-        "r2e_tests/test_1.py::test_power_binds_tighter_than_multiplication",
+        "TestPrecedence.test_power_binds_tighter_than_multiplication",
+        "test_addition",
+        "test_power",
     ]
+    assert inst.log_parser == "r2e_gym"
     assert inst.problem_statement.startswith("Title: Support exponentiation")
     assert (inst.post_setup_cmd, inst.test_cmd) == (SETUP_CMD, TEST_CMD)
     assert inst.env == {"PATH": IMAGE_PATH[ImageFamily.R2E_GYM]}
