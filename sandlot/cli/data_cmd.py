@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
@@ -13,18 +12,10 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
 
-from sandlot.datasets.images import (
-    DEPLOYMENT_ENV,
-    DEPLOYMENTS,
-    UnknownDeploymentError,
-    resolve_deployment,
-)
-from sandlot.datasets.local import REPO_MIRROR_ENV
-from sandlot.datasets.prepare import PrepareOptions, Preprocessor, prepare
-from sandlot.datasets.prompts import PromptTemplate, load_prompt_template
-from sandlot.datasets.rows import DEFAULT_AGENT_NAME, TaskRow
-from sandlot.datasets.validate import ValidationReport, validate_file
-from sandlot.sandboxes.images import load_image_overrides
+from sandlot.datasets.command import prepare_command, print_summary
+from sandlot.datasets.prepare import Preprocessor
+from sandlot.datasets.rows import TaskRow
+from sandlot.datasets.validate import validate_file
 
 PREPROCESSORS = {
     "swe_bench_verified": "sandlot.datasets.swe_bench_verified",
@@ -36,118 +27,9 @@ PREPROCESSORS = {
 _MAX_ERRORS_SHOWN = 50
 
 
-def _deployment(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    try:
-        return resolve_deployment(value)
-    except UnknownDeploymentError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _prepare_command(pre: Preprocessor) -> click.Command:
-    @click.command(
-        pre.name,
-        context_settings={"help_option_names": ["-h", "--help"]},
-        help=f"Convert {pre.hf_id} (or --input) into <local-save-dir>/"
-        f"{pre.output_stem}_<deployment>.parquet ({{split}} is --split). The source schema, "
-        f"image names and row schema are in docs/datasets.md.",
-    )
-    @click.option(
-        "--local-save-dir",
-        default="~/data/swe_agent",
-        show_default=True,
-        type=click.Path(file_okay=False, path_type=Path),
-        help="Directory of the output file.",
-    )
-    @click.option(
-        "--input",
-        "input_",
-        default=None,
-        help=f"A local .jsonl/.json/.parquet file of source rows, or a Hugging Face dataset id "
-        f"[default: {pre.hf_id}].",
-    )
-    @click.option("--split", default=pre.default_split, show_default=True, help="Hub split.")
-    @click.option(
-        "--max-instances",
-        type=click.IntRange(min=0),
-        default=None,
-        help="Keep the first N rows (after the --seed shuffle).",
-    )
-    @click.option("--seed", type=int, default=None, help="Shuffle the rows with this seed.")
-    @click.option(
-        "--deployment",
-        envvar=DEPLOYMENT_ENV,
-        default=None,
-        callback=_deployment,
-        help=f"Image naming: {' | '.join(DEPLOYMENTS)} [env {DEPLOYMENT_ENV}; default docker].",
-    )
-    @click.option(
-        "--repo-mirror",
-        envvar=REPO_MIRROR_ENV,
-        default=None,
-        help=f"Directory of git mirrors <owner>__<name> for local rows [env {REPO_MIRROR_ENV}].",
-    )
-    @click.option(
-        "--prompt-template",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        default=None,
-        help="YAML/JSON file with `system` and `user` templates.",
-    )
-    @click.option(
-        "--image-overrides",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        default=None,
-        help="YAML/JSON object mapping instance ids to image names.",
-    )
-    @click.option("--agent-name", default=DEFAULT_AGENT_NAME, show_default=True)
-    def command(
-        local_save_dir: Path,
-        input_: str | None,
-        split: str,
-        max_instances: int | None,
-        seed: int | None,
-        deployment: Any,
-        repo_mirror: str | None,
-        prompt_template: Path | None,
-        image_overrides: Path | None,
-        agent_name: str,
-    ) -> None:
-        console = Console(stderr=True)
-        try:
-            options = PrepareOptions(
-                local_save_dir=local_save_dir,
-                deployment=deployment,
-                input=input_,
-                split=split,
-                max_instances=max_instances,
-                seed=seed,
-                template=load_prompt_template(prompt_template)
-                if prompt_template
-                else PromptTemplate(),
-                image_overrides=load_image_overrides(image_overrides) if image_overrides else {},
-                repo_mirror=repo_mirror,
-                agent_name=agent_name,
-            )
-            console.print(
-                f"[bold]sandlot data prepare[/] {pre.name}: {input_ or pre.hf_id} → "
-                f"deployment [cyan]{deployment}[/]"
-            )
-            result = prepare(pre, options)
-        except (OSError, ValueError, ImportError) as exc:
-            raise click.ClickException(str(exc)) from exc
-        _print_summary(console, result.report)
-        click.echo(f"wrote {result.rows} rows to {result.path}")
-
-    return command
-
-
 def _preprocessor(name: str) -> Preprocessor:
     pre: Preprocessor = importlib.import_module(PREPROCESSORS[name]).PREPROCESSOR
     return pre
-
-
-def run_preprocessor(pre: Preprocessor) -> None:
-    """Entry point of ``python -m sandlot.datasets.<name>``."""
-    _prepare_command(pre).main(prog_name=f"python -m sandlot.datasets.{pre.name}")
 
 
 class _PrepareGroup(click.Group):
@@ -157,7 +39,7 @@ class _PrepareGroup(click.Group):
         return list(PREPROCESSORS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        return _prepare_command(_preprocessor(cmd_name)) if cmd_name in PREPROCESSORS else None
+        return prepare_command(_preprocessor(cmd_name)) if cmd_name in PREPROCESSORS else None
 
 
 @click.group("data")
@@ -177,7 +59,7 @@ def validate_command(file: Path) -> None:
     console = Console(stderr=True)
     report = validate_file(file)
     if report.ok:
-        _print_summary(console, report)
+        print_summary(console, report)
         click.echo(f"{file}: {report.rows} rows OK")
         return
     for problem in report.errors[:_MAX_ERRORS_SHOWN]:
@@ -240,20 +122,3 @@ def _print_row(console: Console, row: TaskRow, index: int) -> None:
             Syntax(row.instance.model_dump_json(indent=2), "json", word_wrap=True), title="metadata"
         )
     )
-
-
-def _print_summary(console: Console, report: ValidationReport) -> None:
-    table = Table(title=f"{report.path.name}", show_header=False)
-
-    def top(counter: Any, n: int = 3) -> str:
-        shown = ", ".join(f"{k} ({v})" for k, v in counter.most_common(n))
-        return f"{len(counter)}: {shown}" + (" ..." if len(counter) > n else "")
-
-    table.add_row("rows", str(report.rows))
-    table.add_row("repos", top(report.repos))
-    table.add_row("images", top(report.images, 2))
-    table.add_row("deployments", top(report.deployments))
-    table.add_row("data sources", top(report.data_sources))
-    table.add_row("agent names", top(report.agent_names))
-    table.add_row("extra columns (kept)", ", ".join(report.extra_columns) or "none")
-    console.print(table)

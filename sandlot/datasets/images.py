@@ -31,6 +31,10 @@ Deployment = Literal["local", "docker", "modal", "vefaas"]
 
 DEPLOYMENTS: tuple[Deployment, ...] = get_args(Deployment)
 DEPLOYMENT_ENV = "DEPLOYMENT"
+DEFAULT_DEPLOYMENT: Deployment = "docker"
+"""The deployment of prepared rows when ``$DEPLOYMENT`` is unset: real SWE rows run in their
+per-instance images. (``sandlot.open`` and ``sandlot eval`` default to the ``local`` backend,
+which needs no daemon; they run a prepared row on the backend its ``sandbox.backend`` names.)"""
 LOCAL_IMAGE = "host"
 """The image of ``local`` rows: the host's root, read-only, inside a bubblewrap jail."""
 
@@ -52,13 +56,14 @@ class ImageNameError(ValueError):
 
 
 def resolve_deployment(value: str | None = None) -> Deployment:
-    """Return ``value``, else ``$DEPLOYMENT``, else ``"docker"``, checked and lower-cased.
+    """Return ``value``, else ``$DEPLOYMENT``, else :data:`DEFAULT_DEPLOYMENT`, checked and
+    lower-cased.
 
     Raises:
         UnknownDeploymentError: the name is not one of :data:`DEPLOYMENTS`; the message lists
             them.
     """
-    raw = value if value is not None else os.environ.get(DEPLOYMENT_ENV) or "docker"
+    raw = value if value is not None else os.environ.get(DEPLOYMENT_ENV) or DEFAULT_DEPLOYMENT
     name = raw.strip().lower()
     for known in DEPLOYMENTS:
         if name == known:

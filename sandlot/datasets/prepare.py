@@ -8,21 +8,27 @@ it requires, and a ``convert`` function from one source record to the fields of 
 0. checks that the output directory can be written (before a long download, not after);
 1. reads the source (:func:`sandlot.datasets.sources.read_source`);
 2. selects rows: with ``seed``, a reproducible shuffle; then the first ``max_instances``;
-3. converts each selected record, checks the required fields and validates the instance (every
-   problem is a :class:`~sandlot.datasets.loaders.DatasetError` naming the input, the record
-   and the field);
+3. converts each selected record, checks the required fields and validates the instance;
 4. renders the prompt (:class:`~sandlot.datasets.prompts.PromptTemplate`), builds the
-   :class:`~sandlot.datasets.rows.TaskRow` and writes ``<local_save_dir>/<stem>_<deployment>
-   .parquet`` (:func:`sandlot.datasets.parquet.write_rows`);
-5. re-reads the file with :func:`sandlot.datasets.validate.validate_file` and fails if any row
-   is rejected, so a file it leaves behind is one ``sandlot data validate`` accepts.
+   :class:`~sandlot.datasets.rows.TaskRow` and checks that it would run
+   (:func:`sandlot.datasets.validate.row_problems`: tests to grade, a known log parser, a
+   test command, an image the deployment can pull, no solution in the prompt). Every problem
+   is a :class:`~sandlot.datasets.loaders.DatasetError` naming the input, the record, the
+   instance and the field; by default the first one stops the run, with ``skip_invalid`` the
+   record is left out and listed in ``<stem>_<deployment>.rejected.jsonl``;
+5. writes the rows to a temporary file next to ``<local_save_dir>/<stem>_<deployment>.parquet``
+   (:func:`sandlot.datasets.parquet.write_rows`), re-reads it with
+   :func:`sandlot.datasets.validate.validate_file` and renames it into place only if every
+   row passes: a file it leaves behind is one ``sandlot data validate`` accepts, and a failed
+   run never replaces the previous output.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -32,11 +38,11 @@ from sandlot.datasets.images import Deployment
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import DatasetError, instance_from_record
 from sandlot.datasets.local import LocalDeploymentError, resolve_mirror
-from sandlot.datasets.parquet import write_rows
+from sandlot.datasets.parquet import write_rows, write_text_atomic
 from sandlot.datasets.prompts import PromptTemplate
 from sandlot.datasets.rows import DEFAULT_AGENT_NAME, TaskRow, build_row
 from sandlot.datasets.sources import Record, read_source
-from sandlot.datasets.validate import ValidationReport, validate_file
+from sandlot.datasets.validate import ValidationReport, row_problems, validate_file
 
 
 class SourceError(ValueError):
@@ -101,15 +107,20 @@ class PrepareOptions:
     image_overrides: Mapping[str, str] = field(default_factory=dict)
     repo_mirror: str | None = None
     agent_name: str = DEFAULT_AGENT_NAME
+    skip_invalid: bool = False
+    """Leave invalid records out (listed in ``<output>.rejected.jsonl``) instead of stopping."""
 
 
 @dataclass
 class PrepareResult:
-    """The file written, its row count and its validation report (always ``ok``)."""
+    """The file written, its row count, its validation report (always ``ok``), and the records
+    left out by ``skip_invalid`` with the file that lists them."""
 
     path: Path
     rows: int
     report: ValidationReport
+    rejected: list[DatasetError] = field(default_factory=list)
+    rejected_path: Path | None = None
 
 
 class OutputDirError(OSError):
@@ -128,8 +139,11 @@ def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
     Raises:
         LocalDeploymentError: ``local`` is not supported by ``pre`` or has no mirror directory.
         FileNotFoundError: the input file does not exist.
-        DatasetError: a record is invalid (names input, record, instance and field), or
-            repeats an ``instance_id``.
+        DatasetError: a record is invalid (names input, record, instance and field), repeats an
+            ``instance_id``, or would not run (:func:`~sandlot.datasets.validate.row_problems`);
+            with ``options.skip_invalid`` such records are left out and listed in
+            ``result.rejected`` instead. Also raised when no valid row is left, or when the
+            written file fails validation; the previous output file is then left untouched.
         OutputDirError: the output directory cannot be created or written (checked first).
         ImportError: ``datasets`` (Hugging Face input) or ``pyarrow`` is missing.
     """
@@ -150,34 +164,105 @@ def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
     source = options.input or pre.hf_id
     records = _select(read_source(source, split=options.split or pre.default_split), options)
     rows: list[TaskRow] = []
+    rejected: list[DatasetError] = []
     seen: dict[str, str] = {}
     for where, record in records:
-        instance = convert_record(pre, record, ctx, source=source, where=where)
-        if instance.instance_id in seen:
+        try:
+            row = _build(pre, record, ctx, options, source, where, len(rows), seen)
+        except DatasetError as exc:
+            if not options.skip_invalid:
+                raise
+            rejected.append(exc)
+            continue
+        seen[row.extra_info.instance_id] = where
+        rows.append(row)
+    if rejected and not rows:
+        raise DatasetError(source, f"all {len(rejected)} rows are invalid; first: {rejected[0]}")
+    report_path = write_rejected(rejected, rejected_path(target)) if rejected else None
+    checked: list[ValidationReport] = []
+
+    def check(written: Path) -> None:
+        report = validate_file(written)
+        if not report.ok:
             raise DatasetError(
-                source,
-                f"duplicate instance_id, first seen at {seen[instance.instance_id]}",
-                where=where,
-                instance_id=instance.instance_id,
-                fields=("instance_id",),
+                target, f"the converted rows fail validation, not written: {report.errors[0]}"
             )
-        seen[instance.instance_id] = where
-        rows.append(
-            build_row(
-                instance,
-                index=len(rows),
-                prompt=options.template.render(instance),
-                data_source=pre.hf_id,
-                reward_name=pre.reward_name,
-                deployment=options.deployment,
-                agent_name=options.agent_name,
-            )
+        checked.append(report)
+
+    path = write_rows(rows, target, check=check)
+    return PrepareResult(
+        path=path, rows=len(rows), report=checked[0], rejected=rejected, rejected_path=report_path
+    )
+
+
+def _build(
+    pre: Preprocessor,
+    record: Any,
+    ctx: ConvertContext,
+    options: PrepareOptions,
+    source: str,
+    where: str,
+    index: int,
+    seen: Mapping[str, str],
+) -> TaskRow:
+    """One source record → its checked row, or a :class:`DatasetError` naming the record."""
+    instance = convert_record(pre, record, ctx, source=source, where=where)
+    if instance.instance_id in seen:
+        raise DatasetError(
+            source,
+            f"duplicate instance_id, first seen at {seen[instance.instance_id]}",
+            where=where,
+            instance_id=instance.instance_id,
+            fields=("instance_id",),
         )
-    path = write_rows(rows, target)
-    report = validate_file(path)
-    if not report.ok:
-        raise RuntimeError(f"sandlot wrote {path} but rejects it: {report.errors[0]}")
-    return PrepareResult(path=path, rows=len(rows), report=report)
+    try:
+        prompt = options.template.render(instance)
+    except ValueError as exc:
+        raise DatasetError(
+            source, str(exc), where=where, instance_id=instance.instance_id, fields=("prompt",)
+        ) from None
+    row = build_row(
+        instance,
+        index=index,
+        prompt=prompt,
+        data_source=pre.hf_id,
+        reward_name=pre.reward_name,
+        deployment=options.deployment,
+        agent_name=options.agent_name,
+    )
+    problems = row_problems(row)
+    if problems:
+        raise DatasetError(
+            source,
+            "; ".join(f"{p.field}: {p.problem} (fix: {p.fix})" for p in problems),
+            where=where,
+            instance_id=instance.instance_id,
+            fields=tuple(p.field for p in problems),
+        )
+    return row
+
+
+def rejected_path(target: Path) -> Path:
+    """``<output>.rejected.jsonl``: the report of the rows ``--skip-invalid`` left out."""
+    return target.with_name(target.name.removesuffix(".parquet") + ".rejected.jsonl")
+
+
+def write_rejected(rejected: Sequence[DatasetError], path: Path) -> Path:
+    """Write one JSON object per rejected record: ``where``, ``instance_id``, ``fields``,
+    ``problem`` (the input is the one of the run)."""
+    lines = [
+        json.dumps(
+            {
+                "where": e.where,
+                "instance_id": e.instance_id,
+                "fields": list(e.fields),
+                "problem": e.problem,
+            }
+        )
+        for e in rejected
+    ]
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    return path
 
 
 def convert_record(

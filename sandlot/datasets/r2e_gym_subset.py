@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandlot.datasets import r2e_gym
+from sandlot.datasets.command import run_preprocessor
 from sandlot.datasets.environment import image_environment
 from sandlot.datasets.images import IMAGE_PATH, ImageNameError, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
@@ -140,6 +141,4 @@ PREPROCESSOR = Preprocessor(
 )
 
 if __name__ == "__main__":
-    from sandlot.cli.data_cmd import run_preprocessor
-
     run_preprocessor(PREPROCESSOR)

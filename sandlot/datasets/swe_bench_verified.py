@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sandlot.datasets.command import run_preprocessor
 from sandlot.datasets.environment import image_environment, local_environment
 from sandlot.datasets.images import IMAGE_PATH, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor
@@ -74,6 +75,4 @@ PREPROCESSOR = Preprocessor(
 )
 
 if __name__ == "__main__":
-    from sandlot.cli.data_cmd import run_preprocessor
-
     run_preprocessor(PREPROCESSOR)

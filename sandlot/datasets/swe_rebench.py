@@ -36,6 +36,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sandlot.datasets.command import run_preprocessor
 from sandlot.datasets.environment import image_environment, local_environment
 from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH, image_name
@@ -144,6 +145,4 @@ PREPROCESSOR = Preprocessor(
 )
 
 if __name__ == "__main__":
-    from sandlot.cli.data_cmd import run_preprocessor
-
     run_preprocessor(PREPROCESSOR)

@@ -13,8 +13,9 @@ returns a :class:`ValidationReport`. It checks, in order:
    ``Instance``); the ids in ``reward_model.ground_truth``, ``extra_info.instance_id`` and the
    metadata agree; ``tools_kwargs.env`` repeats the instance's environment fields; the prompt
    has a system and a user message and contains neither the gold patch nor the test patch;
-   ``FAIL_TO_PASS`` is not empty; the image fits the backend; a local ``repo_source`` path
-   exists on this machine;
+   ``FAIL_TO_PASS`` is not empty; the image fits the backend (:func:`image_misfit`); a local
+   ``repo_source`` path exists on this machine; the ``log_parser`` is known and there is a
+   test command (:func:`test_problems`, needs ``swebench``);
 3. the file again: ``extra_info.index`` and ``instance_id`` are unique.
 
 Extra columns and extra ``extra_info`` fields are kept (verl passes them to the agent loop);
@@ -36,6 +37,11 @@ from sandlot.datasets.images import LOCAL_IMAGE
 from sandlot.datasets.instance import is_remote_source
 from sandlot.datasets.prompts import find_leak
 from sandlot.datasets.rows import TaskRow
+from sandlot.datasets.swebench_specs import SpecError, resolve_log_parser, resolve_test_cmd
+from sandlot.sandboxes.images import backend_image
+
+VEFAAS_REGISTRY_SUFFIX = ".cr.volces.com"
+"""Host suffix of the Volcengine container registry that veFaaS sandboxes pull from."""
 
 REQUIRED_COLUMNS = ("prompt", "data_source", "agent_name", "reward_model", "extra_info")
 _ENV = "extra_info.tools_kwargs.env"
@@ -226,15 +232,82 @@ def row_problems(row: TaskRow, index: int | None = None) -> list[Problem]:
                     f"create it (git clone --mirror <url of {inst.repo}> {source})",
                 )
             )
-    elif env.image == LOCAL_IMAGE:
+    misfit = image_misfit(env.image, backend)
+    if misfit:
         problems.append(
             Problem(
                 index,
                 f"{_ENV}.image",
-                f"{LOCAL_IMAGE!r} only exists on the local backend, not on {backend}",
-                f"re-run `sandlot data prepare` with DEPLOYMENT={backend}",
+                misfit,
+                f"re-run `sandlot data prepare` with the DEPLOYMENT the image is for, or fix "
+                f"--image-overrides (sandbox.backend is {backend})",
             )
         )
+    return problems + test_problems(row, index)
+
+
+def image_misfit(image: str, backend: str) -> str | None:
+    """Why ``backend`` cannot run ``image``, or ``None``.
+
+    ``local`` runs the host (:data:`~sandlot.datasets.images.LOCAL_IMAGE`) or a root
+    filesystem path, never a registry image; ``docker`` and ``modal`` cannot pull from the
+    veFaaS registry (``*.cr.volces.com``); ``vefaas`` pulls only from it, after mapping the
+    canonical names of the image families (:func:`sandlot.sandboxes.images.backend_image`).
+    """
+    if backend == "local":
+        if image == LOCAL_IMAGE or image.startswith("/"):
+            return None
+        return f"{image!r} is a registry image; the local backend runs {LOCAL_IMAGE!r} or a rootfs"
+    if image == LOCAL_IMAGE:
+        return f"{LOCAL_IMAGE!r} only exists on the local backend, not on {backend}"
+    if backend == "vefaas":
+        if _is_vefaas_registry(backend_image(image, "vefaas", overrides={})):
+            return None
+        return f"{image!r} is neither in the veFaaS registry nor an image family veFaaS mirrors"
+    if _is_vefaas_registry(image):
+        return f"{image!r} is in the veFaaS registry, which {backend} cannot pull from"
+    return None
+
+
+def _is_vefaas_registry(image: str) -> bool:
+    return image.split("/", 1)[0].endswith(VEFAAS_REGISTRY_SUFFIX)
+
+
+def test_problems(row: TaskRow, index: int | None = None) -> list[Problem]:
+    """The row's tests cannot be run or read: an unknown ``log_parser``, or no ``test_cmd``
+    and none in swebench's specifications for its ``repo``/``version``.
+
+    Both need ``swebench`` unless the row names its own test command and R2E-Gym's parser;
+    without ``swebench`` installed (``sandlot[eval]``) those checks are skipped.
+    """
+    inst = row.instance
+    problems = []
+    try:
+        resolve_log_parser(inst)
+    except SpecError as exc:
+        problems.append(
+            Problem(
+                index,
+                f"{_METADATA}.log_parser",
+                str(exc),
+                "name one of the listed parsers, or drop the field to use the repo's default",
+            )
+        )
+    except ImportError:
+        pass
+    try:
+        resolve_test_cmd(inst)
+    except SpecError as exc:
+        problems.append(
+            Problem(
+                index,
+                f"{_METADATA}.test_cmd",
+                str(exc),
+                "set test_cmd, or a repo and version swebench knows",
+            )
+        )
+    except ImportError:
+        pass
     return problems
 
 

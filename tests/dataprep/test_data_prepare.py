@@ -98,7 +98,9 @@ def test_swe_bench_rows_use_the_image_as_is(tmp_path: Path) -> None:
     source = fixture_rows("swe_bench_verified")[0]
     assert rows[0].data_source == "princeton-nlp/SWE-bench_Verified"
     assert rows[0].extra_info.tools_kwargs.reward.name == "swe_bench"
-    assert inst.post_setup_cmd is None and inst.test_cmd is None
+    # The fixture's repositories are not in swebench's specifications: its rows name their
+    # test command, a field sandlot's instance files add to the SWE-bench columns.
+    assert inst.post_setup_cmd is None and inst.test_cmd == source["test_cmd"]
     assert inst.env == {"PATH": IMAGE_PATH[ImageFamily.SWE_BENCH]}
     assert json.loads(source["FAIL_TO_PASS"]) == inst.FAIL_TO_PASS
     extras = inst.model_extra or {}
