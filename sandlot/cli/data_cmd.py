@@ -1,10 +1,12 @@
-"""``sandlot data``: prepare verl parquet files from SWE datasets, validate them, show a row."""
+"""``sandlot data``: prepare verl parquet files from SWE datasets, validate them, convert
+another tool's rows (uni-agent), show a row."""
 
 from __future__ import annotations
 
 import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -13,8 +15,11 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from sandlot.datasets.command import prepare_command, print_summary
+from sandlot.datasets.convert import SOURCES, convert_file
+from sandlot.datasets.images import DEPLOYMENTS
 from sandlot.datasets.prepare import Preprocessor
 from sandlot.datasets.rows import TaskRow
+from sandlot.datasets.uni_agent import LAYOUT as UNI_AGENT
 from sandlot.datasets.validate import validate_file
 
 PREPROCESSORS = {
@@ -58,6 +63,13 @@ def validate_command(file: Path) -> None:
     """Check every row of FILE; print each problem with its fix, or a summary."""
     console = Console(stderr=True)
     report = validate_file(file)
+    if report.layout == UNI_AGENT:
+        click.echo(
+            f"{file} has uni-agent's row layout (its preprocessing scripts): sandlot eval, "
+            "rollout and train read it as converted below; `sandlot data convert --from "
+            "uni-agent` writes it in sandlot's layout",
+            err=True,
+        )
     if report.ok:
         print_summary(console, report)
         click.echo(f"{file}: {report.rows} rows OK")
@@ -67,6 +79,40 @@ def validate_command(file: Path) -> None:
     if len(report.errors) > _MAX_ERRORS_SHOWN:
         click.echo(f"... and {len(report.errors) - _MAX_ERRORS_SHOWN} more", err=True)
     raise click.ClickException(f"{file}: {len(report.errors)} problem(s) in {report.rows} rows")
+
+
+@data_group.command("convert")
+@click.option(
+    "--from", "layout", type=click.Choice(SOURCES), required=True, help="The input's layout."
+)
+@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--deployment",
+    type=click.Choice(DEPLOYMENTS),
+    default=None,
+    help="sandbox.backend of the rows [default: vefaas for veFaaS registry images, else docker].",
+)
+@click.option(
+    "--skip-invalid",
+    is_flag=True,
+    help="Leave invalid rows out and list them in <output>.rejected.jsonl.",
+)
+def convert_command(
+    layout: str, source: Path, output: Path, deployment: Any, skip_invalid: bool
+) -> None:
+    """Rewrite SOURCE (rows of another tool) into sandlot rows at OUTPUT (parquet)."""
+    try:
+        result = convert_file(source, output, backend=deployment, skip_invalid=skip_invalid)
+    except (OSError, ValueError, ImportError) as exc:
+        raise click.ClickException(str(exc)) from None
+    print_summary(Console(stderr=True), result.report)
+    if result.rejected_path is not None:
+        click.echo(
+            f"skipped {len(result.rejected)} invalid rows, listed in {result.rejected_path}",
+            err=True,
+        )
+    click.echo(f"wrote {result.rows} rows to {result.path}")
 
 
 @data_group.command("show")

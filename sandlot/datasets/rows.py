@@ -32,6 +32,9 @@ Everything else has one fixed type (:func:`sandlot.datasets.parquet.row_arrow_sc
 
 ``metadata`` is the whole :class:`~sandlot.datasets.instance.Instance` the evaluator takes; the
 ``env`` fields repeat its environment fields for the agent loop and must agree with them.
+
+Rows written by uni-agent's preprocessing scripts are read too: :class:`TaskRow` rewrites
+them on validation (:mod:`sandlot.datasets.uni_agent`).
 """
 
 from __future__ import annotations
@@ -40,10 +43,18 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from sandlot.datasets.images import Deployment
 from sandlot.datasets.instance import Instance, is_remote_source
+from sandlot.datasets.uni_agent import is_uni_agent_row, to_sandlot_record
 
 ROW_SCHEMA_VERSION: Final = 1
 DEFAULT_AGENT_NAME = "swe_agent"
@@ -145,6 +156,14 @@ class TaskRow(BaseModel):
     reward_model: RewardModel
     extra_info: ExtraInfo
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_uni_agent(cls, data: Any) -> Any:
+        # Rows made by uni-agent's preprocessing scripts are read in their sandlot form.
+        if isinstance(data, Mapping) and is_uni_agent_row(data):
+            return to_sandlot_record(data)
+        return data
+
     @property
     def instance(self) -> Instance:
         """The instance the evaluator takes (``extra_info.tools_kwargs.reward.metadata``)."""
@@ -153,6 +172,9 @@ class TaskRow(BaseModel):
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> TaskRow:
         """Validate a record as read from parquet (JSON fields as text or already decoded).
+
+        A row in one of uni-agent's layouts is rewritten first
+        (:func:`sandlot.datasets.uni_agent.to_sandlot_record`).
 
         Raises:
             pydantic.ValidationError: a field is missing or has the wrong type.

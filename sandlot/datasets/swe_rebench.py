@@ -32,7 +32,6 @@ from the mirror directory and then run ``install_config.pre_install`` and ``inst
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +40,7 @@ from sandlot.datasets.environment import image_environment, local_environment
 from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
+from sandlot.datasets.swebench_specs import test_directives
 from sandlot.sandboxes.images import ImageFamily
 
 REQUIRED = (
@@ -56,41 +56,6 @@ REQUIRED = (
 )
 DROPPED = ("requirements", "environment")
 """Source columns not kept in the instance: the frozen environments the images were built from."""
-
-NON_TEST_EXTS = (
-    ".json",
-    ".png",
-    "csv",
-    ".txt",
-    ".md",
-    ".jpg",
-    ".jpeg",
-    ".pkl",
-    ".yml",
-    ".yaml",
-    ".toml",
-)
-"""``swebench.harness.constants.NON_TEST_EXTS``: files of a test patch that are not test targets."""
-_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
-
-
-def test_directives(test_patch: str) -> list[str]:
-    """Test files a patch adds or changes (not deletes), minus data files, in patch order.
-
-    The same list as swebench's ``get_test_directives`` for non-Django repositories
-    (``swebench/harness/test_spec/python.py``: the patch's changed files that are not removed,
-    without :data:`NON_TEST_EXTS`).
-    """
-    files: list[str] = []
-    chunks = _DIFF_HEADER.split(test_patch)
-    # split() yields [prefix, a, b, body, a, b, body, ...]
-    for i in range(1, len(chunks) - 2, 3):
-        new_path, body = chunks[i + 1], chunks[i + 2]
-        deleted = re.search(r"^deleted file mode|^\+\+\+ /dev/null", body, re.MULTILINE)
-        if deleted or new_path.endswith(NON_TEST_EXTS) or new_path in files:
-            continue
-        files.append(new_path)
-    return files
 
 
 def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -229,3 +230,39 @@ def spec_environment(instance: Instance) -> EnvironmentRecipe | None:
     return EnvironmentRecipe(
         python=spec.get("python"), pip_packages=packages, install=install or None
     )
+
+
+NON_TEST_EXTS = (
+    ".json",
+    ".png",
+    "csv",
+    ".txt",
+    ".md",
+    ".jpg",
+    ".jpeg",
+    ".pkl",
+    ".yml",
+    ".yaml",
+    ".toml",
+)
+"""``swebench.harness.constants.NON_TEST_EXTS``: files of a test patch that are not test targets."""
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+
+
+def test_directives(test_patch: str) -> list[str]:
+    """Test files a patch adds or changes (not deletes), minus data files, in patch order.
+
+    The same list as swebench's ``get_test_directives`` for non-Django repositories
+    (``swebench/harness/test_spec/python.py``: the patch's changed files that are not removed,
+    without :data:`NON_TEST_EXTS`).
+    """
+    files: list[str] = []
+    chunks = _DIFF_HEADER.split(test_patch)
+    # split() yields [prefix, a, b, body, a, b, body, ...]
+    for i in range(1, len(chunks) - 2, 3):
+        new_path, body = chunks[i + 1], chunks[i + 2]
+        deleted = re.search(r"^deleted file mode|^\+\+\+ /dev/null", body, re.MULTILINE)
+        if deleted or new_path.endswith(NON_TEST_EXTS) or new_path in files:
+            continue
+        files.append(new_path)
+    return files

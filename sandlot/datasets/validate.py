@@ -18,6 +18,10 @@ returns a :class:`ValidationReport`. It checks, in order:
    test command (:func:`test_problems`, needs ``swebench``);
 3. the file again: ``extra_info.index`` and ``instance_id`` are unique.
 
+A file written by uni-agent's preprocessing scripts is recognised by its schema
+(:func:`is_uni_agent_schema`); its rows are checked as sandlot reads them, rewritten by
+:mod:`sandlot.datasets.uni_agent`, and ``report.layout`` says ``"uni-agent"``.
+
 Extra columns and extra ``extra_info`` fields are kept (verl passes them to the agent loop);
 inside ``tools_kwargs`` unknown fields are errors, so a misspelt key is never silently ignored.
 """
@@ -38,6 +42,8 @@ from sandlot.datasets.instance import is_remote_source
 from sandlot.datasets.prompts import find_leak
 from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.swebench_specs import SpecError, resolve_log_parser, resolve_test_cmd
+from sandlot.datasets.uni_agent import LAYOUT as UNI_AGENT
+from sandlot.datasets.uni_agent import UniAgentRowError, to_sandlot_record
 from sandlot.sandboxes.images import backend_image
 
 VEFAAS_REGISTRY_SUFFIX = ".cr.volces.com"
@@ -54,6 +60,7 @@ _OPTIONAL_FIELDS = {
     "extra_info.schema_version",
 }
 _REMAKE = "re-create the file with `sandlot data prepare`"
+_CONVERT = "fix the row, or leave it out: `sandlot data convert --from uni-agent --skip-invalid`"
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,9 @@ class ValidationReport:
     deployments: Counter[str] = field(default_factory=Counter)
     data_sources: Counter[str] = field(default_factory=Counter)
     agent_names: Counter[str] = field(default_factory=Counter)
+    layout: str = "sandlot"
+    """``"sandlot"``, or ``"uni-agent"`` for a file written by uni-agent's scripts (read
+    through :mod:`sandlot.datasets.uni_agent`)."""
 
     @property
     def ok(self) -> bool:
@@ -112,6 +122,10 @@ def validate_file(path: str | os.PathLike[str]) -> ValidationReport:
         return report
     actual = parquet.schema_arrow
     expected = row_arrow_schema()
+    if is_uni_agent_schema(actual):
+        report.layout = UNI_AGENT
+        _check_rows(report, parquet)
+        return report
     for name in REQUIRED_COLUMNS:
         if actual.get_field_index(name) < 0:
             report.errors.append(Problem(None, name, "required column is missing", _REMAKE))
@@ -120,13 +134,43 @@ def validate_file(path: str | os.PathLike[str]) -> ValidationReport:
                 name, actual.field(name).type, expected.field(name).type
             )
     report.extra_columns = _extra_columns(actual, expected)
-    if report.errors:
-        return report
+    if not report.errors:
+        _check_rows(report, parquet)
+    return report
+
+
+def is_uni_agent_schema(schema: Any) -> bool:
+    """``True`` for the Arrow schema of a file written by uni-agent's preprocessing scripts
+    (``extra_info.tools_kwargs`` holds ``env.deployment`` or ``task``;
+    :mod:`sandlot.datasets.uni_agent`)."""
+    import pyarrow as pa
+
+    try:
+        tools = schema.field("extra_info").type.field("tools_kwargs").type
+    except (KeyError, AttributeError):
+        return False
+    if not pa.types.is_struct(tools):
+        return False
+    if tools.get_field_index("task") >= 0:
+        return True
+    if tools.get_field_index("env") < 0 or not pa.types.is_struct(tools.field("env").type):
+        return False
+    return bool(tools.field("env").type.get_field_index("deployment") >= 0)
+
+
+def _check_rows(report: ValidationReport, parquet: Any) -> None:
+    """Check every row (2.) and the file's unique keys (3.); rows in uni-agent's layout are
+    rewritten first, numbered by their position."""
     first_row: dict[tuple[str, object], int] = {}
     for i, record in enumerate(_records(parquet)):
         report.rows += 1
         try:
+            if report.layout == UNI_AGENT:
+                record = to_sandlot_record(record, index=i)
             row = TaskRow.from_record(record)
+        except UniAgentRowError as exc:
+            report.errors.append(Problem(i, "extra_info.tools_kwargs", str(exc), _CONVERT))
+            continue
         except ValidationError as exc:
             report.errors += _pydantic_problems(i, exc)
             continue
@@ -141,7 +185,6 @@ def validate_file(path: str | os.PathLike[str]) -> ValidationReport:
                 report.errors.append(
                     Problem(i, label, f"{key!r} repeats row {first}", "make it unique")
                 )
-    return report
 
 
 def consistency_problems(row: TaskRow, index: int | None = None) -> list[Problem]:
