@@ -1,9 +1,9 @@
 """Dataset rows: the :class:`Instance` model, loaders, swebench-derived test settings, and the
 verl parquet rows of ``sandlot data`` (:class:`TaskRow`, :func:`validate_file`)."""
 
+from sandlot.datasets.errors import DatasetError
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import (
-    DatasetError,
     instance_from_record,
     iter_instances,
     load_instances,

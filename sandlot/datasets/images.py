@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 from typing import Literal, get_args
 
+from sandlot.datasets.errors import DatasetMessageError
 from sandlot.sandboxes.images import IMAGE_TEMPLATES, ImageFamily, image_key
 
 Deployment = Literal["local", "docker", "modal", "vefaas"]
@@ -47,11 +48,11 @@ IMAGE_PATH: dict[ImageFamily, str] = {
 """``PATH`` of the test environment inside each family's images."""
 
 
-class UnknownDeploymentError(ValueError):
+class UnknownDeploymentError(DatasetMessageError):
     """``DEPLOYMENT`` names no known deployment."""
 
 
-class ImageNameError(ValueError):
+class ImageNameError(DatasetMessageError):
     """An image name cannot be built for an instance (a template field is missing)."""
 
 

@@ -24,7 +24,6 @@ Every problem raises :class:`DatasetError` naming the file, the record and the f
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -33,6 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sandlot.datasets.errors import DatasetError
 from sandlot.datasets.instance import Instance, is_remote_source
 from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.validate import consistency_problems
@@ -41,51 +41,6 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 """File name endings :func:`load_instances` reads."""
 
 _PARQUET_BATCH_ROWS = 1024
-
-
-class DatasetError(ValueError):
-    """A dataset file or one of its records is invalid.
-
-    Attributes:
-        source: the dataset file.
-        problem: what is wrong, without the location.
-        where: the record's position: ``"line 3"`` (JSONL, 1-based), ``"index 0"`` (JSON list,
-            0-based), ``"key 'x'"`` (JSON mapping), ``"row 7"`` (parquet, 0-based); ``None`` for
-            errors about the whole file.
-        instance_id: the record's ``instance_id`` when known.
-        fields: the offending fields, empty when the problem is not about one field.
-    """
-
-    def __init__(
-        self,
-        source: str | os.PathLike[str],
-        problem: str,
-        *,
-        where: str | None = None,
-        instance_id: str | None = None,
-        fields: tuple[str, ...] = (),
-    ) -> None:
-        self.source = str(source)
-        self.problem = problem
-        self.where = where
-        self.instance_id = instance_id
-        self.fields = fields
-        location = self.source if where is None else f"{self.source}, {where}"
-        if instance_id is not None:
-            location += f" (instance_id {instance_id!r})"
-        super().__init__(f"{location}: {problem}")
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Keyword-only arguments are not in ``self.args``; keep the error picklable (workers).
-        rebuild = functools.partial(
-            type(self),
-            self.source,
-            self.problem,
-            where=self.where,
-            instance_id=self.instance_id,
-            fields=self.fields,
-        )
-        return rebuild, ()
 
 
 def load_instances(path: str | os.PathLike[str]) -> list[Instance]:

@@ -22,10 +22,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sandlot.datasets.errors import DatasetMessageError
+
 REPO_MIRROR_ENV = "SANDLOT_REPO_MIRROR"
 
 
-class LocalDeploymentError(ValueError):
+class LocalDeploymentError(DatasetMessageError):
     """A local row cannot be built (no mirror directory given)."""
 
 

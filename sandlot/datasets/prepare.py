@@ -34,6 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from sandlot.datasets.errors import DatasetMessageError
 from sandlot.datasets.images import Deployment
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import DatasetError, instance_from_record
@@ -45,13 +46,16 @@ from sandlot.datasets.sources import Record, read_source
 from sandlot.datasets.validate import ValidationReport, row_problems, validate_file
 
 
-class SourceError(ValueError):
+class SourceError(DatasetMessageError):
     """A source record cannot be converted; ``field`` names the offending source field."""
 
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(problem)
         self.field = field
-        self.problem = problem
+        self.fields = (field,)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), (self.field, self.problem)
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
             f"{', '.join(pre.deployments)}"
         )
     if options.max_instances is not None and options.max_instances < 0:
-        raise ValueError(f"max_instances must be >= 0, got {options.max_instances}")
+        raise DatasetMessageError(f"max_instances must be >= 0, got {options.max_instances}")
     target = output_path(pre, options)
     _check_writable(target.parent)
     ctx = ConvertContext(

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from sandlot.datasets.errors import DatasetMessageError
 from sandlot.datasets.instance import Instance
 
 PROMPT_FIELDS = ("problem_statement", "repo", "instance_id", "workdir", "base_commit")
@@ -47,7 +48,7 @@ DEFAULT_USER = "\n".join(
 )
 
 
-class PromptLeakError(ValueError):
+class PromptLeakError(DatasetMessageError):
     """A template asks for a forbidden field, or a rendered prompt contains the solution."""
 
 
@@ -113,9 +114,11 @@ def load_prompt_template(path: str | Path) -> PromptTemplate:
     try:
         data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{file}: not valid JSON/YAML ({exc})") from None
+        raise DatasetMessageError(f"{file}: not valid JSON/YAML ({exc})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{file}: a prompt template is an object with 'system' and 'user'")
+        raise DatasetMessageError(
+            f"{file}: a prompt template is an object with 'system' and 'user'"
+        )
     try:
         return PromptTemplate.model_validate(data)
     except ValidationError as exc:
@@ -123,4 +126,4 @@ def load_prompt_template(path: str | Path) -> PromptTemplate:
             f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         )
-        raise ValueError(f"{file}: {problems}") from None
+        raise DatasetMessageError(f"{file}: {problems}") from None

@@ -28,6 +28,8 @@ import json
 import re
 from typing import Any
 
+from sandlot.datasets.errors import DatasetMessageError
+
 R2E_GYM_LOG_PARSER = "r2e_gym"
 """``Instance.log_parser`` of R2E-Gym rows: graded by :mod:`sandlot.rewards.r2e_grading`."""
 
@@ -101,16 +103,16 @@ def expected_statuses(expected_output_json: Any) -> dict[str, str]:
     """The row's ``expected_output_json`` (JSON text or an object) keyed as R2E-Gym compares.
 
     Raises:
-        ValueError: not a JSON object of ``{test id: status string}``.
+        DatasetMessageError: not a JSON object of ``{test id: status string}``.
     """
     value = expected_output_json
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"not valid JSON ({exc})") from None
+            raise DatasetMessageError(f"not valid JSON ({exc})") from None
     if not isinstance(value, dict) or not all(isinstance(s, str) for s in value.values()):
-        raise ValueError("expected_output_json must be a JSON object {test id: status}")
+        raise DatasetMessageError("expected_output_json must be a JSON object {test id: status}")
     return {test_key(str(k)): v for k, v in value.items()}
 
 
@@ -118,9 +120,9 @@ def passing_tests(expected_output_json: Any) -> list[str]:
     """Sorted keys of the tests ``expected_output_json`` expects to pass.
 
     Raises:
-        ValueError: not a JSON object, or no test is expected to pass (nothing to grade).
+        DatasetMessageError: not a JSON object, or no test is expected to pass.
     """
     passed = sorted(k for k, s in expected_statuses(expected_output_json).items() if s == "PASSED")
     if not passed:
-        raise ValueError("no test is expected to pass; cannot grade")
+        raise DatasetMessageError("no test is expected to pass; cannot grade")
     return passed

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from sandlot.datasets.errors import DatasetMessageError
 from sandlot.datasets.instance import DEFAULT_LOG_PARSER, Instance
 from sandlot.datasets.r2e_gym import R2E_GYM_LOG_PARSER
 from sandlot.datasets.r2e_gym import parse_log as parse_log_r2e_gym
@@ -45,7 +46,7 @@ LogParser = Callable[[str, Any], dict[str, str]]
 _PARSER_PREFIX = "parse_log_"
 
 
-class SpecError(ValueError):
+class SpecError(DatasetMessageError):
     """An instance's test command or log parser cannot be resolved."""
 
 

@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandlot.datasets import r2e_gym
+from sandlot.datasets.errors import DatasetMessageError
 from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH, Deployment
 from sandlot.datasets.swebench_specs import test_directives
@@ -69,7 +70,7 @@ _VEFAAS_REGISTRY = ".cr.volces.com"
 _WORKDIR = "/testbed"
 
 
-class UniAgentRowError(ValueError):
+class UniAgentRowError(DatasetMessageError):
     """A uni-agent row cannot be rewritten; the message names the field."""
 
 

@@ -272,3 +272,31 @@ def test_module_entry_points_do_not_import_the_cli() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_dataset_error_has_one_root_and_survives_pickling() -> None:
+    import pickle
+
+    from sandlot.datasets.errors import DatasetError as Root
+    from sandlot.datasets.images import ImageNameError, UnknownDeploymentError
+    from sandlot.datasets.local import LocalDeploymentError
+    from sandlot.datasets.prepare import SourceError
+    from sandlot.datasets.prompts import PromptLeakError
+    from sandlot.datasets.swebench_specs import SpecError
+    from sandlot.datasets.uni_agent import UniAgentRowError
+
+    errors: list[Root] = [
+        DatasetError("in.jsonl", "bad", where="line 2", instance_id="x", fields=("f",)),
+        SourceError("install_config", "must be an object"),
+        ImageNameError("no image"),
+        UnknownDeploymentError("unknown deployment"),
+        LocalDeploymentError("no mirror"),
+        PromptLeakError("leak"),
+        SpecError("no spec"),
+        UniAgentRowError("no grader"),
+    ]
+    for error in errors:
+        assert isinstance(error, Root) and isinstance(error, ValueError)
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        assert (copy.problem, copy.where, copy.fields) == (error.problem, error.where, error.fields)
