@@ -40,6 +40,7 @@ from pydantic import ValidationError
 from sandlot.datasets.images import LOCAL_IMAGE
 from sandlot.datasets.instance import is_remote_source
 from sandlot.datasets.prompts import find_leak
+from sandlot.datasets.r2e_gym import R2E_GYM_LOG_PARSER
 from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.swebench_specs import SpecError, resolve_log_parser, resolve_test_cmd
 from sandlot.datasets.uni_agent import LAYOUT as UNI_AGENT
@@ -243,6 +244,18 @@ def row_problems(row: TaskRow, index: int | None = None) -> list[Problem]:
                 "prompt",
                 f"contains the {leak}",
                 "remove it from the prompt template or the problem statement",
+            )
+        )
+    if row.extra_info.tools_kwargs.reward.name == "r2e_gym" and (
+        inst.log_parser != R2E_GYM_LOG_PARSER
+    ):
+        problems.append(
+            Problem(
+                index,
+                f"{_METADATA}.log_parser",
+                f"an R2E-Gym row graded by {inst.log_parser!r}: its test keys never match "
+                f"(R2E-Gym rows are graded by {R2E_GYM_LOG_PARSER!r})",
+                "re-run `sandlot data prepare r2e_gym_subset`",
             )
         )
     if not inst.FAIL_TO_PASS:

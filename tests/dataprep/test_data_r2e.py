@@ -15,6 +15,7 @@ from sandlot.datasets.r2e_commit import gold_patch, is_test_file
 from sandlot.datasets.r2e_gym import parse_log
 from sandlot.datasets.r2e_gym_subset import passing_tests
 from sandlot.datasets.swebench_specs import resolve_log_parser
+from sandlot.datasets.validate import validate_file
 from sandlot.rewards.grading import grade
 from sandlot.rollout.rows import load_rows
 
@@ -193,3 +194,19 @@ def test_r2e_rows_without_expected_output_are_an_error(tmp_path: Path) -> None:
 
 def test_resolve_log_parser_selects_r2e_gym_parser(tmp_path: Path) -> None:
     assert resolve_log_parser(_r2e_instance(tmp_path)) is parse_log
+
+
+def test_validate_flags_r2e_rows_prepared_with_the_old_grading(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = run_prepare("r2e_gym_subset", tmp_path, "docker").path
+    assert validate_file(path).ok
+    [record] = pq.read_table(path).to_pylist()
+    meta = json.loads(record["extra_info"]["tools_kwargs"]["reward"]["metadata"])
+    meta["log_parser"] = "parse_log_pytest"  # what sandlot wrote before R2E-Gym's grading
+    record["extra_info"]["tools_kwargs"]["reward"]["metadata"] = json.dumps(meta)
+    old = tmp_path / "old.parquet"
+    pq.write_table(pa.Table.from_pylist([record]), old)
+    [problem] = validate_file(old).errors
+    assert problem.field.endswith("log_parser") and "re-run" in problem.fix
