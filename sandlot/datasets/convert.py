@@ -18,11 +18,10 @@ from pydantic import ValidationError
 
 from sandlot.datasets.images import Deployment
 from sandlot.datasets.loaders import DatasetError, iter_records
-from sandlot.datasets.parquet import write_rows
-from sandlot.datasets.prepare import rejected_path, write_rejected
+from sandlot.datasets.prepare import write_checked
 from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.uni_agent import UniAgentRowError, is_uni_agent_row, to_sandlot_record
-from sandlot.datasets.validate import ValidationReport, row_problems, validate_file
+from sandlot.datasets.validate import ValidationReport, row_problems
 
 SOURCES = ("uni-agent",)
 """The layouts ``--from`` accepts."""
@@ -77,17 +76,8 @@ def convert_file(
         detail = f"; first: {rejected[0]}" if rejected else ""
         raise DatasetError(src, f"no row to write ({len(rejected)} invalid){detail}")
     target = Path(output)
-    report_path = write_rejected(rejected, rejected_path(target)) if rejected else None
-    checked: list[ValidationReport] = []
-
-    def check(written: Path) -> None:
-        report = validate_file(written)
-        if not report.ok:
-            raise DatasetError(target, f"converted rows fail validation: {report.errors[0]}")
-        checked.append(report)
-
-    write_rows(rows, target, check=check)
-    return ConvertResult(target, len(rows), checked[0], rejected, report_path)
+    report, report_path = write_checked(rows, rejected, target)
+    return ConvertResult(target, len(rows), report, rejected, report_path)
 
 
 def _row(src: Path, where: str, record: object, index: int, backend: Deployment | None) -> TaskRow:

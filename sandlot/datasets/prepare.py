@@ -182,21 +182,38 @@ def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
         rows.append(row)
     if rejected and not rows:
         raise DatasetError(source, f"all {len(rejected)} rows are invalid; first: {rejected[0]}")
-    report_path = write_rejected(rejected, rejected_path(target)) if rejected else None
+    report, report_path = write_checked(rows, rejected, target)
+    return PrepareResult(
+        path=target, rows=len(rows), report=report, rejected=rejected, rejected_path=report_path
+    )
+
+
+def write_checked(
+    rows: Sequence[TaskRow], rejected: Sequence[DatasetError], target: Path
+) -> tuple[ValidationReport, Path | None]:
+    """Write ``rows`` to ``target`` only if the written file validates, then the report of the
+    ``rejected`` records next to it (a stale report of an earlier run is removed).
+
+    Returns:
+        The validation report and the path of the rejected-rows report (``None`` if none).
+
+    Raises:
+        DatasetError: the written file fails validation; ``target`` is left as it was.
+    """
     checked: list[ValidationReport] = []
 
     def check(written: Path) -> None:
         report = validate_file(written)
         if not report.ok:
-            raise DatasetError(
-                target, f"the converted rows fail validation, not written: {report.errors[0]}"
-            )
+            raise DatasetError(target, f"the rows fail validation, not written: {report.errors[0]}")
         checked.append(report)
 
-    path = write_rows(rows, target, check=check)
-    return PrepareResult(
-        path=path, rows=len(rows), report=checked[0], rejected=rejected, rejected_path=report_path
-    )
+    write_rows(rows, target, check=check)
+    report_path = rejected_path(target)
+    if not rejected:
+        report_path.unlink(missing_ok=True)
+        return checked[0], None
+    return checked[0], write_rejected(rejected, report_path)
 
 
 def _build(

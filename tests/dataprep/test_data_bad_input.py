@@ -211,6 +211,10 @@ def test_skip_invalid_writes_the_good_rows_and_reports_the_bad(tmp_path: Path) -
     assert entry["where"] == "line 2" and entry["instance_id"] == "textkit__textkit-1"
     assert "unknown log_parser 'nope'" in entry["problem"]
     assert "skipped 1 invalid rows" in result.output and str(report) in result.output
+    # A later clean run leaves no stale report behind.
+    clean = [*args[:4], str(FIXTURES / "swe_bench_verified.jsonl"), *args[5:], "--skip-invalid"]
+    assert CliRunner().invoke(cli, clean).exit_code == 0
+    assert not report.exists()
 
 
 def test_skip_invalid_with_no_valid_row_left_is_an_error(tmp_path: Path) -> None:
