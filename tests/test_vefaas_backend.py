@@ -424,3 +424,36 @@ async def test_the_fake_image_has_no_swerex_on_its_path(fake: FakeVefaas) -> Non
     command = body["InstanceImageInfo"]["Command"]
     assert "--no-index --find-links /opt/no-wheelhouse swe-rex==1.4.0" in command
     assert not fake.leaked()
+
+
+async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functools
+
+    import sandlot.sandboxes.vefaas.sandbox as module
+
+    # Requests give up 0.5 s after their command's limit; the gateway hangs 1.5 s.
+    monkeypatch.setattr(module, "_QUICK_S", 0.3)
+    monkeypatch.setattr(
+        module, "SwerexClient", functools.partial(module.SwerexClient, margin_s=0.5)
+    )
+    fake.hang_s = 1.5
+    async with make(fake, request_retries=1) as sb:
+        fake.gateway_hangs = 2
+        with pytest.raises(SandboxError, match="ReadTimeout") as info:
+            await sb.exec("echo never")
+        assert info.value.retryable
+        # The gateway hangs after the launch: the timed-out command's cleanup hangs too, and
+        # the caller still gets its (timed-out) result, not an httpx exception.
+        done: list[Any] = []
+
+        async def run() -> None:
+            done.append(await sb.exec("sleep 5", timeout=0.5))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await anyio.sleep(0.2)
+            fake.gateway_hangs = 100
+        assert done[0].timed_out
+        fake.gateway_hangs = 0

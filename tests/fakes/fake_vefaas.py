@@ -27,7 +27,8 @@
 Fault knobs: ``throttle_rate`` (fraction of creates refused with 429 ``Throttling``),
 ``create_latency_s``, ``known_images`` (others: 400 ``InvalidImage``), ``kill_failures``
 (KillSandbox answers 500 that many times first), ``gateway_failures`` (the next N proxied
-requests answer 503), ``page_cap`` (the service's maximum page size: ListSandboxes pages hold at
+requests answer 503), ``gateway_hangs`` (the next N proxied requests answer 504 after
+``hang_s``, a hung gateway), ``page_cap`` (the service's maximum page size: ListSandboxes pages hold at
 most this many rows, whatever ``PageSize`` asks), and per action, :meth:`FakeVefaas.inject` (queued faults) and
 ``fault_rate`` (a random fault from :data:`FAULTS` on that fraction of calls). Faults:
 
@@ -172,6 +173,7 @@ class FakeVefaas:
         self.create_latency_s = 0.0
         self.kill_failures = 0
         self.gateway_failures = 0
+        self.gateway_hangs = 0
         self.kill_delay_s = 0.05
         self.hang_s = 1.0
         self.page_cap: int | None = None
@@ -427,6 +429,13 @@ class FakeVefaas:
                 return True
         return False
 
+    def take_gateway_hang(self) -> bool:
+        with self.lock:
+            if self.gateway_hangs > 0:
+                self.gateway_hangs -= 1
+                return True
+        return False
+
 
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"Error": {"Code": code, "Message": message}}
@@ -557,6 +566,11 @@ class _GatewayHandler(BaseHTTPRequestHandler):
             return
         if fake.take_gateway_failure():
             self._reply(503, "injected gateway failure")
+            return
+        if fake.take_gateway_hang():
+            time.sleep(fake.hang_s)
+            with contextlib.suppress(OSError):
+                self._reply(504, "gateway timeout")
             return
         port = fake.target_port(instance)
         if port is None:
