@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import math
 import posixpath
+import shlex
+import sys
 import tempfile
 import time
 import uuid
@@ -48,6 +50,9 @@ from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 
+if sys.version_info < (3, 11):  # anyio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup
+
 log = logging.getLogger("sandlot.sandboxes.modal")
 T = TypeVar("T")
 
@@ -58,6 +63,17 @@ _KILL_BUDGET_S = 15.0
 _MODAL_EXEC_TIMEOUT_CODE = -1
 # Image-related failures no retry can fix.
 _PERMANENT_CREATE_WORDS = ("not found", "unknown", "denied", "unauthorized", "invalid", "no such")
+# An ImageBuildError saying one of these is the builder's fault, not the image's.
+_TRANSIENT_BUILD_WORDS = ("try again", "timed out", "timeout", "temporar")
+# An exec without a timeout still ends this long after the sandbox's lifetime: a worker that
+# died without closing the output stream must not hang the caller forever.
+_LIFETIME_MARGIN_S = 30.0
+# stdin goes down in pieces, each drained: Modal buffers at most 16 MiB between drains
+# (TASK_COMMAND_ROUTER_MAX_BUFFER_SIZE in modal/io_streams.py; 2 MiB through the server).
+_STDIN_CHUNK = 1024 * 1024
+# Commands longer than this go through a file: the whole argv may total 64 KiB, and the exec
+# wrapper takes ~1 KiB of it.
+_ARGV_COMMAND_BYTES = 60 * 1024
 
 
 class ModalSandbox(Sandbox):
@@ -87,6 +103,7 @@ class ModalSandbox(Sandbox):
         self._sb: Any = None
         self._dead: str | None = None
         self._attempts = 0
+        self._created_at = 0.0
 
     def sdk(self) -> ModuleType:
         """The ``modal`` module every call goes through."""
@@ -148,6 +165,7 @@ class ModalSandbox(Sandbox):
                     f"{opts.create_timeout_s:g} s",
                     retryable=True,
                 )
+        self._created_at = time.monotonic()
         # The STARTING slot is held until a command works.
         mkdir = remote_shell.mkdir_argv(spec.workdir)
         probe = await self._call("first exec", self._run_quiet, mkdir)
@@ -158,8 +176,13 @@ class ModalSandbox(Sandbox):
         err = translate(modal, what, exc)
         text = str(exc).lower()
         retryable = err.retryable and not any(w in text for w in _PERMANENT_CREATE_WORDS)
-        if type(exc).__name__ in ("AuthError", "NotFoundError", "InvalidError", "ImageBuildError"):
+        if type(exc).__name__ in ("AuthError", "NotFoundError", "InvalidError"):
             retryable = False
+        elif type(exc).__name__ == "ImageBuildError":
+            # "Image build failed, please try again" and build timeouts are the builder's.
+            retryable = any(w in text for w in _TRANSIENT_BUILD_WORDS) and not any(
+                w in text for w in _PERMANENT_CREATE_WORDS
+            )
         return SandboxStartError(f"sandbox {self.id}: {err}", retryable=retryable)
 
     async def _terminate_by_name(self, modal: ModuleType) -> None:
@@ -210,20 +233,26 @@ class ModalSandbox(Sandbox):
             raise SandboxDeadError(f"sandbox {self.id} ({self.object_id}) {self._dead}")
 
     async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Await ``fn(*args)``; a Modal error becomes ``SandboxDeadError`` when the sandbox has
-        finished, else a ``SandboxError`` (retryable for transient service faults)."""
+        """Await ``fn(*args)``; an SDK or transport error (see :func:`is_modal_error`) becomes
+        ``SandboxDeadError`` when the sandbox has finished, else a ``SandboxError`` (retryable
+        for transient service faults)."""
         try:
             return await fn(*args)
         except SandboxError:
             raise
         except Exception as exc:
             modal = self.sdk()
-            if not is_modal_error(modal, exc) and not isinstance(exc, OSError):
+            if not is_modal_error(modal, exc):
                 raise
             dead = await self._gone()
             if dead is not None:
                 raise dead from exc
             raise translate(modal, f"sandbox {self.id}: {what}", exc) from exc
+
+    def _lifetime_left(self) -> float:
+        """Seconds until Modal ends the sandbox (its ``timeout``), at least 0."""
+        lifetime = max(1, math.ceil(self.spec.timeout_s))
+        return max(0.0, self._created_at + lifetime - time.monotonic())
 
     # ----------------------------------------------------------------- commands
 
@@ -241,37 +270,47 @@ class ModalSandbox(Sandbox):
         Args and return value as in :meth:`Sandbox.exec`. stdout and stderr are read
         concurrently, each kept up to ``max_output_bytes``. At ``timeout`` (or on cancellation)
         every process of the command is killed (SIGTERM, ``stop_grace_s``, SIGKILL) by a second
-        exec; Modal's own exec timeout is set ``30 s`` later as a backstop.
+        exec; Modal's own exec timeout is set ``30 s`` later as a backstop. ``timeout=None``
+        still ends 30 s after the sandbox's lifetime (``spec.timeout_s``) with
+        ``SandboxDeadError``: a worker that died without ending the output stream must not
+        hang the caller.
 
         Raises:
             SandboxDeadError: the sandbox finished (terminated, lifetime over, crashed).
-            SandboxError: Modal failed; ``retryable`` for transient faults.
+            SandboxError: Modal failed, the output stream included; ``retryable`` for transient
+                faults. Never an ``ExceptionGroup``.
         """
         self._check_usable()
         began = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
         marker = uuid.uuid4().hex
-        argv = remote_shell.exec_argv(as_shell(cmd), self.resolve_path(cwd or self.spec.workdir))
+        command = await self._fit_argv(as_shell(cmd), marker)
+        argv = remote_shell.exec_argv(command, self.resolve_path(cwd or self.spec.workdir))
         environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: marker}
         backstop = None
         if timeout is not None:
             backstop = math.ceil(timeout + self.options.stop_grace_s) + _BACKSTOP_MARGIN_S
+        limit = timeout if timeout is not None else self._lifetime_left() + _LIFETIME_MARGIN_S
         out = CappedOutput(self.options.max_output_bytes)
         code: int | None = None
         launched = False
         try:
-            with anyio.move_on_after(timeout):
+            with anyio.move_on_after(limit):
                 proc = await self._call("exec", self._launch, argv, backstop, environment)
                 launched = True
                 await self._call("exec stdin", self._feed, proc, data)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._pump, proc.stdout, out.stdout)
-                    tg.start_soon(self._pump, proc.stderr, out.stderr)
+                await self._read_outputs(proc, out)
                 code = await self._call("exec wait", proc.wait.aio)
         finally:
             if code is None and launched and self._dead is None:
                 with anyio.CancelScope(shield=True):
                     await self._kill(marker)
+        if code is None and timeout is None:
+            dead = await self._gone()
+            raise dead or SandboxDeadError(
+                f"sandbox {self.id} ({self.object_id}): a command without a timeout outlived "
+                f"the sandbox's lifetime ({self.spec.timeout_s:g} s) by {_LIFETIME_MARGIN_S:g} s"
+            )
         if code is not None and (code == _MODAL_EXEC_TIMEOUT_CODE or code >= 128):
             dead = await self._gone()
             if dead is not None:
@@ -286,15 +325,43 @@ class ModalSandbox(Sandbox):
             truncated=out.truncated,
         )
 
+    async def _fit_argv(self, command: str, marker: str) -> str:
+        """``command``, or, when it is too long for Modal's 64 KiB argv limit
+        (``ARG_MAX_BYTES`` in ``modal/sandbox/_common.py``), a short command that sources it from
+        a file written through the filesystem API (and removes the file)."""
+        if len(command.encode()) <= _ARGV_COMMAND_BYTES:
+            return command
+        path = f"/tmp/sandlot-cmd-{marker}"
+        await self._fs("exec", path, self._sb.filesystem.write_bytes.aio, command.encode(), path)
+        quoted = shlex.quote(path)
+        # Opened, unlinked, then sourced: nothing is left behind whatever the command does.
+        return f"exec 9<{quoted} && rm -f -- {quoted} && . /dev/fd/9"
+
     async def _launch(self, argv: list[str], backstop: int | None, env: dict[str, str]) -> Any:
         return await self._sb.exec.aio(*argv, timeout=backstop, env=env, text=False)
 
     @staticmethod
     async def _feed(proc: Any, data: bytes | None) -> None:
-        if data:
-            proc.stdin.write(data)
+        view = memoryview(data or b"")
+        for start in range(0, len(view), _STDIN_CHUNK):
+            proc.stdin.write(view[start : start + _STDIN_CHUNK])
+            await proc.stdin.drain.aio()
         proc.stdin.write_eof()
         await proc.stdin.drain.aio()
+
+    async def _read_outputs(self, proc: Any, out: CappedOutput) -> None:
+        """Read stdout and stderr to their ends, concurrently.
+
+        Raises:
+            SandboxDeadError / SandboxError: a stream failed (the first failure; the task
+                group's ``ExceptionGroup`` is unwrapped).
+        """
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._call, "exec stdout", self._pump, proc.stdout, out.stdout)
+                tg.start_soon(self._call, "exec stderr", self._pump, proc.stderr, out.stderr)
+        except BaseExceptionGroup as group:
+            raise _first_sandbox_error(group) from group
 
     @staticmethod
     async def _pump(stream: Any, buf: CappedBuffer) -> None:
@@ -305,9 +372,13 @@ class ModalSandbox(Sandbox):
         """Run ``argv`` to completion, output discarded; its exit status."""
         proc = await self._sb.exec.aio(*argv, env=env, text=False)
         await self._feed(proc, None)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(proc.stdout.read.aio)
-            tg.start_soon(proc.stderr.read.aio)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(proc.stdout.read.aio)
+                tg.start_soon(proc.stderr.read.aio)
+        except BaseExceptionGroup as group:
+            exc = group.exceptions[0]
+            raise exc if isinstance(exc, Exception) else group from group
         return int(await proc.wait.aio())
 
     async def _run_checked(self, what: str, path: str, argv: list[str]) -> None:
@@ -407,3 +478,18 @@ class ModalSandbox(Sandbox):
             archive.write_bytes(bytes(data))
             top = posixpath.basename(source)
             await anyio.to_thread.run_sync(extract_archive, archive, top, Path(local_path))
+
+
+def _first_sandbox_error(group: BaseExceptionGroup) -> BaseException:
+    """The error to raise for a failed task group: a ``SandboxDeadError`` if any, else the
+    first ``SandboxError``, else the group itself (a bug, not an SDK fault)."""
+    errors = [e for e in _leaves(group) if isinstance(e, SandboxError)]
+    dead = [e for e in errors if isinstance(e, SandboxDeadError)]
+    return (dead or errors or [group])[0]
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return found
