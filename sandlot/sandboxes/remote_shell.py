@@ -37,15 +37,20 @@ scan() {
 }
 kill_all() {
   i=0; scan
-  while [ -n "$pids" ] && [ "$i" -lt 50 ]; do
+  while [ -n "$pids" ] && [ "$i" -lt 30 ]; do
     for p in $pids; do kill -s KILL -- "-$p" "$p" 2>/dev/null; done
-    i=$((i+1)); scan
+    i=$((i+1)); [ "$i" -gt 2 ] && sleep 0.02
+    scan
   done
 }
 """
 """Shell functions for scripts that start with them: ``scan`` sets ``$pids`` to the live
 processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), except the calling
-shell; ``kill_all`` sends SIGKILL to those processes and their process groups until none is left.
+shell; ``kill_all`` sends SIGKILL to those processes and their process groups until none is left,
+or for at most 30 rounds: the first three back to back (a just-forked child shows up in the next
+scan), then 20 ms apart, so a process that cannot be killed (another user's, stuck in the
+kernel) costs about half a second of mostly sleeping, not 50 full ``/proc`` scans in a row on a
+loaded machine.
 
 A killed process is a zombie whose environ reads empty, so it stops matching; the grep (or
 command-substitution subshell) that matched itself is gone by the time of the ``-d`` test.
