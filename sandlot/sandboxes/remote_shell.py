@@ -89,6 +89,20 @@ kill_all
 )
 
 
+# $0 = marker (NAME=value), $1 = signal name, $2 = fence pid: signal the marked processes
+# newer than the fence, except this script (a session channel's `signal_newer`).
+SIGNAL_NEWER_SCRIPT = """
+for f in $(grep -lsF -- "$0" /proc/[0-9]*/environ); do
+  p=${f#/proc/}; p=${p%/environ}
+  [ "$p" != "$$" ] && [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null
+done
+exit 0
+"""
+
+# $1 = directory: the shell of a session channel, stderr merged into stdout.
+SHELL_SCRIPT = 'cd -- "$1" || exit; exec bash --noprofile --norc 2>&1'
+
+
 def init_argv(lifetime_s: float) -> list[str]:
     """argv of the sandbox's PID 1, which lives ``lifetime_s`` seconds (rounded up, at least 1)."""
     return ["/bin/sh", "-c", INIT_SCRIPT, str(max(1, math.ceil(lifetime_s)))]
@@ -112,6 +126,24 @@ def kill_argv(marker: str, grace_s: float) -> list[str]:
         f"{EXEC_MARKER_ENV}={marker}",
         str(math.ceil(grace_s * 10)),
     ]
+
+
+def signal_newer_argv(marker: str, signal_name: str, newer_than: int) -> list[str]:
+    """argv sending ``signal_name`` (``INT``, ``KILL``, ...) to the processes tagged ``marker``
+    whose pid is greater than ``newer_than``."""
+    return [
+        "/bin/sh",
+        "-c",
+        SIGNAL_NEWER_SCRIPT,
+        f"{EXEC_MARKER_ENV}={marker}",
+        signal_name,
+        str(newer_than),
+    ]
+
+
+def shell_argv(cwd: str) -> list[str]:
+    """argv of a session's ``bash --noprofile --norc`` started in ``cwd``, stderr into stdout."""
+    return ["/bin/sh", "-c", SHELL_SCRIPT, "sandlot", cwd]
 
 
 def mkdir_argv(path: str) -> list[str]:

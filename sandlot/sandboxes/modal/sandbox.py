@@ -33,6 +33,8 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 from pydantic import BaseModel
 
+from sandlot.runtimes.channel_session import ChannelSession
+from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import build_archive, extract_archive
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
@@ -45,6 +47,7 @@ from sandlot.sandboxes.errors import (
 )
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.modal.channel import ModalChannel
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
@@ -324,6 +327,18 @@ class ModalSandbox(Sandbox):
             duration_s=time.monotonic() - began,
             truncated=out.truncated,
         )
+
+    async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
+        """A session whose ``bash`` is an exec with open stdin (:class:`ModalChannel`)."""
+        cwd = posixpath.join(self.spec.workdir, config.cwd or "")
+
+        async def open_channel() -> ModalChannel:
+            self._check_usable()
+            return await self._call(
+                "starting a shell", lambda: ModalChannel.start(self._sb, cwd=cwd, run=self.exec)
+            )
+
+        return ChannelSession(name, config, open_channel, self.is_alive)
 
     async def _fit_argv(self, command: str, marker: str) -> str:
         """``command``, or, when it is too long for Modal's 64 KiB argv limit
