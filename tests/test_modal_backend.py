@@ -192,10 +192,10 @@ async def test_terminate_failing_for_good_does_not_raise_from_close(
 ) -> None:
     sb = make()
     await sb.start()
-    fake.terminate_failures = 5
+    fake.terminate_failures = 50
     await sb.close()  # never raises
-    assert "terminate failed twice" in caplog.text
-    assert len(fake.calls_of("Sandbox.terminate")) == 2
+    assert "terminate failed 8 times" in caplog.text and "sandlot gc" in caplog.text
+    assert len(fake.calls_of("Sandbox.terminate")) == 8
 
 
 async def test_a_dying_sandbox_raises_dead(fake: FakeModal) -> None:

@@ -62,6 +62,8 @@ T = TypeVar("T")
 # Modal's own exec timeout, a backstop behind ours in case this process dies mid-command.
 _BACKSTOP_MARGIN_S = 30
 _KILL_BUDGET_S = 15.0
+# terminate is retried with backoff (50 ms doubling, at most 1 s): ~4 s over 8 tries.
+_TERMINATE_ATTEMPTS = 8
 # Modal reports an exec that hit its own timeout with return code -1.
 _MODAL_EXEC_TIMEOUT_CODE = -1
 # Image-related failures no retry can fix.
@@ -203,14 +205,19 @@ class ModalSandbox(Sandbox):
         if sb is None:
             return
         last: Exception | None = None
-        for _ in range(2):  # terminate is what stops the bill: try it twice
+        for attempt in range(_TERMINATE_ATTEMPTS):  # terminate is what stops the bill
             try:
                 await sb.terminate.aio()
                 return
             except Exception as exc:
                 last = exc
                 log.warning("sandbox %s: terminate failed, retrying: %s", self.id, exc)
-        raise SandboxError(f"sandbox {self.id}: terminate failed twice: {last}", retryable=True)
+            await anyio.sleep(min(1.0, 0.05 * 2**attempt))
+        raise SandboxError(
+            f"sandbox {self.id}: terminate failed {_TERMINATE_ATTEMPTS} times: {last}; "
+            "`sandlot gc --backend modal --run-id <run id>` removes it",
+            retryable=True,
+        )
 
     async def is_alive(self) -> bool:
         """``True`` while Modal reports the sandbox running. Never raises."""

@@ -59,7 +59,10 @@ _READY_POLL_MAX_S = 0.25
 _DESCRIBE_FIRST_S = 2.0
 _DESCRIBE_MAX_S = 30.0
 # After a create whose answer was lost, how often to look for the instance by its metadata.
-_RECOVER_ATTEMPTS = 3
+_RECOVER_ATTEMPTS = 8
+_KILL_ATTEMPTS = 8
+_KILL_BACKOFF_S = 0.05  # doubled per try, at most _KILL_BACKOFF_MAX_S: ~4 s over 8 tries
+_KILL_BACKOFF_MAX_S = 1.0
 _QUICK_S = 60.0  # timeout of the short data-plane calls (launch, poll, kill, file moves)
 _FILE_TIMEOUT_S = 600.0
 
@@ -195,7 +198,7 @@ class VefaasSandbox(Sandbox):
         return self._sandbox_id
 
     async def _close(self) -> None:
-        """Close the data-plane client, then ``KillSandbox`` (tried twice); each step guarded.
+        """Close the data-plane client, then ``KillSandbox`` (retried); each step guarded.
 
         After a create whose answer was lost, the instances carrying this sandbox's
         ``sandlot.sandbox_id`` label are listed and killed instead (a few tries: the listing
@@ -218,19 +221,34 @@ class VefaasSandbox(Sandbox):
             self._unanswered_create = False
 
     async def _kill(self, sandbox_id: str) -> None:
+        """``KillSandbox``, retried with backoff (``_KILL_ATTEMPTS`` tries): it is what stops
+        the bill, and the control plane throttles exactly when many sandboxes close at once.
+
+        Raises:
+            SandboxError: every try failed (the message names the instance).
+        """
         assert self._control is not None and self._target is not None
         last: Exception | None = None
-        for _ in range(2):
+        for attempt in range(_KILL_ATTEMPTS):
             try:
                 await self._control.kill(self._target.function_id, sandbox_id)
                 return
             except SandboxError as exc:
                 last = exc
                 log.warning("sandbox %s: KillSandbox %s failed: %s", self.id, sandbox_id, exc)
-        raise SandboxError(f"sandbox {self.id}: KillSandbox {sandbox_id} failed twice: {last}")
+                if not exc.retryable:
+                    break
+            await anyio.sleep(min(_KILL_BACKOFF_MAX_S, _KILL_BACKOFF_S * 2**attempt))
+        raise SandboxError(
+            f"sandbox {self.id}: KillSandbox {sandbox_id} failed: {last}; "
+            "`sandlot gc --backend vefaas --run-id <run id>` removes it"
+        )
 
     async def _kill_unanswered(self) -> None:
         """Find, by its labels, the instance an unanswered CreateSandbox may have made; kill it.
+
+        Two listings in a row that find nothing mean nothing was created (the request never
+        arrived).
 
         Raises:
             SandboxError: it could not be looked for; the message says how ``sandlot gc``
@@ -239,23 +257,26 @@ class VefaasSandbox(Sandbox):
         assert self._control is not None and self._target is not None
         function_id = self._target.function_id
         problem: Exception | None = None
+        empty = 0
         for attempt in range(_RECOVER_ATTEMPTS):
             try:
                 rows = await self._control.list(function_id, {SANDBOX_ID: self.id})
             except SandboxError as exc:
                 problem = exc
             else:
-                for row in rows:
-                    if row.status not in ("Terminating", "Terminated"):
-                        log.info("sandbox %s: killing %s from an unanswered create", self.id, row.id)
-                        await self._kill(row.id)
-                if rows:
+                live = [r for r in rows if r.status not in ("Terminating", "Terminated")]
+                for row in live:
+                    log.info("sandbox %s: killing %s from an unanswered create", self.id, row.id)
+                    await self._kill(row.id)
+                if live:
                     return
-            await anyio.sleep(0.2 * 2**attempt)
+                empty += 1
+                if empty == 2:
+                    return
+            await anyio.sleep(min(_KILL_BACKOFF_MAX_S, _KILL_BACKOFF_S * 2**attempt))
         raise SandboxError(
             f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not be "
-            f"found ({problem or 'not listed yet'}); `sandlot gc --backend vefaas --run-id "
-            "<run id>` removes it"
+            f"looked for ({problem}); `sandlot gc --backend vefaas --run-id <run id>` removes it"
         )
 
     async def is_alive(self) -> bool:
