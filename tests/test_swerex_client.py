@@ -218,7 +218,9 @@ async def test_a_hung_server_is_retried_then_unavailable_never_raw_httpx() -> No
         ids.append(request.headers["X-Request-ID"])
         raise httpx.ReadTimeout("timed out", request=request)
 
-    c = SwerexClient("http://sandbox", api_key="k", retries=2, backoff_s=0.001, transport=_mock(hang))
+    c = SwerexClient(
+        "http://sandbox", api_key="k", retries=2, backoff_s=0.001, transport=_mock(hang)
+    )
     with pytest.raises(SwerexUnavailableError, match="ReadTimeout") as info:
         await c.execute(["true"], timeout=5)
     assert info.value.retryable and len(ids) == 3 and len(set(ids)) == 1

@@ -16,9 +16,9 @@
   swe-rex, so the bootstrap must be told where a server is (``swerex_python``, which
   :meth:`FakeVefaas.options` sets) or install one. ``KillSandbox`` is asynchronous, as on the
   service: the instance is ``Terminating`` until the jail is killed ``kill_delay_s`` later
-  (everything in it dies), then ``Terminated``. An instance whose command exits is ``Failed`` with ErrorCode
-  ``StartCommandExited`` and an ErrorMessage with the exit status and the last output, which
-  the backend does not retry (the same command exits again).
+  (everything in it dies), then ``Terminated``. An instance whose command exits is ``Failed``
+  with ErrorCode ``StartCommandExited`` and an ErrorMessage with the exit status and the last
+  output, which the backend does not retry (the same command exits again).
 * Gateway: an HTTP proxy that requires ``x-faas-instance-name`` and forwards to that
   instance's server; unknown or dead instances get 502, as a gateway without a backend would.
 
@@ -28,11 +28,14 @@ Fault knobs: ``throttle_rate`` (fraction of creates refused with 429 ``Throttlin
 ``create_latency_s``, ``known_images`` (others: 400 ``InvalidImage``), ``kill_failures``
 (KillSandbox answers 500 that many times first), ``gateway_failures`` (the next N proxied
 requests answer 503), ``gateway_hangs`` (the next N proxied requests answer 504 after
-``hang_s``, a hung gateway), ``page_cap`` (the service's maximum page size: ListSandboxes pages hold at
-most this many rows, whatever ``PageSize`` asks), and per action, :meth:`FakeVefaas.inject` (queued faults) and
-``fault_rate`` (a random fault from :data:`FAULTS` on that fraction of calls). Faults:
+``hang_s``, a hung gateway), ``page_cap`` (the service's maximum page size: ListSandboxes
+pages hold at most this many rows, whatever ``PageSize`` asks), and per action,
+:meth:`FakeVefaas.inject` (queued faults) and ``fault_rate`` (a random fault from
+:data:`FAULTS` on that fraction of calls; :meth:`FakeVefaas.chaos` sets it for every action).
+Faults:
 
-* ``refused``: the connection is closed before the request is read (nothing happens);
+* ``refused``: the connection is closed without an answer before the call is handled
+  (nothing happens);
 * ``timeout``: the call takes effect, then the answer comes after ``hang_s`` (past the
   client's read timeout);
 * ``dropped``: the call takes effect, then the connection is closed without an answer;
@@ -490,7 +493,9 @@ def signature_problem(
         if name == "host" and value.endswith((":80", ":443")):
             value = value.rsplit(":", 1)[0]
         signed += f"{name}:{value}\n"
-    canonical = "\n".join([method, path or "/", canonical_query, signed, ";".join(names), body_hash])
+    canonical = "\n".join(
+        [method, path or "/", canonical_query, signed, ";".join(names), body_hash]
+    )
     scope = f"{date}/{region}/{service}/request"
     to_sign = "\n".join(
         ["HMAC-SHA256", x_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
@@ -513,9 +518,7 @@ class _ApiHandler(BaseHTTPRequestHandler):
         action = query.get("Action", [""])[0]
         raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         body = json.loads(raw or b"{}")
-        problem = signature_problem(
-            "POST", url.path, url.query, dict(self.headers.items()), raw
-        )
+        problem = signature_problem("POST", url.path, url.query, dict(self.headers.items()), raw)
         if query.get("Version", [""])[0] != VERSION:
             status, result = 400, _error("InvalidVersion", "unsupported version")
         elif problem is not None:

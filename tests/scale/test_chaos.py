@@ -33,6 +33,7 @@ from sandlot.sandboxes.limits import StartLimits
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 N = 200
+MINI_SWEREX = Path(__file__).resolve().parents[1] / "fakes" / "mini_swerex.py"
 FAILURE_RATE = 0.3
 LIMITS = StartLimits(
     max_starting=16, max_attempts=6, backoff_s=0.01, backoff_max_s=0.2, budget_s=120
@@ -116,7 +117,7 @@ async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -
     fake.kill_delay_s = 0.01
     fake.hang_s = 0.6
     fake.chaos(FAILURE_RATE)
-    server = Path(__file__).resolve().parents[1] / "fakes" / "mini_swerex.py"
+    server = MINI_SWEREX
     bootstrap = (
         "mkdir -p {workdir} || exit 1; "
         f"exec {shlex.quote(sys.executable)} {shlex.quote(str(server))} {{token}}"

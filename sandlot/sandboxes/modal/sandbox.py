@@ -21,7 +21,6 @@ import logging
 import math
 import posixpath
 import shlex
-import sys
 import tempfile
 import time
 import uuid
@@ -52,9 +51,6 @@ from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
-
-if sys.version_info < (3, 11):  # anyio depends on the backport there
-    from exceptiongroup import BaseExceptionGroup
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 T = TypeVar("T")
@@ -375,15 +371,24 @@ class ModalSandbox(Sandbox):
         """Read stdout and stderr to their ends, concurrently.
 
         Raises:
-            SandboxDeadError / SandboxError: a stream failed (the first failure; the task
-                group's ``ExceptionGroup`` is unwrapped).
+            SandboxDeadError / SandboxError: a stream failed (a dead sandbox first, else the
+                first failure; raised as such, not inside an ``ExceptionGroup``).
         """
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._call, "exec stdout", self._pump, proc.stdout, out.stdout)
-                tg.start_soon(self._call, "exec stderr", self._pump, proc.stderr, out.stderr)
-        except BaseExceptionGroup as group:
-            raise _first_sandbox_error(group) from group
+        failures: list[SandboxError] = []
+
+        async def read(what: str, stream: Any, buf: CappedBuffer) -> None:
+            try:
+                await self._call(what, self._pump, stream, buf)
+            except SandboxError as exc:
+                failures.append(exc)
+                tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, "exec stdout", proc.stdout, out.stdout)
+            tg.start_soon(read, "exec stderr", proc.stderr, out.stderr)
+        if failures:
+            dead = [e for e in failures if isinstance(e, SandboxDeadError)]
+            raise (dead or failures)[0]
 
     @staticmethod
     async def _pump(stream: Any, buf: CappedBuffer) -> None:
@@ -394,13 +399,19 @@ class ModalSandbox(Sandbox):
         """Run ``argv`` to completion, output discarded; its exit status."""
         proc = await self._sb.exec.aio(*argv, env=env, text=False)
         await self._feed(proc, None)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(proc.stdout.read.aio)
-                tg.start_soon(proc.stderr.read.aio)
-        except BaseExceptionGroup as group:
-            exc = group.exceptions[0]
-            raise exc if isinstance(exc, Exception) else group from group
+        failures: list[Exception] = []
+
+        async def drain(stream: Any) -> None:
+            try:
+                await stream.read.aio()
+            except Exception as exc:  # raised below, not inside an ExceptionGroup
+                failures.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain, proc.stdout)
+            tg.start_soon(drain, proc.stderr)
+        if failures:
+            raise failures[0]
         return int(await proc.wait.aio())
 
     async def _run_checked(self, what: str, path: str, argv: list[str]) -> None:
@@ -500,18 +511,3 @@ class ModalSandbox(Sandbox):
             archive.write_bytes(bytes(data))
             top = posixpath.basename(source)
             await anyio.to_thread.run_sync(extract_archive, archive, top, Path(local_path))
-
-
-def _first_sandbox_error(group: BaseExceptionGroup) -> BaseException:
-    """The error to raise for a failed task group: a ``SandboxDeadError`` if any, else the
-    first ``SandboxError``, else the group itself (a bug, not an SDK fault)."""
-    errors = [e for e in _leaves(group) if isinstance(e, SandboxError)]
-    dead = [e for e in errors if isinstance(e, SandboxDeadError)]
-    return (dead or errors or [group])[0]
-
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    found: list[BaseException] = []
-    for exc in group.exceptions:
-        found += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
-    return found
