@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -123,19 +124,24 @@ class ControlPlaneError(SandboxError):
 
 
 class _Pacer:
-    """Spaces the status reads of the whole process ``interval_s`` apart (first come first go)."""
+    """Spaces the status reads of the whole process ``interval_s`` apart, first come first go.
+
+    Each caller reserves the next free instant under a thread lock and sleeps until it, so the
+    pacer serves every event loop and thread of the process (Ray workers may run several).
+    """
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._next = 0.0
-        self._lock = anyio.Lock()
+        self._lock = threading.Lock()
 
     async def wait(self) -> None:
-        async with self._lock:
+        with self._lock:
             now = time.monotonic()
-            if self._next > now:
-                await anyio.sleep(self._next - now)
-            self._next = max(now, self._next) + self.interval_s
+            at = max(now, self._next)
+            self._next = at + self.interval_s
+        if at > now:
+            await anyio.sleep(at - now)
 
 
 STATUS_PACER = _Pacer(_STATUS_READ_INTERVAL_S)
