@@ -283,7 +283,11 @@ class VefaasSandbox(Sandbox):
         """``True`` while the control plane reports the instance ``Running``. Never raises."""
         if self._closed or not self._started or self._dead is not None or self._sandbox_id is None:
             return False
-        return await self._gone() is None
+        try:
+            return await self._gone() is None
+        except Exception as exc:  # an SDK fault not classified: cannot tell
+            log.warning("sandbox %s: liveness unknown: %s", self.id, exc)
+            return True
 
     async def _gone(self) -> SandboxDeadError | None:
         """``SandboxDeadError`` if the instance is no longer running, else ``None``."""
