@@ -1,6 +1,7 @@
 """Benchmark of the STARTING cap: 2,000 sandboxes against a simulated provider.
 
-The provider (no network, no cloud) behaves the way the clouds do under a burst:
+The provider (:class:`sandlot.testing.SimulatedCloud`, the one the scale tests use; no
+network, no cloud) behaves the way the clouds do under a burst:
 
 * it provisions ``--workers`` sandboxes at a time, each taking ``--create-s`` seconds (with
   +-50 % jitter); the rest wait in its queue;
@@ -26,13 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import random
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import anyio
 from rich.console import Console
@@ -41,90 +39,9 @@ from rich.table import Table
 # `python benchmarks/startup_limiter.py` puts benchmarks/ first on sys.path, not the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandlot import ExecResult, Sandbox, SandboxError, SandboxSpec, SandboxStartError
-from sandlot.sandboxes.base import Command
+from sandlot import SandboxSpec
 from sandlot.sandboxes.limits import StartLimits
-
-
-@dataclass
-class Provider:
-    """The simulated cloud: a provisioning queue in simulated seconds (``scale`` real s each)."""
-
-    workers: int
-    create_s: float
-    queue_timeout_s: float
-    burst: int
-    scale: float
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.rng = random.Random(self.seed)
-        self.slots = asyncio.Semaphore(self.workers)
-        self.in_flight = 0
-        self.peak = 0
-        self.timeouts = 0
-        self.refused = 0
-
-    async def create(self) -> None:
-        """One create call; raises a retryable ``SandboxStartError`` like a cloud would."""
-        if self.in_flight >= self.burst:
-            self.refused += 1
-            raise SandboxStartError("429 Too Many Requests: create rate limit", retryable=True)
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        try:
-            try:
-                await asyncio.wait_for(self.slots.acquire(), self.queue_timeout_s * self.scale)
-            except asyncio.TimeoutError:
-                self.timeouts += 1
-                raise SandboxStartError(
-                    f"runtime did not start within {self.queue_timeout_s:g} s", retryable=True
-                ) from None
-            try:
-                await asyncio.sleep(self.create_s * self.scale * (0.5 + self.rng.random()))
-            finally:
-                self.slots.release()
-        finally:
-            self.in_flight -= 1
-
-
-class SimulatedSandbox(Sandbox):
-    """A sandbox whose creation is one call to :attr:`provider`; nothing else is simulated."""
-
-    name: ClassVar[str] = "simulated"
-    provider: ClassVar[Provider]
-
-    async def _start(self) -> None:
-        await self.provider.create()
-
-    async def _close(self) -> None:
-        return None
-
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-    ) -> ExecResult:
-        return ExecResult(exit_code=0)
-
-    async def is_alive(self) -> bool:
-        return self._started and not self._closed
-
-    async def read_file(self, path: str) -> bytes:
-        raise SandboxError("simulated")
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        raise SandboxError("simulated")
-
-    async def upload(self, local_path: str | Path, remote_path: str) -> None:
-        raise SandboxError("simulated")
-
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
-        raise SandboxError("simulated")
+from sandlot.testing import SimulatedCloud, SimulatedSandbox
 
 
 @dataclass
@@ -140,8 +57,15 @@ class Outcome:
 def run_one(label: str, cap: int, args: argparse.Namespace) -> Outcome:
     """Start ``args.n`` sandboxes with STARTING cap ``cap`` (0: none) under ``asyncio.gather``."""
     scale = args.scale
-    provider = Provider(args.workers, args.create_s, args.queue_timeout_s, args.burst, scale)
-    SimulatedSandbox.provider = provider
+    provider = SimulatedCloud(
+        latency_s=args.create_s,
+        workers=args.workers,
+        queue_timeout_s=args.queue_timeout_s,
+        burst=args.burst,
+        scale=scale,
+        seed=0,
+    )
+    SimulatedSandbox.cloud = provider
     limits = StartLimits(
         max_starting=cap,
         max_attempts=args.attempts,

@@ -145,3 +145,99 @@ def test_gc_removes_everything_a_kill_9_run_left_on_docker(tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     assert "killed 3" in result.output
     assert client.api.containers(all=True, filters=label) == []
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-mini"
+
+
+def test_eval_labels_its_sandboxes_with_the_run_id_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from fakes.fake_modal import FakeModal
+    from fakes.shared import FakeModalSandbox
+    from requirements import bwrap_missing, need
+
+    need(bwrap_missing() is None, str(bwrap_missing()))
+    monkeypatch.setenv("SANDLOT_RUN_ID", "inherited-run")
+    monkeypatch.setenv("SANDLOT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
+    fake = FakeModal()
+    monkeypatch.setattr(FakeModalSandbox, "fake", fake)
+    try:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "eval",
+                "--dataset",
+                str(EXAMPLES / "instances.jsonl"),
+                "--predictions",
+                "gold",
+                "--backend",
+                "modal-fake",
+                "--image",
+                "python:3.12",
+                "--instance-ids",
+                "ledger__ledger-1",
+                "--run-id",
+                "my-eval-7",
+                "--output-dir",
+                str(tmp_path / "out"),
+            ],
+        )
+        creates = fake.calls_of("Sandbox.create")
+        assert creates, result.output
+        assert {kw["tags"][RUN_ID] for _, kw in creates} == {"my-eval-7"}
+        assert not fake.live()
+    finally:
+        fake.close()
+    args = ["--dataset", str(EXAMPLES / "instances.jsonl"), "--predictions", "gold"]
+    bad = CliRunner().invoke(cli, ["eval", *args, "--run-id", "no spaces/please"])
+    assert bad.exit_code == 2 and "--run-id" in bad.output and "letters, digits" in bad.output
+
+
+def test_rollout_labels_its_sandboxes_with_the_run_id_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from fakes.fake_modal import FakeModal
+    from fakes.shared import FakeModalSandbox
+    from requirements import bwrap_missing, need
+
+    need(bwrap_missing() is None, str(bwrap_missing()))
+    monkeypatch.setenv("SANDLOT_RUN_ID", "inherited-run")
+    monkeypatch.setenv("SANDLOT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
+    config = tmp_path / "agent.yaml"
+    config.write_text("interaction:\n  max_turns: 1\nconcurrency: 1\n")
+    fake = FakeModal()
+    monkeypatch.setattr(FakeModalSandbox, "fake", fake)
+    args = [
+        "rollout",
+        "--dataset",
+        str(EXAMPLES / "instances.jsonl"),
+        "--config",
+        str(config),
+        "--base-url",
+        "http://127.0.0.1:9/v1",  # nothing listens: the episode fails after its sandbox started
+        "--model",
+        "m",
+        "--backend",
+        "modal-fake",
+        "--image",
+        "python:3.12",
+        "--instance-ids",
+        "ledger__ledger-1",
+        "--output",
+        str(tmp_path / "out"),
+    ]
+    try:
+        result = CliRunner().invoke(cli, [*args, "--run-id", "my-rollout-7"])
+        creates = fake.calls_of("Sandbox.create")
+        assert creates, result.output
+        assert {kw["tags"][RUN_ID] for _, kw in creates} == {"my-rollout-7"}
+        assert "my-rollout-7" in result.output and not fake.live()
+    finally:
+        fake.close()
+    bad = CliRunner().invoke(cli, [*args, "--run-id", "x" * 64])
+    assert bad.exit_code == 2 and "--run-id" in bad.output

@@ -17,7 +17,13 @@ from fakes.fake_modal import FakeModal
 from fakes.shared import FakeModalSandbox
 from requirements import MODAL, bwrap_missing, need_module, needs
 
-from sandlot import BackendUnavailableError, SandboxDeadError, SandboxSpec, SandboxStartError
+from sandlot import (
+    BackendUnavailableError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxSpec,
+    SandboxStartError,
+)
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.modal import ModalOptions
@@ -186,10 +192,10 @@ async def test_terminate_failing_for_good_does_not_raise_from_close(
 ) -> None:
     sb = make()
     await sb.start()
-    fake.terminate_failures = 5
+    fake.terminate_failures = 50
     await sb.close()  # never raises
-    assert "terminate failed twice" in caplog.text
-    assert len(fake.calls_of("Sandbox.terminate")) == 2
+    assert "terminate failed 8 times" in caplog.text and "sandlot gc" in caplog.text
+    assert len(fake.calls_of("Sandbox.terminate")) == 8
 
 
 async def test_a_dying_sandbox_raises_dead(fake: FakeModal) -> None:
@@ -253,3 +259,102 @@ async def test_gc_finds_and_kills_by_run_id(
     await mine.close()  # its own close after gc: terminate is a no-op on a finished sandbox
     assert fake.calls_of("Sandbox.list")[-1][1]["tags"] == {RUN_ID: "run-modal-test"}
     await other.close()
+
+
+# ----------------------------------------------------------------- failure modes of the SDK
+
+
+async def test_a_broken_output_stream_is_a_sandbox_error_not_an_exception_group(
+    fake: FakeModal,
+) -> None:
+    async with make() as sb:
+        fake.stream_failures = 1
+        with pytest.raises(SandboxError, match="StreamTerminatedError") as info:
+            await sb.exec("echo hi")
+        assert info.value.retryable and not isinstance(info.value, SandboxDeadError)
+        assert (await sb.exec("echo again")).stdout == "again\n"
+
+
+async def test_streams_of_a_dying_sandbox_raise_dead(fake: FakeModal) -> None:
+    async with make() as sb:
+
+        async def kill_soon() -> None:
+            await anyio.sleep(0.3)
+            fake.die(fake.sandboxes[0])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_soon)
+            with pytest.raises(SandboxDeadError):
+                await sb.exec("sleep 30")  # no timeout: the stream raising ends it
+
+
+@pytest.mark.parametrize(
+    ("message", "retryable"),
+    [
+        ("Image build for im-123 failed. Please try again.", True),
+        ("Image build for im-123 timed out", True),
+        ("Image build for im-123 failed: pip: no such package foo", False),
+    ],
+)
+async def test_image_build_errors_are_retried_when_the_builder_says_so(
+    fake: FakeModal, message: str, retryable: bool
+) -> None:
+    fake.build_failures = [message]
+    sb = make(SandboxSpec(image="python:3.12", start_limits=FAST))
+    if retryable:
+        async with sb:
+            assert (await sb.exec("echo ok")).stdout == "ok\n"
+        assert len(fake.calls_of("Sandbox.create")) == 2
+    else:
+        with pytest.raises(SandboxStartError, match="no such package") as info:
+            await sb.start()
+        assert not info.value.retryable
+
+
+def test_a_terminated_grpc_stream_is_retryable() -> None:
+    from grpclib.exceptions import StreamTerminatedError
+
+    from sandlot.sandboxes.modal.sdk import is_modal_error, translate
+
+    modal = FakeModal()
+    try:
+        exc = StreamTerminatedError("Connection lost")
+        assert is_modal_error(modal, exc) and translate(modal, "exec", exc).retryable
+    finally:
+        modal.close()
+
+
+async def test_exec_without_timeout_ends_when_the_worker_is_lost_silently(
+    fake: FakeModal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandlot.sandboxes.modal.sandbox as module
+
+    monkeypatch.setattr(module, "_LIFETIME_MARGIN_S", 0.5)
+    async with make(SandboxSpec(image="python:3.12", timeout_s=2)) as sb:
+        fake.freeze(fake.sandboxes[0])
+        with anyio.fail_after(10), pytest.raises(SandboxDeadError):
+            await sb.exec("sleep 100")
+
+
+async def test_stdin_beyond_modals_buffer_and_argv_beyond_64_kib(fake: FakeModal) -> None:
+    async with make() as sb:
+        data = bytes(range(256)) * (20 * 4096)  # 20 MiB > the 16 MiB buffer
+        r = await sb.exec("wc -c", stdin=data)
+        assert r.stdout.strip() == str(len(data))
+        word = "x" * (100 * 1024)
+        r = await sb.exec(f"printf %s {word} | wc -c; exit 3")
+        assert (r.exit_code, r.stdout.strip()) == (3, str(len(word)))
+        assert (await sb.exec("ls /tmp | grep -c sandlot-cmd || true")).stdout.strip() == "0"
+        with pytest.raises(SandboxError, match="invalid for environment variables"):
+            await sb.exec("true", env={"BAD-KEY": "1"})
+
+
+async def test_the_exec_deadline_counts_from_the_exec_start(fake: FakeModal) -> None:
+    async with make() as sb:
+        sandbox = fake.sandboxes[0]
+        proc = await sandbox.exec.aio("sleep", "5", timeout=1, text=False)
+        await anyio.sleep(0.8)
+        with anyio.fail_after(0.6):  # 1 s from the start, not 1 s from wait()
+            assert await proc.wait.aio() == -1
+        await sb.close()
+        assert await sandbox.poll.aio() == 137  # terminate's exit code

@@ -209,3 +209,28 @@ async def test_511_is_never_retried() -> None:
     assert calls == 1 and info.value.class_path == "builtins.ValueError"
     assert info.value.extra_info == {"output": "partial"}
     await c.aclose()
+
+
+async def test_a_hung_server_is_retried_then_unavailable_never_raw_httpx() -> None:
+    ids: list[str] = []
+
+    def hang(request: httpx.Request) -> httpx.Response:
+        ids.append(request.headers["X-Request-ID"])
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    c = SwerexClient(
+        "http://sandbox", api_key="k", retries=2, backoff_s=0.001, transport=_mock(hang)
+    )
+    with pytest.raises(SwerexUnavailableError, match="ReadTimeout") as info:
+        await c.execute(["true"], timeout=5)
+    assert info.value.retryable and len(ids) == 3 and len(set(ids)) == 1
+    await c.aclose()
+
+    answers = [httpx.Response(200, text="<html>gateway</html>")]
+    c = SwerexClient(
+        "http://sandbox", api_key="k", retries=0, transport=_mock(lambda r: answers[0])
+    )
+    with pytest.raises(SwerexHTTPError, match="not JSON"):
+        await c.execute(["true"], timeout=5)
+    assert not await c.is_alive()
+    await c.aclose()

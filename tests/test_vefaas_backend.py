@@ -230,3 +230,230 @@ async def test_gc_finds_and_kills_by_run_id(
     assert [i.id for i in fake.live()] == [other.sandbox_id]
     await other.close()
     await mine.close()
+
+
+# ----------------------------------------------------------------- control-plane failure modes
+
+
+def quick(fake: FakeVefaas, **options: Any) -> VefaasSandbox:
+    """A sandbox whose control-plane calls time out after 0.5 s (the fake hangs 1 s)."""
+    fake.hang_s = 1.0
+    return make(fake, control_timeout_s=0.5, **options)
+
+
+async def test_a_wrong_secret_key_fails_the_signature_check(fake: FakeVefaas) -> None:
+    with pytest.raises(SandboxStartError, match="SignatureDoesNotMatch") as info:
+        await make(fake, secret_key="not-the-key").start()
+    assert not info.value.retryable and not fake.instances
+
+
+async def test_an_unreachable_control_plane_is_a_retryable_sandbox_error(
+    fake: FakeVefaas,
+) -> None:
+    # urllib3's NewConnectionError is not an OSError: it used to escape start() raw.
+    fake.api_down()
+    try:
+        sb = make(
+            fake, spec=SandboxSpec(image="python:3.12", start_limits=StartLimits(max_attempts=2))
+        )
+        with pytest.raises(SandboxStartError, match="NewConnectionError") as info:
+            await sb.start()
+        assert info.value.retryable
+        reaper = VefaasReaper(**fake.options())
+        with pytest.raises(SandboxError, match="ListSandboxes") as listing:
+            await reaper.list_sandboxes()
+        assert listing.value.retryable
+    finally:
+        fake.api_up()
+
+
+async def test_is_alive_never_raises_when_the_control_plane_hangs(fake: FakeVefaas) -> None:
+    async with quick(fake) as sb:
+        fake.inject("DescribeSandbox", "timeout", "refused")
+        assert await sb.is_alive()  # cannot tell: still believed alive
+        assert await sb.is_alive()
+        fake.expire(fake.instances[sb.sandbox_id or ""])
+        assert not await sb.is_alive()
+
+
+@pytest.mark.parametrize("fault", ["timeout", "dropped", "no_id"])
+async def test_a_create_whose_answer_is_lost_leaks_nothing(fake: FakeVefaas, fault: str) -> None:
+    fake.inject("CreateSandbox", fault)
+    async with quick(fake) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    creates = fake.actions("CreateSandbox")
+    assert len(creates) == 2 and len(fake.instances) == 2  # the lost one, then the good one
+    assert not fake.leaked()
+    assert "None" not in [b.get("SandboxId") for b in fake.actions("DescribeSandbox")]
+
+
+async def test_a_lost_create_is_found_after_cancellation_too(fake: FakeVefaas) -> None:
+    fake.inject("CreateSandbox", "timeout")
+    sb = quick(fake)
+    with anyio.move_on_after(0.3):
+        await sb.start()
+    assert sb.closed and len(fake.instances) == 1
+    assert not fake.leaked()
+
+
+@pytest.mark.parametrize("fault", ["error_body", "429", "500"])
+async def test_a_throttled_create_is_retried_whatever_the_http_status(
+    fake: FakeVefaas, fault: str
+) -> None:
+    # "error_body" is a 200 whose ResponseMetadata carries RequestLimitExceeded: the SDK
+    # raises ApiException(status=200), which used to be taken for a permanent refusal.
+    fake.inject("CreateSandbox", fault)
+    async with make(fake) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert len(fake.actions("CreateSandbox")) == 2 and not fake.leaked()
+
+
+def test_error_codes_are_classified_by_name_not_status() -> None:
+    from volcenginesdkcore.rest import ApiException
+
+    from sandlot.sandboxes.vefaas.control import translate
+
+    def in_200(code: str) -> ApiException:
+        return ApiException(status=200, reason=str({"Code": code, "Message": "m"}))
+
+    for code in ("Throttling", "RequestLimitExceeded", "FlowLimitExceeded", "InternalError"):
+        err = translate("CreateSandbox", in_200(code))
+        assert err.retryable and err.code == code and err.status == 200
+    for code in ("InvalidParameter", "ResourceNotFound.Function", "SignatureDoesNotMatch"):
+        assert not translate("CreateSandbox", in_200(code)).retryable
+    assert translate("X", ApiException(status=200, reason="InternalServiceError")).retryable
+    assert translate("X", ApiException(status=404, reason="Not Found")).not_found
+
+
+async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandlot.sandboxes.vefaas.sandbox as module
+    from sandlot.sandboxes.vefaas.bootstrap import DEFAULT_BOOTSTRAP
+
+    monkeypatch.setattr(module, "_DESCRIBE_FIRST_S", 0.05)
+    fake.inject("DescribeSandbox", "429", "error_body", "timeout", "500", "refused")
+    # The server comes up 2 s late, so the wait describes the instance several times.
+    async with quick(fake, bootstrap="sleep 2; " + DEFAULT_BOOTSTRAP) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert len(fake.actions("CreateSandbox")) == 1, "a healthy sandbox was destroyed"
+    assert [a for a, _ in fake.faults_served].count("DescribeSandbox") == 5
+    assert not fake.leaked()
+
+
+async def test_describes_while_waiting_back_off(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandlot.sandboxes.vefaas.sandbox as module
+    from sandlot.sandboxes.vefaas.bootstrap import DEFAULT_BOOTSTRAP
+
+    monkeypatch.setattr(module, "_DESCRIBE_FIRST_S", 0.1)
+    async with make(fake, bootstrap="sleep 2.5; " + DEFAULT_BOOTSTRAP):
+        pass
+    # Every 0.1 s would be ~25 describes; growing by 1.5x from 0.1 s it is at most 8.
+    assert 2 <= len(fake.actions("DescribeSandbox")) <= 8
+
+
+# ----------------------------------------------------------------- gc
+
+
+async def _bare_instances(fake: FakeVefaas, n: int, run_id: str) -> list[str]:
+    """``n`` instances created through the real SDK that only sleep (no server to wait for)."""
+    from sandlot.sandboxes.vefaas.config import credentials
+    from sandlot.sandboxes.vefaas.control import ControlPlane
+
+    opts = VefaasOptions(**fake.options())
+    control = ControlPlane(credentials(opts), opts)
+    ids: list[str] = []
+    for i in range(n):
+        request = control.create_request(
+            function_id=FUNCTION_ID,
+            image="python:3.12",
+            port=8000,
+            command="exec sleep 600",
+            env={},
+            metadata={RUN_ID: run_id, SANDBOX_ID: f"bare-{i}"},
+            timeout_s=600,
+            cpu=None,
+            memory_mb=None,
+        )
+        ids.append(await control.create(request, lambda _: None))
+    return ids
+
+
+async def test_gc_reads_every_page_up_to_the_reported_total(fake: FakeVefaas) -> None:
+    ids = await _bare_instances(fake, 8, "run-paged")
+    fake.page_cap = 3  # the service returns fewer rows than PageSize asks for
+    reaper = VefaasReaper(**fake.options())
+    assert sorted(s.id for s in await reaper.list_sandboxes("run-paged")) == sorted(ids)
+    report = await reap(reaper, run_id="run-paged")
+    assert len(report.killed) == 8 and not report.failed and not fake.leaked()
+
+
+async def test_gc_counts_a_sandbox_that_expired_after_listing_as_killed(
+    fake: FakeVefaas,
+) -> None:
+    (sandbox_id,) = await _bare_instances(fake, 1, "run-expiring")
+    reaper = VefaasReaper(**fake.options())
+    (listed,) = await reaper.list_sandboxes("run-expiring")
+    fake.expire(fake.instances[sandbox_id])
+    await reaper.kill(listed)  # 404: already gone, which is what gc wanted
+
+
+async def test_gc_needs_no_function_route(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _bare_instances(fake, 1, "run-no-route")
+    options = {k: v for k, v in fake.options().items() if k != "function_route"}
+    reaper = VefaasReaper(**options)
+    report = await reap(reaper, run_id="run-no-route")
+    assert len(report.killed) == 1 and not fake.leaked()
+
+
+# ----------------------------------------------------------------- bootstrap without PyPI
+
+
+async def test_the_fake_image_has_no_swerex_on_its_path(fake: FakeVefaas) -> None:
+    # Without swerex_python the bootstrap must install swe-rex; from a wheelhouse that does
+    # not exist that fails, and says so, instead of silently using the host's interpreter.
+    sb = make(fake, swerex_python=None, swerex_find_links="/opt/no-wheelhouse")
+    with pytest.raises(SandboxStartError, match="StartCommandExited") as info:
+        await sb.start()
+    assert not info.value.retryable
+    (body,) = fake.actions("CreateSandbox")
+    command = body["InstanceImageInfo"]["Command"]
+    assert "--no-index --find-links /opt/no-wheelhouse swe-rex==1.4.0" in command
+    assert not fake.leaked()
+
+
+async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functools
+
+    import sandlot.sandboxes.vefaas.sandbox as module
+
+    # Requests give up 0.5 s after their command's limit; the gateway hangs 1.5 s.
+    monkeypatch.setattr(module, "_QUICK_S", 0.3)
+    monkeypatch.setattr(
+        module, "SwerexClient", functools.partial(module.SwerexClient, margin_s=0.5)
+    )
+    fake.hang_s = 1.5
+    async with make(fake, request_retries=1) as sb:
+        fake.gateway_hangs = 2
+        with pytest.raises(SandboxError, match="ReadTimeout") as info:
+            await sb.exec("echo never")
+        assert info.value.retryable
+        # The gateway hangs after the launch: the timed-out command's cleanup hangs too, and
+        # the caller still gets its (timed-out) result, not an httpx exception.
+        done: list[Any] = []
+
+        async def run() -> None:
+            done.append(await sb.exec("sleep 5", timeout=0.5))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await anyio.sleep(0.2)
+            fake.gateway_hangs = 100
+        assert done[0].timed_out
+        fake.gateway_hangs = 0

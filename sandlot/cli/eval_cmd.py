@@ -18,6 +18,7 @@ from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import RunOutcome, run_evaluation
 from sandlot.sandboxes.errors import BackendNotFoundError
+from sandlot.sandboxes.labels import use_run_id
 from sandlot.sandboxes.registry import get_backend, resolve_backend_name
 
 
@@ -83,7 +84,10 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     "(e.g. a local test image for --backend docker).",
 )
 @click.option(
-    "--run-id", default=None, help="Names the run; re-using it skips instances already evaluated."
+    "--run-id",
+    default=None,
+    help="Names the run; re-using it skips instances already evaluated. Remote sandboxes are "
+    "labelled with it (sandlot gc --run-id ID).",
 )
 @click.option(
     "--output-dir",
@@ -118,6 +122,10 @@ def eval_command(
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
     run_id = run_id or time.strftime("sandlot-%Y%m%d-%H%M%S")
+    try:
+        use_run_id(run_id)  # the sandboxes' sandlot.run_id label, for `sandlot gc --run-id`
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--run-id") from exc
     todo = sum(1 for i in instances if i.instance_id in preds)
     console.print(
         f"[bold]sandlot eval[/] run [cyan]{run_id}[/]: {todo} prediction(s) on "

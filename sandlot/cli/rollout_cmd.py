@@ -44,7 +44,7 @@ from sandlot.rollout.stats import RolloutStats
 from sandlot.rollout.store import TRAJECTORIES_FILE, TrajectoryLog, atomic_write, write_predictions
 from sandlot.rollout.summary import RolloutSummary, summarize
 from sandlot.sandboxes.errors import BackendNotFoundError, SandboxError
-from sandlot.sandboxes.labels import pin_run_id
+from sandlot.sandboxes.labels import pin_run_id, use_run_id
 from sandlot.sandboxes.registry import get_backend
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -154,6 +154,12 @@ def _public_url(url: str) -> str:
     multiple=True,
     help="Only these instances (repeat, or separate with commas/spaces).",
 )
+@click.option(
+    "--run-id",
+    default=None,
+    help="Label the run's sandboxes with this id (sandlot gc --run-id ID); default: "
+    "$SANDLOT_RUN_ID or a new one.",
+)
 def rollout_command(
     dataset: Path,
     config_path: Path,
@@ -172,6 +178,7 @@ def rollout_command(
     api_key_env: str,
     image: str | None,
     instance_ids: tuple[str, ...],
+    run_id: str | None,
 ) -> None:
     """Run a model over a dataset: agent episodes in sandboxes, each graded by its tests."""
     console = Console(stderr=True)
@@ -211,7 +218,10 @@ def rollout_command(
                 f"{out} holds trajectories of another model ({', '.join(sorted(others))}); "
                 "choose another --output"
             )
-        run_id = pin_run_id()
+        try:
+            run_id = use_run_id(run_id) if run_id else pin_run_id()
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--run-id") from exc
         total = len(rows) * samples
         ids = {r.instance.instance_id for r in rows}
         already = sum(1 for iid, s in log_file.records if iid in ids and s < samples)

@@ -15,9 +15,14 @@ Differences from swe-rex's own ``RemoteRuntime`` (aiohttp):
   default 300 s total timeout killed longer commands, SWE-ReX issues #189/#245); calls without
   a command timeout use ``request_timeout_s``, and a command with ``timeout=None`` has no read
   timeout at all;
-* connection failures (also a keep-alive connection the server dropped) and 5xx answers other
-  than 511 are retried ``retries`` times with
-  exponential backoff and jitter, then raise :class:`SwerexUnavailableError` (retryable);
+* every transport failure (``httpx.TransportError``: connection refused or dropped, a
+  keep-alive connection the server closed, read/write/pool timeouts of a hung server or
+  gateway) and 5xx answers other than 511 are retried ``retries`` times with exponential
+  backoff and jitter, then raise :class:`SwerexUnavailableError` (retryable); no ``httpx``
+  exception leaves this client (an undecodable body is a :class:`SwerexHTTPError`). A retried
+  read timeout repeats a request the server may be running: the server replays its last
+  answer for a repeated ``X-Request-ID``, and sandlot's own requests are idempotent (see
+  :mod:`sandlot.sandboxes.vefaas.jobs`);
 * bytes round-trip: :meth:`SwerexClient.write_bytes` goes through the binary-safe ``/upload``;
   :meth:`SwerexClient.read_bytes` runs ``base64`` through ``/execute`` and decodes it, since
   ``/read_file`` only returns text;
@@ -46,10 +51,12 @@ from sandlot.sandboxes.errors import SandboxError
 log = logging.getLogger("sandlot.runtimes.swerex")
 
 SWEREX_EXCEPTION_STATUS = 511
-# Transport failures worth a retry. ReadError is what a stale keep-alive connection gives:
-# swerex.server re-raises after answering 511 and uvicorn then drops the connection. A request
-# that did reach the server is answered again from its X-Request-ID replay cache.
-_TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)
+# Transport failures worth a retry: all of them (httpx 0.28 `TransportError`: timeouts, network
+# and protocol errors). ReadError is what a stale keep-alive connection gives: swerex.server
+# re-raises after answering 511 and uvicorn then drops the connection; ReadTimeout is a hung
+# server or gateway. A request that did reach the server is answered again from its
+# X-Request-ID replay cache.
+_TRANSIENT = (httpx.TransportError,)
 TIMEOUT_CLASS_SUFFIX = "CommandTimeoutError"
 
 
@@ -204,7 +211,13 @@ class SwerexClient:
                 if response.status_code == SWEREX_EXCEPTION_STATUS:
                     raise _remote_error(response)
                 if response.status_code < 300:
-                    return response.json()
+                    try:
+                        return response.json()
+                    except ValueError as exc:
+                        raise SwerexHTTPError(
+                            response.status_code,
+                            f"{method} {route}: the answer is not JSON: {response.text[:200]!r}",
+                        ) from exc
                 if response.status_code < 500:
                     raise SwerexHTTPError(
                         response.status_code,
@@ -242,7 +255,10 @@ class SwerexClient:
             )
         except httpx.HTTPError:
             return False
-        return body.status_code == 200 and bool(body.json().get("is_alive"))
+        try:
+            return body.status_code == 200 and bool(body.json().get("is_alive"))
+        except (ValueError, AttributeError):  # a gateway's HTML page
+            return False
 
     async def execute(
         self,

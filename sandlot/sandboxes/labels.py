@@ -62,6 +62,32 @@ def pin_run_id() -> str:
         return value
 
 
+_RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+_RUN_ID_MAX = 63  # a label value every backend accepts (docker labels, Modal tags, veFaaS)
+
+
+def use_run_id(value: str) -> str:
+    """Make ``value`` this process tree's run id (``$SANDLOT_RUN_ID``): the id a user chose
+    with ``--run-id``, so ``sandlot gc --run-id <value>`` finds the run's sandboxes.
+
+    Args:
+        value: 1 to 63 characters out of letters, digits, ``.``, ``_`` and ``-``.
+
+    Raises:
+        ValueError: ``value`` is empty, too long, or has other characters (the message says
+            which).
+    """
+    bad = sorted(set(value) - _RUN_ID_CHARS)
+    if not value or len(value) > _RUN_ID_MAX or bad:
+        raise ValueError(
+            f"run id {value!r} must be 1 to {_RUN_ID_MAX} letters, digits, '.', '_' or '-'"
+            + (f" (not {''.join(bad)!r})" if bad else "")
+        )
+    with _lock:
+        os.environ[RUN_ID_ENV] = value
+    return value
+
+
 def run_id() -> str:
     """The id of this run (:func:`pin_run_id`), recorded in the run log on first use.
 

@@ -37,15 +37,20 @@ scan() {
 }
 kill_all() {
   i=0; scan
-  while [ -n "$pids" ] && [ "$i" -lt 50 ]; do
+  while [ -n "$pids" ] && [ "$i" -lt 30 ]; do
     for p in $pids; do kill -s KILL -- "-$p" "$p" 2>/dev/null; done
-    i=$((i+1)); scan
+    i=$((i+1)); [ "$i" -gt 2 ] && sleep 0.02
+    scan
   done
 }
 """
 """Shell functions for scripts that start with them: ``scan`` sets ``$pids`` to the live
 processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), except the calling
-shell; ``kill_all`` sends SIGKILL to those processes and their process groups until none is left.
+shell; ``kill_all`` sends SIGKILL to those processes and their process groups until none is left,
+or for at most 30 rounds: the first three back to back (a just-forked child shows up in the next
+scan), then 20 ms apart, so a process that cannot be killed (another user's, stuck in the
+kernel) costs about half a second of mostly sleeping, not 50 full ``/proc`` scans in a row on a
+loaded machine.
 
 A killed process is a zombie whose environ reads empty, so it stops matching; the grep (or
 command-substitution subshell) that matched itself is gone by the time of the ``-d`` test.
@@ -84,6 +89,20 @@ kill_all
 )
 
 
+# $0 = marker (NAME=value), $1 = signal name, $2 = fence pid: signal the marked processes
+# newer than the fence, except this script (a session channel's `signal_newer`).
+SIGNAL_NEWER_SCRIPT = """
+for f in $(grep -lsF -- "$0" /proc/[0-9]*/environ); do
+  p=${f#/proc/}; p=${p%/environ}
+  [ "$p" != "$$" ] && [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null
+done
+exit 0
+"""
+
+# $1 = directory: the shell of a session channel, stderr merged into stdout.
+SHELL_SCRIPT = 'cd -- "$1" || exit; exec bash --noprofile --norc 2>&1'
+
+
 def init_argv(lifetime_s: float) -> list[str]:
     """argv of the sandbox's PID 1, which lives ``lifetime_s`` seconds (rounded up, at least 1)."""
     return ["/bin/sh", "-c", INIT_SCRIPT, str(max(1, math.ceil(lifetime_s)))]
@@ -107,6 +126,24 @@ def kill_argv(marker: str, grace_s: float) -> list[str]:
         f"{EXEC_MARKER_ENV}={marker}",
         str(math.ceil(grace_s * 10)),
     ]
+
+
+def signal_newer_argv(marker: str, signal_name: str, newer_than: int) -> list[str]:
+    """argv sending ``signal_name`` (``INT``, ``KILL``, ...) to the processes tagged ``marker``
+    whose pid is greater than ``newer_than``."""
+    return [
+        "/bin/sh",
+        "-c",
+        SIGNAL_NEWER_SCRIPT,
+        f"{EXEC_MARKER_ENV}={marker}",
+        signal_name,
+        str(newer_than),
+    ]
+
+
+def shell_argv(cwd: str) -> list[str]:
+    """argv of a session's ``bash --noprofile --norc`` started in ``cwd``, stderr into stdout."""
+    return ["/bin/sh", "-c", SHELL_SCRIPT, "sandlot", cwd]
 
 
 def mkdir_argv(path: str) -> list[str]:

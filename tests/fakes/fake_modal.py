@@ -11,9 +11,27 @@ A fake sandbox is a private root directory; each exec runs in a bubblewrap jail 
 ``terminate`` (or :meth:`FakeModal.die`) kills them all. Every call is recorded in
 ``FakeModal.calls`` as ``(name, args, kwargs)``.
 
+Behaviour of the service the fake reproduces (as read in ``modal/sandbox/_common.py`` and
+``modal/io_streams.py`` of 1.6.4):
+
+* ``Sandbox.create`` returns before the sandbox is scheduled (``schedule_latency_s``); an exec
+  waits for it;
+* the argv of an exec may total at most 64 KiB (``ARG_MAX_BYTES``: ``InvalidError``); stdin
+  buffers at most 16 MiB between drains (``BufferError``); env keys must match
+  ``[A-Za-z_][A-Za-z0-9_]*`` (``InvalidError``), at create and at exec;
+* an exec's ``timeout`` counts from the exec's start (``wait`` then reports ``-1``);
+* ``terminate`` ends the sandbox with exit code 137, its lifetime (``timeout``) with 124;
+* when a sandbox dies, the output streams of its running execs *raise* (grpclib's
+  ``StreamTerminatedError``, the worker's gRPC stream breaking) instead of ending;
+  :meth:`FakeModal.freeze` makes them hang instead (a worker lost without a word).
+
 Fault knobs: ``create_latency_s``, ``rate_limit_rate`` (fraction of creates failing with
 ``ResourceExhaustedError``), ``known_images`` (others: ``ImageBuildError``),
-``terminate_failures`` (terminate raises ``InternalError`` that many times first).
+``terminate_failures`` (terminate raises ``InternalError`` that many times first),
+``stream_failures`` (output streams raise ``StreamTerminatedError`` that many times),
+``build_failures`` (messages of ``ImageBuildError`` raised by the next creates),
+``fault_rate`` (fraction of *every* call, create/exec/poll/terminate, failing with a transient
+error chosen at random, :data:`TRANSIENT_FAULTS`).
 """
 
 from __future__ import annotations
@@ -22,9 +40,11 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -35,6 +55,16 @@ from fakes.jail import jail_argv, make_root
 
 _CHUNK = 64 * 1024
 _MARKER = "FAKE_MODAL_SANDBOX"
+ARG_MAX_BYTES = 2**16
+STDIN_BUFFER_BYTES = 16 * 1024 * 1024
+_ENV_KEY = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+try:  # what Modal's gRPC streams raise when the connection to the worker breaks
+    from grpclib.exceptions import StreamTerminatedError
+except ImportError:  # pragma: no cover - grpclib comes with modal
+
+    class StreamTerminatedError(Exception):  # type: ignore[no-redef]
+        pass
 
 
 class _Method:
@@ -103,6 +133,15 @@ class SandboxFilesystemPermissionError(SandboxFilesystemError):
     pass
 
 
+def _check_env(env: dict[str, str] | None) -> None:
+    for key in env or {}:
+        if not _ENV_KEY.match(key):
+            raise InvalidError(
+                f"Secret key name {key!r} is invalid for environment variables. "
+                "Only letters, numbers, and underscores are allowed."
+            )
+
+
 EXCEPTIONS = SimpleNamespace(
     **{
         cls.__name__: cls
@@ -130,17 +169,29 @@ EXCEPTIONS = SimpleNamespace(
 
 
 class _Stream:
-    def __init__(self, reader: asyncio.StreamReader) -> None:
+    def __init__(self, reader: asyncio.StreamReader, sandbox: FakeSandbox) -> None:
         self._reader = reader
+        self._sandbox = sandbox
         self.read = _Method(self._read_all)
 
     async def _read_all(self) -> bytes:
-        return await self._reader.read()
+        chunks = [chunk async for chunk in self]
+        return b"".join(chunks)
+
+    async def _hang_if_frozen(self) -> None:
+        if self._sandbox.frozen:
+            await asyncio.Event().wait()  # the worker is gone and nobody says so
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while True:
+            await self._hang_if_frozen()
             chunk = await self._reader.read(_CHUNK)
+            await self._hang_if_frozen()
+            if self._sandbox.fake.take("stream_failures"):
+                raise StreamTerminatedError("Connection lost")
             if not chunk:
+                if self._sandbox.returncode is not None:
+                    raise StreamTerminatedError("Connection lost")
                 return
             yield chunk
 
@@ -149,15 +200,20 @@ class _Stdin:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
         self._eof = False
+        self._buffered = 0
         self.drain = _Method(self._drain)
 
-    def write(self, data: bytes) -> None:
-        self._writer.write(data)
+    def write(self, data: bytes | memoryview) -> None:
+        if self._buffered + len(data) > STDIN_BUFFER_BYTES:
+            raise BufferError("Buffer size exceed limit. Call drain to flush the buffer.")
+        self._buffered += len(data)
+        self._writer.write(bytes(data))
 
     def write_eof(self) -> None:
         self._eof = True
 
     async def _drain(self) -> None:
+        self._buffered = 0
         try:
             await self._writer.drain()
             if self._eof:
@@ -167,18 +223,22 @@ class _Stdin:
 
 
 class FakeProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, timeout: int | None) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, timeout: int | None, sandbox: FakeSandbox
+    ) -> None:
         assert proc.stdout and proc.stderr and proc.stdin
         self._proc = proc
-        self._timeout = timeout
-        self.stdout = _Stream(proc.stdout)
-        self.stderr = _Stream(proc.stderr)
+        # Modal counts an exec's timeout from the exec's start, not from wait().
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self.stdout = _Stream(proc.stdout, sandbox)
+        self.stderr = _Stream(proc.stderr, sandbox)
         self.stdin = _Stdin(proc.stdin)
         self.wait = _Method(self._wait)
 
     async def _wait(self) -> int:
+        left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
         try:
-            code = await asyncio.wait_for(self._proc.wait(), self._timeout)
+            code = await asyncio.wait_for(self._proc.wait(), left)
         except asyncio.TimeoutError:
             self._proc.kill()
             await self._proc.wait()
@@ -201,6 +261,11 @@ class FakeSandbox:
         self.block_network = bool(kwargs.get("block_network"))
         self.entrypoint = args
         self.returncode: int | None = None
+        self.frozen = False
+        self.scheduled_at = time.monotonic() + fake.schedule_latency_s
+        if kwargs.get("timeout"):
+            loop = asyncio.get_running_loop()
+            self._lifetime = loop.call_later(float(kwargs["timeout"]), self.kill, 124)
         self.root = make_root(fake.workdir, self.object_id)
         self.exec = _Method(self._exec)
         self.poll = _Method(self._poll)
@@ -219,6 +284,9 @@ class FakeSandbox:
     ) -> asyncio.subprocess.Process:
         if self.returncode is not None:
             raise SandboxTerminatedError(f"sandbox {self.object_id} has finished")
+        wait = self.scheduled_at - time.monotonic()
+        if wait > 0:  # created, not yet scheduled on a worker
+            await asyncio.sleep(wait)
         full_env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": "/root",
@@ -251,24 +319,36 @@ class FakeSandbox:
     ) -> FakeProcess:
         self._record("Sandbox.exec", *args, timeout=timeout, env=env, text=text, workdir=workdir)
         assert text is False, "the backend reads bytes"
-        return FakeProcess(await self._spawn(args, env, workdir), timeout)
+        total = sum(len(a) for a in args)
+        if total > ARG_MAX_BYTES:
+            raise InvalidError(
+                f"Total length of CMD arguments cannot exceed {ARG_MAX_BYTES} bytes (ARG_MAX). "
+                f"Got {total} bytes."
+            )
+        _check_env(env)
+        self.fake.maybe_fault("Sandbox.exec")
+        return FakeProcess(await self._spawn(args, env, workdir), timeout, self)
 
     async def _poll(self) -> int | None:
         self._record("Sandbox.poll")
-        return self.returncode
+        self.fake.maybe_fault("Sandbox.poll")
+        return None if self.frozen else self.returncode
 
     async def _terminate(self) -> None:
         self._record("Sandbox.terminate", self.object_id)
         if self.fake.terminate_failures > 0:
             self.fake.terminate_failures -= 1
             raise InternalError("terminate failed (injected)")
+        self.fake.maybe_fault("Sandbox.terminate")
         self.fake.terminated.append(self.object_id)
-        self.kill(0)
+        self.kill(137)
 
     def kill(self, returncode: int) -> None:
         """End the sandbox: every process in it dies, its files go."""
         if self.returncode is None:
             self.returncode = returncode
+        with contextlib.suppress(AttributeError, RuntimeError):
+            self._lifetime.cancel()
         for pid in _pids_with(f"{_MARKER}={self.object_id}"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -329,6 +409,14 @@ def _pids_with(marker: str) -> list[int]:
     return found
 
 
+TRANSIENT_FAULTS: tuple[type[Exception], ...] = (
+    InternalError,
+    ConnectionError,
+    ResourceExhaustedError,
+    StreamTerminatedError,
+)
+
+
 class FakeModal:
     """The fake module object. Pass it where the backend would import ``modal``."""
 
@@ -337,6 +425,11 @@ class FakeModal:
         self.create_latency_s = 0.0
         self.rate_limit_rate = 0.0
         self.terminate_failures = 0
+        self.schedule_latency_s = 0.0
+        self.stream_failures = 0
+        self.build_failures: list[str] = []
+        self.fault_rate = 0.0
+        self.faults_served: list[tuple[str, str]] = []
         self.rng = random.Random(7)
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.sandboxes: list[FakeSandbox] = []
@@ -358,8 +451,28 @@ class FakeModal:
 
     def close(self) -> None:
         for sb in self.sandboxes:
-            sb.kill(0)
+            sb.kill(137)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def take(self, counter: str) -> bool:
+        """Use up one of the ``counter`` injected failures, if any is left."""
+        left = getattr(self, counter)
+        if left > 0:
+            setattr(self, counter, left - 1)
+            return True
+        return False
+
+    def maybe_fault(self, call: str) -> None:
+        """Raise a transient error on ``fault_rate`` of the calls."""
+        if self.rng.random() >= self.fault_rate:
+            return
+        fault = self.rng.choice(TRANSIENT_FAULTS)
+        self.faults_served.append((call, fault.__name__))
+        raise fault(f"{call}: injected {fault.__name__}, please try again")
+
+    def freeze(self, sb: FakeSandbox) -> None:
+        """The sandbox's worker is lost silently: streams hang, poll says running."""
+        sb.frozen = True
 
     def live(self) -> list[FakeSandbox]:
         return [sb for sb in self.sandboxes if sb.returncode is None]
@@ -397,6 +510,10 @@ class FakeModal:
             self.creating -= 1
         if self.rng.random() < self.rate_limit_rate:
             raise ResourceExhaustedError("sandbox creation rate limit exceeded, try again later")
+        self.maybe_fault("Sandbox.create")
+        if self.build_failures:
+            raise ImageBuildError(self.build_failures.pop(0))
+        _check_env(kwargs.get("env"))
         image = kwargs["image"]
         if self.known_images is not None and image.tag not in self.known_images:
             raise ImageBuildError(f"image {image.tag} not found in registry")

@@ -1,16 +1,24 @@
 """A fake veFaaS on loopback: the control-plane JSON API and an instance-routing gateway.
 
-* Control plane: ``POST /?Action=<X>&Version=2024-06-06`` with the Volcengine SDK's JSON body
-  and ``HMAC-SHA256 Credential=<ak>/...`` signature header, answering
-  ``{"ResponseMetadata": {...}, "Result": {...}}`` or an ``Error`` with an HTTP status, for
-  CreateSandbox, DescribeSandbox, ListSandboxes and KillSandbox.
+* Control plane: ``POST /?Action=<X>&Version=2024-06-06`` with the Volcengine SDK's JSON body,
+  answering ``{"ResponseMetadata": {...}, "Result": {...}}`` or an ``Error`` with an HTTP status,
+  for CreateSandbox, DescribeSandbox, ListSandboxes and KillSandbox. The request's signature is
+  checked the way the service checks it (Volcengine's HMAC-SHA256 V4 scheme: canonical request
+  over method, path, sorted query, the signed headers and the body's SHA-256; key derived from
+  the secret key, date, region, service ``vefaas``): a wrong secret key, a changed body or a
+  changed signed header is refused with 401 ``SignatureDoesNotMatch``. Implemented here from
+  the scheme (https://www.volcengine.com/docs/6369/67269), not with the SDK's signer.
 * Instances: ``CreateSandbox`` runs ``InstanceImageInfo.Command`` with ``/bin/sh -c`` in a
   bubblewrap jail of its own (private root, own PID namespace, ``Envs`` as environment,
   ``SANDLOT_SWEREX_PORT`` set to a free loopback port): with sandlot's bootstrap that is a real
-  ``swerex.server`` process, run by the interpreter running the tests. ``KillSandbox`` kills the
-  jail (everything in it dies). An instance whose command exits is ``Failed`` with ErrorCode
-  ``StartCommandExited`` and an ErrorMessage with the exit status and the last output, which
-  the backend does not retry (the same command exits again).
+  ``swerex.server`` process. The test interpreter is visible in the jail at its own path,
+  read-only, but *not* on ``PATH`` (as ``local`` binds it): the image's ``python3`` has no
+  swe-rex, so the bootstrap must be told where a server is (``swerex_python``, which
+  :meth:`FakeVefaas.options` sets) or install one. ``KillSandbox`` is asynchronous, as on the
+  service: the instance is ``Terminating`` until the jail is killed ``kill_delay_s`` later
+  (everything in it dies), then ``Terminated``. An instance whose command exits is ``Failed``
+  with ErrorCode ``StartCommandExited`` and an ErrorMessage with the exit status and the last
+  output, which the backend does not retry (the same command exits again).
 * Gateway: an HTTP proxy that requires ``x-faas-instance-name`` and forwards to that
   instance's server; unknown or dead instances get 502, as a gateway without a backend would.
 
@@ -19,12 +27,32 @@
 Fault knobs: ``throttle_rate`` (fraction of creates refused with 429 ``Throttling``),
 ``create_latency_s``, ``known_images`` (others: 400 ``InvalidImage``), ``kill_failures``
 (KillSandbox answers 500 that many times first), ``gateway_failures`` (the next N proxied
-requests answer 503).
+requests answer 503), ``gateway_hangs`` (the next N proxied requests answer 504 after
+``hang_s``, a hung gateway), ``page_cap`` (the service's maximum page size: ListSandboxes
+pages hold at most this many rows, whatever ``PageSize`` asks), and per action,
+:meth:`FakeVefaas.inject` (queued faults) and ``fault_rate`` (a random fault from
+:data:`FAULTS` on that fraction of calls; :meth:`FakeVefaas.chaos` sets it for every action).
+Faults:
+
+* ``refused``: the connection is closed without an answer before the call is handled
+  (nothing happens);
+* ``timeout``: the call takes effect, then the answer comes after ``hang_s`` (past the
+  client's read timeout);
+* ``dropped``: the call takes effect, then the connection is closed without an answer;
+* ``429``: HTTP 429 ``Throttling``; ``500``: HTTP 500 ``InternalError``;
+* ``error_body``: HTTP 200 whose ``ResponseMetadata.Error`` is ``RequestLimitExceeded``;
+* ``no_id``: (CreateSandbox) the instance is created, the 200 carries no ``SandboxId``.
+
+:meth:`FakeVefaas.api_down` closes the control plane's listening socket (connection refused for
+real) until :meth:`FakeVefaas.api_up`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -42,13 +70,28 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, quote, urlparse
 
 from fakes.jail import jail_argv, make_root
 
 AK, SK = "fake-ak", "fake-sk"
 FUNCTION_ID = "fn-sandlot-test"
 VERSION = "2024-06-06"
+SERVICE = "vefaas"
+ACTIONS = ("CreateSandbox", "DescribeSandbox", "ListSandboxes", "KillSandbox")
+FAULTS: dict[str, tuple[str, ...]] = {
+    "CreateSandbox": ("refused", "timeout", "dropped", "429", "500", "error_body", "no_id"),
+    **{
+        a: ("refused", "timeout", "dropped", "429", "500", "error_body")
+        for a in ("DescribeSandbox", "ListSandboxes", "KillSandbox")
+    },
+}
+# The image's own PATH: the test interpreter is not on it.
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class _Drop(Exception):
+    """Close the connection without answering."""
 
 
 _HANDED_OUT: set[int] = set()
@@ -97,6 +140,7 @@ class Instance:
     process: subprocess.Popen[bytes]
     created_at: float = field(default_factory=time.time)
     killed: bool = False
+    kill_requested: bool = False
 
     log: Path | None = None
 
@@ -104,6 +148,8 @@ class Instance:
     def status(self) -> str:
         if self.killed:
             return "Terminated"
+        if self.kill_requested:
+            return "Terminating"
         return "Running" if self.process.poll() is None else "Failed"
 
     def failure(self) -> dict[str, str]:
@@ -130,6 +176,13 @@ class FakeVefaas:
         self.create_latency_s = 0.0
         self.kill_failures = 0
         self.gateway_failures = 0
+        self.gateway_hangs = 0
+        self.kill_delay_s = 0.05
+        self.hang_s = 1.0
+        self.page_cap: int | None = None
+        self.faults: dict[str, list[str]] = {a: [] for a in ACTIONS}
+        self.fault_rate: dict[str, float] = dict.fromkeys(ACTIONS, 0.0)
+        self.faults_served: list[tuple[str, str]] = []
         self.rng = random.Random(4)
         self.starting = 0
         self.peak_starting = 0
@@ -138,21 +191,35 @@ class FakeVefaas:
         self.lock = threading.Lock()
         self.workdir = Path(tempfile.mkdtemp(prefix="fake-vefaas-"))
         self._servers: list[ThreadingHTTPServer] = []
+        # Instances are spawned by one long-lived thread: bwrap's --die-with-parent is tied to
+        # the spawning *thread*, and a request thread ends with its connection.
+        self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spawner")
 
     # ----------------------------------------------------------------- lifecycle
 
     def start(self) -> FakeVefaas:
-        self.api_port = self._serve(_ApiHandler)
-        self.gateway_port = self._serve(_GatewayHandler)
+        self._api_server = self._serve(_ApiHandler, 0)
+        self.api_port = int(self._api_server.server_address[1])
+        self.gateway_port = int(self._serve(_GatewayHandler, 0).server_address[1])
         return self
 
-    def _serve(self, handler: type[BaseHTTPRequestHandler]) -> int:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    def _serve(self, handler: type[BaseHTTPRequestHandler], port: int) -> ThreadingHTTPServer:
+        server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         server.daemon_threads = True
         server.fake = self  # type: ignore[attr-defined]
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self._servers.append(server)
-        return int(server.server_address[1])
+        return server
+
+    def api_down(self) -> None:
+        """Close the control plane's listening socket: connections are refused."""
+        self._api_server.shutdown()
+        self._api_server.server_close()
+        self._servers.remove(self._api_server)
+
+    def api_up(self) -> None:
+        """Listen again on the same port."""
+        self._api_server = self._serve(_ApiHandler, self.api_port)
 
     def stop(self) -> None:
         for inst in list(self.instances.values()):
@@ -160,7 +227,33 @@ class FakeVefaas:
         for server in self._servers:
             server.shutdown()
             server.server_close()
+        self._spawner.shutdown()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def inject(self, action: str, *faults: str) -> None:
+        """Queue ``faults`` (see the module docstring) for the next calls of ``action``."""
+        assert action in ACTIONS and all(f in FAULTS[action] for f in faults), faults
+        with self.lock:
+            self.faults[action] += faults
+
+    def chaos(self, rate: float) -> None:
+        """Let every action fail at random with probability ``rate``."""
+        self.fault_rate = dict.fromkeys(ACTIONS, rate)
+
+    def take_fault(self, action: str) -> str | None:
+        with self.lock:
+            if self.faults.get(action):
+                fault = self.faults[action].pop(0)
+            elif self.rng.random() < self.fault_rate.get(action, 0.0):
+                fault = self.rng.choice(FAULTS[action])
+            else:
+                return None
+            self.faults_served.append((action, fault))
+            return fault
+
+    def leaked(self) -> list[Instance]:
+        """Instances nobody asked to kill (an instance whose command exited counts too)."""
+        return [i for i in self.instances.values() if not i.kill_requested]
 
     @property
     def endpoint(self) -> str:
@@ -180,6 +273,8 @@ class FakeVefaas:
             "endpoint": self.endpoint,
             "scheme": "http",
             "ready_timeout_s": 60.0,
+            # The interpreter running the tests has swe-rex; it is not on the image's PATH.
+            "swerex_python": sys.executable,
         }
 
     def live(self) -> list[Instance]:
@@ -191,12 +286,28 @@ class FakeVefaas:
     # ----------------------------------------------------------------- control plane
 
     def handle(self, action: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Answer one call, faults included; raises :class:`_Drop` to close without answer."""
         with self.lock:
             self.calls.append((action, body))
         handler = getattr(self, f"_{action}", None)
         if handler is None:
             return 400, _error("InvalidAction", f"unknown action {action}")
+        fault = self.take_fault(action)
+        if fault == "refused":
+            raise _Drop
+        if fault == "429":
+            return 429, _error("Throttling", "request rate exceeded, slow down")
+        if fault == "500":
+            return 500, _error("InternalError", "internal error, try again")
+        if fault == "error_body":
+            return 200, _error("RequestLimitExceeded", "request limit exceeded")
         result: tuple[int, dict[str, Any]] = handler(body)
+        if fault == "dropped":
+            raise _Drop
+        if fault == "timeout":
+            time.sleep(self.hang_s)
+        if fault == "no_id" and result[0] == 200:
+            return 200, {}
         return result
 
     def _CreateSandbox(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -224,7 +335,7 @@ class FakeVefaas:
         port = free_port()
         root = make_root(self.workdir, sandbox_id)
         env = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": IMAGE_PATH,
             "HOME": "/tmp",
             "SANDLOT_SWEREX_PORT": str(port),
             **{e["Key"]: e["Value"] for e in body.get("Envs") or []},
@@ -232,13 +343,14 @@ class FakeVefaas:
         argv = jail_argv(root, network=True, own_pids=True, env=env)
         log_path = self.workdir / f"{sandbox_id}.log"
         with log_path.open("wb") as log:
-            process = subprocess.Popen(
+            process = self._spawner.submit(
+                subprocess.Popen,
                 [*argv, "/bin/sh", "-c", info["Command"]],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )
+            ).result()
         inst = Instance(
             sandbox_id, FUNCTION_ID, info["Image"], body.get("Metadata") or {}, port, root, process
         )
@@ -274,6 +386,8 @@ class FakeVefaas:
             and all(i.metadata.get(k) == v for k, v in wanted.items())
         ]
         size, page = int(body.get("PageSize") or 10), int(body.get("PageNumber") or 1)
+        if self.page_cap is not None:  # the service's own maximum page size
+            size = min(size, self.page_cap)
         return 200, {"Sandboxes": rows[(page - 1) * size : page * size], "Total": len(rows)}
 
     def _KillSandbox(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -282,12 +396,22 @@ class FakeVefaas:
                 self.kill_failures -= 1
                 return 500, _error("InternalError", "kill failed, try again")
         inst = self.instances.get(body.get("SandboxId", ""))
-        if inst is None:
+        if inst is None or inst.killed:
+            # An expired or killed sandbox is forgotten by the service.
             return 404, _error("ResourceNotFound.Sandbox", "no such sandbox")
-        self._kill_instance(inst)
+        if not inst.kill_requested:
+            inst.kill_requested = True
+            timer = threading.Timer(self.kill_delay_s, self._kill_instance, (inst,))
+            timer.daemon = True
+            timer.start()
         return 200, {}
 
+    def expire(self, inst: Instance) -> None:
+        """The instance's lifetime ends: killed, then unknown to the service."""
+        self._kill_instance(inst)
+
     def _kill_instance(self, inst: Instance) -> None:
+        inst.kill_requested = True
         inst.killed = True
         if inst.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -308,9 +432,77 @@ class FakeVefaas:
                 return True
         return False
 
+    def take_gateway_hang(self) -> bool:
+        with self.lock:
+            if self.gateway_hangs > 0:
+                self.gateway_hangs -= 1
+                return True
+        return False
+
 
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"Error": {"Code": code, "Message": message}}
+
+
+def _hmac(key: bytes, msg: str) -> bytes:
+    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+
+
+def signature_problem(
+    method: str, path: str, query: str, headers: dict[str, str], body: bytes
+) -> str | None:
+    """Why the request's ``Authorization`` does not verify with :data:`SK`, or ``None``.
+
+    Volcengine signature V4: ``Authorization: HMAC-SHA256 Credential=<ak>/<date>/<region>/
+    <service>/request, SignedHeaders=<a;b>, Signature=<hex>`` over the canonical request
+    ``method \n path \n sorted-encoded-query \n name:value\n per signed header \n
+    signed-names \n sha256(body)``; string to sign ``HMAC-SHA256 \n X-Date \n scope \n
+    sha256(canonical request)``; key ``HMAC(HMAC(HMAC(HMAC(sk, date), region), service),
+    "request")``.
+    """
+    lower = {k.lower(): v for k, v in headers.items()}
+    auth = lower.get("authorization", "")
+    if not auth.startswith("HMAC-SHA256 "):
+        return "no HMAC-SHA256 Authorization header"
+    try:
+        parts = dict(p.strip().split("=", 1) for p in auth[len("HMAC-SHA256 ") :].split(","))
+        ak, date, region, service, terminal = parts["Credential"].split("/")
+        names = parts["SignedHeaders"].split(";")
+        given = parts["Signature"]
+    except (KeyError, ValueError):
+        return "malformed Authorization header"
+    if ak != AK:
+        return f"unknown access key {ak}"
+    if service != SERVICE or terminal != "request":
+        return f"credential scope names service {service}"
+    body_hash = hashlib.sha256(body).hexdigest()
+    if lower.get("x-content-sha256") != body_hash:
+        return "X-Content-Sha256 does not match the body"
+    x_date = lower.get("x-date", "")
+    if x_date[:8] != date:
+        return "X-Date does not match the credential scope"
+    if "x-date" not in names or "x-content-sha256" not in names:
+        return "X-Date and X-Content-Sha256 must be signed"
+    pairs = sorted(
+        (quote(k, safe="-_.~"), quote(v[0], safe="-_.~")) for k, v in parse_qs(query).items()
+    )
+    canonical_query = "&".join(f"{k}={v}" for k, v in pairs)
+    signed = ""
+    for name in names:
+        value = lower.get(name, "")
+        if name == "host" and value.endswith((":80", ":443")):
+            value = value.rsplit(":", 1)[0]
+        signed += f"{name}:{value}\n"
+    canonical = "\n".join(
+        [method, path or "/", canonical_query, signed, ";".join(names), body_hash]
+    )
+    scope = f"{date}/{region}/{service}/request"
+    to_sign = "\n".join(
+        ["HMAC-SHA256", x_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    key = _hmac(_hmac(_hmac(_hmac(SK.encode(), date), region), service), "request")
+    expected = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    return None if hmac.compare_digest(expected, given) else "signature does not match"
 
 
 class _ApiHandler(BaseHTTPRequestHandler):
@@ -321,16 +513,24 @@ class _ApiHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         fake: FakeVefaas = self.server.fake  # type: ignore[attr-defined]
-        query = parse_qs(urlparse(self.path).query)
+        url = urlparse(self.path)
+        query = parse_qs(url.query)
         action = query.get("Action", [""])[0]
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        auth = self.headers.get("Authorization", "")
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.loads(raw or b"{}")
+        problem = signature_problem("POST", url.path, url.query, dict(self.headers.items()), raw)
         if query.get("Version", [""])[0] != VERSION:
             status, result = 400, _error("InvalidVersion", "unsupported version")
-        elif not auth.startswith(f"HMAC-SHA256 Credential={AK}/"):
-            status, result = 401, _error("InvalidAccessKey", "bad signature")
+        elif problem is not None:
+            status, result = 401, _error("SignatureDoesNotMatch", problem)
         else:
-            status, result = fake.handle(action, body)
+            try:
+                status, result = fake.handle(action, body)
+            except _Drop:
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                return
         meta: dict[str, Any] = {"RequestId": uuid.uuid4().hex, "Action": action, "Version": VERSION}
         if "Error" in result:
             meta["Error"] = result["Error"]
@@ -338,11 +538,12 @@ class _ApiHandler(BaseHTTPRequestHandler):
         else:
             payload = {"ResponseMetadata": meta, "Result": result}
         data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        with contextlib.suppress(OSError):  # the client may have given up (a read timeout)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
 
 class _GatewayHandler(BaseHTTPRequestHandler):
@@ -368,6 +569,11 @@ class _GatewayHandler(BaseHTTPRequestHandler):
             return
         if fake.take_gateway_failure():
             self._reply(503, "injected gateway failure")
+            return
+        if fake.take_gateway_hang():
+            time.sleep(fake.hang_s)
+            with contextlib.suppress(OSError):
+                self._reply(504, "gateway timeout")
             return
         port = fake.target_port(instance)
         if port is None:

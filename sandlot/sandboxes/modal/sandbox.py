@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import posixpath
+import shlex
 import tempfile
 import time
 import uuid
@@ -31,6 +32,8 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 from pydantic import BaseModel
 
+from sandlot.runtimes.channel_session import ChannelSession
+from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import build_archive, extract_archive
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
@@ -43,6 +46,7 @@ from sandlot.sandboxes.errors import (
 )
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.modal.channel import ModalChannel
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
@@ -54,10 +58,23 @@ T = TypeVar("T")
 # Modal's own exec timeout, a backstop behind ours in case this process dies mid-command.
 _BACKSTOP_MARGIN_S = 30
 _KILL_BUDGET_S = 15.0
+# terminate is retried with backoff (50 ms doubling, at most 1 s): ~4 s over 8 tries.
+_TERMINATE_ATTEMPTS = 8
 # Modal reports an exec that hit its own timeout with return code -1.
 _MODAL_EXEC_TIMEOUT_CODE = -1
 # Image-related failures no retry can fix.
 _PERMANENT_CREATE_WORDS = ("not found", "unknown", "denied", "unauthorized", "invalid", "no such")
+# An ImageBuildError saying one of these is the builder's fault, not the image's.
+_TRANSIENT_BUILD_WORDS = ("try again", "timed out", "timeout", "temporar")
+# An exec without a timeout still ends this long after the sandbox's lifetime: a worker that
+# died without closing the output stream must not hang the caller forever.
+_LIFETIME_MARGIN_S = 30.0
+# stdin goes down in pieces, each drained: Modal buffers at most 16 MiB between drains
+# (TASK_COMMAND_ROUTER_MAX_BUFFER_SIZE in modal/io_streams.py; 2 MiB through the server).
+_STDIN_CHUNK = 1024 * 1024
+# Commands longer than this go through a file: the whole argv may total 64 KiB, and the exec
+# wrapper takes ~1 KiB of it.
+_ARGV_COMMAND_BYTES = 60 * 1024
 
 
 class ModalSandbox(Sandbox):
@@ -87,6 +104,7 @@ class ModalSandbox(Sandbox):
         self._sb: Any = None
         self._dead: str | None = None
         self._attempts = 0
+        self._created_at = 0.0
 
     def sdk(self) -> ModuleType:
         """The ``modal`` module every call goes through."""
@@ -148,6 +166,7 @@ class ModalSandbox(Sandbox):
                     f"{opts.create_timeout_s:g} s",
                     retryable=True,
                 )
+        self._created_at = time.monotonic()
         # The STARTING slot is held until a command works.
         mkdir = remote_shell.mkdir_argv(spec.workdir)
         probe = await self._call("first exec", self._run_quiet, mkdir)
@@ -158,8 +177,13 @@ class ModalSandbox(Sandbox):
         err = translate(modal, what, exc)
         text = str(exc).lower()
         retryable = err.retryable and not any(w in text for w in _PERMANENT_CREATE_WORDS)
-        if type(exc).__name__ in ("AuthError", "NotFoundError", "InvalidError", "ImageBuildError"):
+        if type(exc).__name__ in ("AuthError", "NotFoundError", "InvalidError"):
             retryable = False
+        elif type(exc).__name__ == "ImageBuildError":
+            # "Image build failed, please try again" and build timeouts are the builder's.
+            retryable = any(w in text for w in _TRANSIENT_BUILD_WORDS) and not any(
+                w in text for w in _PERMANENT_CREATE_WORDS
+            )
         return SandboxStartError(f"sandbox {self.id}: {err}", retryable=retryable)
 
     async def _terminate_by_name(self, modal: ModuleType) -> None:
@@ -177,14 +201,19 @@ class ModalSandbox(Sandbox):
         if sb is None:
             return
         last: Exception | None = None
-        for _ in range(2):  # terminate is what stops the bill: try it twice
+        for attempt in range(_TERMINATE_ATTEMPTS):  # terminate is what stops the bill
             try:
                 await sb.terminate.aio()
                 return
             except Exception as exc:
                 last = exc
                 log.warning("sandbox %s: terminate failed, retrying: %s", self.id, exc)
-        raise SandboxError(f"sandbox {self.id}: terminate failed twice: {last}", retryable=True)
+            await anyio.sleep(min(1.0, 0.05 * 2**attempt))
+        raise SandboxError(
+            f"sandbox {self.id}: terminate failed {_TERMINATE_ATTEMPTS} times: {last}; "
+            "`sandlot gc --backend modal --run-id <run id>` removes it",
+            retryable=True,
+        )
 
     async def is_alive(self) -> bool:
         """``True`` while Modal reports the sandbox running. Never raises."""
@@ -210,20 +239,26 @@ class ModalSandbox(Sandbox):
             raise SandboxDeadError(f"sandbox {self.id} ({self.object_id}) {self._dead}")
 
     async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Await ``fn(*args)``; a Modal error becomes ``SandboxDeadError`` when the sandbox has
-        finished, else a ``SandboxError`` (retryable for transient service faults)."""
+        """Await ``fn(*args)``; an SDK or transport error (see :func:`is_modal_error`) becomes
+        ``SandboxDeadError`` when the sandbox has finished, else a ``SandboxError`` (retryable
+        for transient service faults)."""
         try:
             return await fn(*args)
         except SandboxError:
             raise
         except Exception as exc:
             modal = self.sdk()
-            if not is_modal_error(modal, exc) and not isinstance(exc, OSError):
+            if not is_modal_error(modal, exc):
                 raise
             dead = await self._gone()
             if dead is not None:
                 raise dead from exc
             raise translate(modal, f"sandbox {self.id}: {what}", exc) from exc
+
+    def _lifetime_left(self) -> float:
+        """Seconds until Modal ends the sandbox (its ``timeout``), at least 0."""
+        lifetime = max(1, math.ceil(self.spec.timeout_s))
+        return max(0.0, self._created_at + lifetime - time.monotonic())
 
     # ----------------------------------------------------------------- commands
 
@@ -241,37 +276,47 @@ class ModalSandbox(Sandbox):
         Args and return value as in :meth:`Sandbox.exec`. stdout and stderr are read
         concurrently, each kept up to ``max_output_bytes``. At ``timeout`` (or on cancellation)
         every process of the command is killed (SIGTERM, ``stop_grace_s``, SIGKILL) by a second
-        exec; Modal's own exec timeout is set ``30 s`` later as a backstop.
+        exec; Modal's own exec timeout is set ``30 s`` later as a backstop. ``timeout=None``
+        still ends 30 s after the sandbox's lifetime (``spec.timeout_s``) with
+        ``SandboxDeadError``: a worker that died without ending the output stream must not
+        hang the caller.
 
         Raises:
             SandboxDeadError: the sandbox finished (terminated, lifetime over, crashed).
-            SandboxError: Modal failed; ``retryable`` for transient faults.
+            SandboxError: Modal failed, the output stream included; ``retryable`` for transient
+                faults. Never an ``ExceptionGroup``.
         """
         self._check_usable()
         began = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
         marker = uuid.uuid4().hex
-        argv = remote_shell.exec_argv(as_shell(cmd), self.resolve_path(cwd or self.spec.workdir))
+        command = await self._fit_argv(as_shell(cmd), marker)
+        argv = remote_shell.exec_argv(command, self.resolve_path(cwd or self.spec.workdir))
         environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: marker}
         backstop = None
         if timeout is not None:
             backstop = math.ceil(timeout + self.options.stop_grace_s) + _BACKSTOP_MARGIN_S
+        limit = timeout if timeout is not None else self._lifetime_left() + _LIFETIME_MARGIN_S
         out = CappedOutput(self.options.max_output_bytes)
         code: int | None = None
         launched = False
         try:
-            with anyio.move_on_after(timeout):
+            with anyio.move_on_after(limit):
                 proc = await self._call("exec", self._launch, argv, backstop, environment)
                 launched = True
                 await self._call("exec stdin", self._feed, proc, data)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._pump, proc.stdout, out.stdout)
-                    tg.start_soon(self._pump, proc.stderr, out.stderr)
+                await self._read_outputs(proc, out)
                 code = await self._call("exec wait", proc.wait.aio)
         finally:
             if code is None and launched and self._dead is None:
                 with anyio.CancelScope(shield=True):
                     await self._kill(marker)
+        if code is None and timeout is None:
+            dead = await self._gone()
+            raise dead or SandboxDeadError(
+                f"sandbox {self.id} ({self.object_id}): a command without a timeout outlived "
+                f"the sandbox's lifetime ({self.spec.timeout_s:g} s) by {_LIFETIME_MARGIN_S:g} s"
+            )
         if code is not None and (code == _MODAL_EXEC_TIMEOUT_CODE or code >= 128):
             dead = await self._gone()
             if dead is not None:
@@ -286,15 +331,64 @@ class ModalSandbox(Sandbox):
             truncated=out.truncated,
         )
 
+    async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
+        """A session whose ``bash`` is an exec with open stdin (:class:`ModalChannel`)."""
+        cwd = posixpath.join(self.spec.workdir, config.cwd or "")
+
+        async def open_channel() -> ModalChannel:
+            self._check_usable()
+            return await self._call(
+                "starting a shell", lambda: ModalChannel.start(self._sb, cwd=cwd, run=self.exec)
+            )
+
+        return ChannelSession(name, config, open_channel, self.is_alive)
+
+    async def _fit_argv(self, command: str, marker: str) -> str:
+        """``command``, or, when it is too long for Modal's 64 KiB argv limit
+        (``ARG_MAX_BYTES`` in ``modal/sandbox/_common.py``), a short command that sources it from
+        a file written through the filesystem API (and removes the file)."""
+        if len(command.encode()) <= _ARGV_COMMAND_BYTES:
+            return command
+        path = f"/tmp/sandlot-cmd-{marker}"
+        await self._fs("exec", path, self._sb.filesystem.write_bytes.aio, command.encode(), path)
+        quoted = shlex.quote(path)
+        # Opened, unlinked, then sourced: nothing is left behind whatever the command does.
+        return f"exec 9<{quoted} && rm -f -- {quoted} && . /dev/fd/9"
+
     async def _launch(self, argv: list[str], backstop: int | None, env: dict[str, str]) -> Any:
         return await self._sb.exec.aio(*argv, timeout=backstop, env=env, text=False)
 
     @staticmethod
     async def _feed(proc: Any, data: bytes | None) -> None:
-        if data:
-            proc.stdin.write(data)
+        view = memoryview(data or b"")
+        for start in range(0, len(view), _STDIN_CHUNK):
+            proc.stdin.write(view[start : start + _STDIN_CHUNK])
+            await proc.stdin.drain.aio()
         proc.stdin.write_eof()
         await proc.stdin.drain.aio()
+
+    async def _read_outputs(self, proc: Any, out: CappedOutput) -> None:
+        """Read stdout and stderr to their ends, concurrently.
+
+        Raises:
+            SandboxDeadError / SandboxError: a stream failed (a dead sandbox first, else the
+                first failure; raised as such, not inside an ``ExceptionGroup``).
+        """
+        failures: list[SandboxError] = []
+
+        async def read(what: str, stream: Any, buf: CappedBuffer) -> None:
+            try:
+                await self._call(what, self._pump, stream, buf)
+            except SandboxError as exc:
+                failures.append(exc)
+                tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, "exec stdout", proc.stdout, out.stdout)
+            tg.start_soon(read, "exec stderr", proc.stderr, out.stderr)
+        if failures:
+            dead = [e for e in failures if isinstance(e, SandboxDeadError)]
+            raise (dead or failures)[0]
 
     @staticmethod
     async def _pump(stream: Any, buf: CappedBuffer) -> None:
@@ -305,9 +399,19 @@ class ModalSandbox(Sandbox):
         """Run ``argv`` to completion, output discarded; its exit status."""
         proc = await self._sb.exec.aio(*argv, env=env, text=False)
         await self._feed(proc, None)
+        failures: list[Exception] = []
+
+        async def drain(stream: Any) -> None:
+            try:
+                await stream.read.aio()
+            except Exception as exc:  # raised below, not inside an ExceptionGroup
+                failures.append(exc)
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(proc.stdout.read.aio)
-            tg.start_soon(proc.stderr.read.aio)
+            tg.start_soon(drain, proc.stdout)
+            tg.start_soon(drain, proc.stderr)
+        if failures:
+            raise failures[0]
         return int(await proc.wait.aio())
 
     async def _run_checked(self, what: str, path: str, argv: list[str]) -> None:

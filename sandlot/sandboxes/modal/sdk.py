@@ -16,9 +16,26 @@ from sandlot.sandboxes.errors import BackendUnavailableError, SandboxError
 
 TOKEN_ENV = ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET")
 
-# Errors another attempt may fix: the service was busy, unreachable or failed internally.
-_RETRYABLE = ("ConnectionError", "InternalError", "ResourceExhaustedError", "ServiceError")
-_TRANSIENT_WORDS = ("rate limit", "too many", "capacity", "try again", "unavailable")
+# Errors another attempt may fix: the service was busy, unreachable or failed internally, or the
+# gRPC stream to the worker broke (grpclib's StreamTerminatedError, which Modal's own stream
+# readers retry in ``modal/io_streams.py``).
+_RETRYABLE = (
+    "ConnectionError",
+    "InternalError",
+    "ResourceExhaustedError",
+    "ServiceError",
+    "StreamTerminatedError",
+    "ClientClosed",
+)
+_TRANSIENT_WORDS = (
+    "rate limit",
+    "too many",
+    "capacity",
+    "try again",
+    "unavailable",
+    "timed out",
+    "timeout",
+)
 
 
 def modal_sdk() -> ModuleType:
@@ -56,7 +73,9 @@ def check_credentials() -> None:
 
 
 def translate(sdk: ModuleType, what: str, exc: BaseException) -> SandboxError:
-    """A ``SandboxError`` for a Modal exception; ``retryable`` for transient service faults."""
+    """A ``SandboxError`` for a Modal exception; ``retryable`` for transient service faults
+    (by class: connection, internal, resource exhausted, service, a broken gRPC stream; or by
+    message: rate limits, capacity, "please try again", timeouts)."""
     name = type(exc).__name__
     retryable = name in _RETRYABLE or any(w in str(exc).lower() for w in _TRANSIENT_WORDS)
     if isinstance(exc, (TimeoutError, OSError)):
@@ -65,5 +84,9 @@ def translate(sdk: ModuleType, what: str, exc: BaseException) -> SandboxError:
 
 
 def is_modal_error(sdk: ModuleType, exc: BaseException) -> bool:
-    """``True`` when ``exc`` comes from the Modal SDK (``modal.exception.Error``)."""
-    return isinstance(exc, sdk.exception.Error)
+    """``True`` when ``exc`` comes from the Modal SDK or its transport: ``modal.exception.Error``,
+    grpclib's exceptions (``StreamTerminatedError``, ``GRPCError``), ``OSError``, timeouts, and
+    the ``BufferError`` of a stdin write past Modal's buffer limit."""
+    if isinstance(exc, (sdk.exception.Error, OSError, TimeoutError, BufferError)):
+        return True
+    return type(exc).__module__.split(".")[0] == "grpclib"

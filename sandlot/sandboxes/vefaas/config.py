@@ -82,6 +82,22 @@ def _split(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
+def function_ids(options: VefaasOptions) -> list[str]:
+    """The configured function ids, without their routes (enough for the control plane, e.g.
+    ``sandlot gc``).
+
+    Raises:
+        BackendUnavailableError: no function id is configured; names the variable.
+    """
+    ids = _split(options.function_id or os.environ.get(FUNCTION_ID_ENV))
+    if not ids:
+        raise BackendUnavailableError(
+            f"no veFaaS sandbox function: set {FUNCTION_ID_ENV} (or the function_id option) to "
+            "the sandbox application's function id(s)"
+        )
+    return ids
+
+
 def function_targets(options: VefaasOptions) -> list[FunctionTarget]:
     """Every configured function id/route pair.
 

@@ -11,12 +11,34 @@ metadata, timeout, timeout_unit, cpu_milli, memory_mb)``, ``DescribeSandboxReque
 vefaas-dev/code-examples ``sandbox-cookbook``). The SDK posts ``/?Action=<X>&Version=2024-06-06``
 with an HMAC-SHA256 signature; ``Configuration.host``/``scheme`` point it at another server.
 The SDK's own retries are turned off: :mod:`sandlot.sandboxes.limits` retries starts.
+
+Failure shapes, read in ``volcenginesdkcore/rest.py`` and
+``interceptor/interceptors/deserialized_response_interceptor.py`` (5.0.54), all classified here:
+
+* a non-2xx answer: ``rest.ApiException(http_resp=...)`` with the JSON body
+  ``{"ResponseMetadata": {"Error": {"Code", "Message"}}}``;
+* a 200 whose ``ResponseMetadata`` has an ``Error`` (the gateway's way of reporting throttling):
+  ``ApiException(status=200, reason=str(error_dict))``, no body;
+* a 200 without ``ResponseMetadata``: ``ApiException(status=200, reason="InternalServiceError")``;
+* transport faults: the SDK's pool has ``Retry(total=False)``, so urllib3 raises its own
+  ``NewConnectionError``, ``ReadTimeoutError``, ``ProtocolError`` (subclasses of
+  ``urllib3.exceptions.HTTPError``, *not* of ``OSError``) and only ``SSLError`` is wrapped in an
+  ``ApiException`` with status 0.
+
+Error codes are classified by name, not by HTTP status; the retryable ones include Volcengine's
+documented common codes (https://www.volcengine.com/docs/6369/68677: ``Throttling``,
+``RequestLimitExceeded``, ``FlowLimitExceeded``, ``AccountFlowLimitExceeded``,
+``ServiceUnavailable``, ``ServiceUnavailableTemporary``, ``InternalError``,
+``InternalServiceError``) and any code naming a rate limit, capacity or an internal fault.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,8 +52,21 @@ from sandlot.sandboxes.vefaas.options import VefaasOptions
 
 T = TypeVar("T")
 
-_TIMEOUT_S = 60.0
 _PAGE_SIZE = 100
+# Codes documented as transient (see the module docstring); others are matched by the words below.
+RETRYABLE_CODES = frozenset(
+    {
+        "Throttling",
+        "RequestLimitExceeded",
+        "FlowLimitExceeded",
+        "AccountFlowLimitExceeded",
+        "ServiceUnavailable",
+        "ServiceUnavailableTemporary",
+        "InternalError",
+        "InternalServiceError",
+        "ServiceBusy",
+    }
+)
 # Error codes (ResponseMetadata.Error.Code) another attempt may fix.
 _RETRYABLE_CODE_WORDS = (
     "throttl",
@@ -45,8 +80,71 @@ _RETRYABLE_CODE_WORDS = (
     "internal",
     "unavailable",
     "timeout",
+    "limitexceeded",
 )
 RUNNING = "Running"
+# Each call of the control plane waits at least this long after the previous one of the process
+# that reads sandbox status (DescribeSandbox while waiting, ListSandboxes): 256 starting
+# sandboxes share ~20 reads per second instead of each reading on its own clock.
+_STATUS_READ_INTERVAL_S = 0.05
+
+
+class ControlPlaneError(SandboxError):
+    """A control-plane call failed.
+
+    Attributes:
+        action: the API action (``CreateSandbox``, ...).
+        status: the HTTP status (0 for transport faults; 200 for an error in a 200 body).
+        code: the service's error code (``Throttling``, ``ResourceNotFound.Sandbox``, ...), or
+            ``""`` when the answer carried none.
+        ambiguous: the request may have taken effect although no answer came back (a read
+            timeout or dropped connection after sending).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        action: str,
+        status: int,
+        code: str,
+        retryable: bool,
+        ambiguous: bool = False,
+    ) -> None:
+        super().__init__(message, retryable=retryable)
+        self.action = action
+        self.status = status
+        self.code = code
+        self.ambiguous = ambiguous
+
+    @property
+    def not_found(self) -> bool:
+        """The sandbox (or function) does not exist: HTTP 404 or a ``*NotFound*`` code."""
+        return self.status == 404 or "notfound" in self.code.lower().replace(".", "")
+
+
+class _Pacer:
+    """Spaces the status reads of the whole process ``interval_s`` apart, first come first go.
+
+    Each caller reserves the next free instant under a thread lock and sleeps until it, so the
+    pacer serves every event loop and thread of the process (Ray workers may run several).
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    async def wait(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            at = max(now, self._next)
+            self._next = at + self.interval_s
+        if at > now:
+            await anyio.sleep(at - now)
+
+
+STATUS_PACER = _Pacer(_STATUS_READ_INTERVAL_S)
 
 
 @dataclass(frozen=True)
@@ -98,20 +196,43 @@ class ControlPlane:
         if options.endpoint:
             config.host = options.endpoint
         config.scheme = options.scheme
-        config.connect_timeout = config.read_timeout = _TIMEOUT_S
+        config.connect_timeout = config.read_timeout = options.control_timeout_s
         config.auto_retry = False
         if options.proxy:
             config.proxy = options.proxy
         self.api = self.sdk.VEFAASApi(core.ApiClient(config))
+        urllib3 = require("urllib3", "vefaas")
+        self._transport_errors: tuple[type[BaseException], ...] = (
+            urllib3.exceptions.HTTPError,
+            OSError,
+        )
+        self._unsent_errors: tuple[type[BaseException], ...] = (
+            urllib3.exceptions.NewConnectionError,
+            urllib3.exceptions.ConnectTimeoutError,
+            ConnectionRefusedError,
+        )
 
     async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run the blocking ``fn(*args)`` in a thread (not abandoned on cancellation)."""
+        """Run the blocking ``fn(*args)`` in a thread (not abandoned on cancellation).
+
+        Raises:
+            ControlPlaneError: any failure, classified (see the module docstring).
+        """
         try:
             return await anyio.to_thread.run_sync(fn, *args)
         except self._api_exception as exc:
             raise translate(what, exc) from exc
-        except OSError as exc:  # urllib3 connection errors
-            raise SandboxError(f"{what}: {exc}", retryable=True) from exc
+        except self._transport_errors as exc:
+            # Connection refused / connect timeout: the request never left. Anything else
+            # (read timeout, connection dropped mid-answer) may have been acted on.
+            raise ControlPlaneError(
+                f"{what}: {type(exc).__name__}: {exc}",
+                action=what,
+                status=0,
+                code="",
+                retryable=True,
+                ambiguous=not isinstance(exc, self._unsent_errors),
+            ) from exc
 
     def create_request(
         self,
@@ -145,14 +266,29 @@ class ControlPlane:
         """``CreateSandbox``; ``record(sandbox_id)`` runs in the worker thread as soon as the id
         is known, so a caller cancelled meanwhile can still kill the sandbox.
 
+        The API has no client token, so a create whose answer was lost (``ambiguous``) can
+        only be found afterwards by its ``Metadata`` (see :meth:`list`).
+
         Raises:
-            SandboxStartError: refused (``retryable`` for rate limits, capacity, 5xx).
+            SandboxStartError: refused (``retryable`` for rate limits, capacity, 5xx and
+                transport faults), or answered 200 without a ``SandboxId`` (retryable and
+                ``ambiguous``: an instance may exist). Its ``__cause__`` is the
+                :class:`ControlPlaneError`.
         """
 
         def call() -> str:
-            sandbox_id = str(self.api.create_sandbox(request).sandbox_id)
-            record(sandbox_id)
-            return sandbox_id
+            sandbox_id = self.api.create_sandbox(request).sandbox_id
+            if not sandbox_id:
+                raise ControlPlaneError(
+                    "CreateSandbox: the answer (HTTP 200) carries no SandboxId",
+                    action="CreateSandbox",
+                    status=200,
+                    code="",
+                    retryable=True,
+                    ambiguous=True,
+                )
+            record(str(sandbox_id))
+            return str(sandbox_id)
 
         try:
             return await self._call("CreateSandbox", call)
@@ -160,10 +296,15 @@ class ControlPlane:
             raise SandboxStartError(str(exc), retryable=exc.retryable) from exc
 
     async def describe(self, function_id: str, sandbox_id: str) -> SandboxInfo:
-        """``DescribeSandbox``."""
+        """``DescribeSandbox`` (paced with the process's other status reads).
+
+        Raises:
+            ControlPlaneError: the call failed (``not_found`` when the sandbox is unknown).
+        """
         request = self.sdk.models.DescribeSandboxRequest(
             function_id=function_id, sandbox_id=sandbox_id
         )
+        await STATUS_PACER.wait()
         out = await self._call("DescribeSandbox", self.api.describe_sandbox, request)
         metadata = {item.meta_key: item.meta_value for item in out.metadata_list or []}
         return SandboxInfo(
@@ -176,10 +317,19 @@ class ControlPlane:
         )
 
     async def list(self, function_id: str, metadata: Mapping[str, str] | None) -> list[SandboxInfo]:
-        """``ListSandboxes`` of ``function_id`` whose metadata contains ``metadata``, all pages."""
+        """``ListSandboxes`` of ``function_id`` whose metadata contains ``metadata``, all pages.
+
+        Pages are read until the reported ``Total`` is reached (a page may be shorter than
+        asked for before the end), or, without a total, until a short page; an empty page
+        ends the listing in both cases.
+
+        Raises:
+            ControlPlaneError: a page could not be read.
+        """
         found: list[SandboxInfo] = []
         page = 1
         while True:
+            await STATUS_PACER.wait()
             request = self.sdk.models.ListSandboxesRequest(
                 function_id=function_id,
                 metadata=dict(metadata) if metadata else None,
@@ -199,34 +349,75 @@ class ControlPlane:
                 )
                 for row in rows
             ]
-            if len(rows) < _PAGE_SIZE or (out.total is not None and len(found) >= out.total):
+            if not rows:
+                return found
+            if out.total is not None:
+                if len(found) >= out.total:
+                    return found
+            elif len(rows) < _PAGE_SIZE:
                 return found
             page += 1
 
     async def kill(self, function_id: str, sandbox_id: str) -> None:
-        """``KillSandbox`` (asynchronous on the service: the status becomes Terminating)."""
+        """``KillSandbox`` (asynchronous on the service: the status becomes Terminating).
+
+        A sandbox the service does not know (it expired, or was killed already) counts as
+        killed.
+
+        Raises:
+            ControlPlaneError: the call failed otherwise.
+        """
         request = self.sdk.models.KillSandboxRequest(function_id=function_id, sandbox_id=sandbox_id)
-        await self._call("KillSandbox", self.api.kill_sandbox, request)
+        try:
+            await self._call("KillSandbox", self.api.kill_sandbox, request)
+        except ControlPlaneError as exc:
+            if not exc.not_found:
+                raise
 
 
 def retryable_code(code: str) -> bool:
     """Whether an error code of the service names a cause another attempt may fix (a rate
     limit, capacity, an internal fault) rather than a permanent one (bad request, bad image)."""
-    squashed = code.lower().replace(".", "").replace("-", "")
-    return any(w in squashed for w in _RETRYABLE_CODE_WORDS)
+    if code in RETRYABLE_CODES:
+        return True
+    squashed = code.lower().replace(".", "").replace("-", "").replace("_", "")
+    return any(w.replace("_", "") in squashed for w in _RETRYABLE_CODE_WORDS)
 
 
-def translate(what: str, exc: Any) -> SandboxError:
-    """A ``SandboxError`` for an ``ApiException``: retryable for 429, 5xx and rate-limit,
-    capacity or internal error codes; permanent for other 4xx (bad image, auth, not found)."""
-    status = getattr(exc, "status", None) or 0
-    code, message = "", str(getattr(exc, "reason", "") or "")
+def _error_of(exc: Any) -> tuple[str, str]:
+    """``(code, message)`` of an ``ApiException``: from the JSON body of a non-2xx answer, or
+    from ``reason`` (``str`` of the error dict) of an error carried by a 200."""
+    reason = str(getattr(exc, "reason", "") or "")
     try:
         error = json.loads(exc.body)["ResponseMetadata"]["Error"]
-        code, message = str(error.get("Code", "")), str(error.get("Message", message))
-    except (TypeError, ValueError, KeyError):
+        return str(error.get("Code", "")), str(error.get("Message", reason))
+    except (TypeError, ValueError, KeyError, AttributeError):
         pass
-    retryable = status == 429 or status >= 500 or retryable_code(code)
-    return SandboxError(
-        f"{what}: HTTP {status} {code}: {message}".rstrip(": "), retryable=retryable
+    if reason.startswith("{"):
+        try:
+            error = ast.literal_eval(reason)
+        except (ValueError, SyntaxError):
+            error = None
+        if isinstance(error, dict):
+            return str(error.get("Code", "")), str(error.get("Message", reason))
+    if reason == "InternalServiceError":  # the SDK's word for a 200 without ResponseMetadata
+        return reason, "the answer has no ResponseMetadata"
+    return "", reason
+
+
+def translate(what: str, exc: Any) -> ControlPlaneError:
+    """A :class:`ControlPlaneError` for an ``ApiException``: retryable for the codes of
+    :func:`retryable_code` whatever the HTTP status (a 200 carrying ``Throttling`` included),
+    for 429 and 5xx, and for transport faults the SDK wraps (status 0); permanent otherwise
+    (bad image, auth, not found)."""
+    status = int(getattr(exc, "status", None) or 0)
+    code, message = _error_of(exc)
+    retryable = retryable_code(code) or status in (0, 429) or status >= 500
+    return ControlPlaneError(
+        f"{what}: HTTP {status} {code}: {message}".rstrip(": "),
+        action=what,
+        status=status,
+        code=code,
+        retryable=retryable,
+        ambiguous=status == 0,
     )

@@ -38,6 +38,15 @@ class VefaasOptions(BaseModel):
         stop_grace_s: seconds between SIGTERM and SIGKILL for a timed-out command.
         request_retries: data-plane retries after a connection failure or a 5xx answer.
         proxy: HTTP(S) proxy URL for the control plane, or ``None``.
+        control_timeout_s: connect and read timeout in seconds of each control-plane call.
+        swerex_python: path, inside the instance, of a Python interpreter that already has
+            ``swe-rex`` (pre-staged in the image or on a mounted volume); the default bootstrap
+            then starts the server with it and installs nothing. ``None``: the image's
+            ``swerex-remote`` / ``python3``.
+        swerex_find_links: a directory in the instance or an ``http(s)`` URL holding the wheels
+            of ``swe-rex`` and its dependencies (``pip download swe-rex==1.4.0 -d DIR``); when
+            the image lacks swe-rex the bootstrap installs from there with ``--no-index``, so
+            the function needs no PyPI egress. ``None``: install from PyPI.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -57,3 +66,6 @@ class VefaasOptions(BaseModel):
     stop_grace_s: float = Field(default=1.0, ge=0)
     request_retries: int = Field(default=3, ge=0)
     proxy: str | None = None
+    control_timeout_s: float = Field(default=60.0, gt=0)
+    swerex_python: str | None = None
+    swerex_find_links: str | None = None

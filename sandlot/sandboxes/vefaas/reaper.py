@@ -1,7 +1,9 @@
 """``VefaasReaper``: lists and kills the labelled sandboxes of the configured functions.
 
-Uses ``ListSandboxes`` (filtered by ``Metadata`` when a run id is given) and ``KillSandbox`` of
-every function id in ``VEFAAS_FUNCTION_ID`` / the ``function_id`` option.
+Uses ``ListSandboxes`` (filtered by ``Metadata`` when a run id is given, every page up to the
+reported total) and ``KillSandbox`` of every function id in ``VEFAAS_FUNCTION_ID`` / the
+``function_id`` option. Only the control plane is used: no function route is needed. A sandbox
+that expired between listing and killing counts as killed (the control plane answers 404).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any
 
 from sandlot.sandboxes.labels import RUN_ID
 from sandlot.sandboxes.reaper import RemoteSandbox
-from sandlot.sandboxes.vefaas.config import credentials, function_targets
+from sandlot.sandboxes.vefaas.config import credentials, function_ids
 from sandlot.sandboxes.vefaas.control import ControlPlane
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
@@ -25,14 +27,15 @@ class VefaasReaper:
         **options: fields of :class:`VefaasOptions` (credentials, functions, endpoint).
 
     Raises:
-        BackendUnavailableError: SDK, credentials or function ids missing.
+        BackendUnavailableError: SDK, credentials or function ids missing (routes are not
+            needed).
     """
 
     backend = "vefaas"
 
     def __init__(self, **options: Any) -> None:
         opts = VefaasOptions(**options)
-        self._functions = sorted({t.function_id for t in function_targets(opts)})
+        self._functions = sorted(set(function_ids(opts)))
         self._control = ControlPlane(credentials(opts), opts)
 
     async def list_sandboxes(self, run_id: str | None = None) -> list[RemoteSandbox]:
@@ -48,5 +51,9 @@ class VefaasReaper:
         return found
 
     async def kill(self, sandbox: RemoteSandbox) -> None:
-        """``KillSandbox``."""
+        """``KillSandbox``; a sandbox already gone is not an error.
+
+        Raises:
+            SandboxError: the control plane refused or could not be reached.
+        """
         await self._control.kill(sandbox.handle, sandbox.id)

@@ -37,13 +37,13 @@ from sandlot.sandboxes.errors import (
     SandboxStartError,
 )
 from sandlot.sandboxes.images import backend_image
-from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.labels import SANDBOX_ID, sandbox_labels
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.vefaas import jobs
 from sandlot.sandboxes.vefaas.bootstrap import bootstrap_command
 from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, pick_target
-from sandlot.sandboxes.vefaas.control import RUNNING, ControlPlane
+from sandlot.sandboxes.vefaas.control import RUNNING, ControlPlane, ControlPlaneError
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
 log = logging.getLogger("sandlot.sandboxes.vefaas")
@@ -53,7 +53,16 @@ INSTANCE_HEADER = "x-faas-instance-name"
 _POLL_FIRST_S = 0.01
 _POLL_MAX_S = 0.25
 _READY_POLL_MAX_S = 0.25
-_DESCRIBE_EVERY_S = 2.0  # while waiting for the server: is the instance still coming up?
+# While waiting for the server: is the instance still coming up? First after 2 s, then ever
+# more rarely (x1.5, at most 30 s): DescribeSandbox is rate limited per account, and the
+# readiness probe (the data plane) is what ends the wait.
+_DESCRIBE_FIRST_S = 2.0
+_DESCRIBE_MAX_S = 30.0
+# After a create whose answer was lost, how often to look for the instance by its metadata.
+_RECOVER_ATTEMPTS = 8
+_KILL_ATTEMPTS = 8
+_KILL_BACKOFF_S = 0.05  # doubled per try, at most _KILL_BACKOFF_MAX_S: ~4 s over 8 tries
+_KILL_BACKOFF_MAX_S = 1.0
 _QUICK_S = 60.0  # timeout of the short data-plane calls (launch, poll, kill, file moves)
 _FILE_TIMEOUT_S = 600.0
 
@@ -90,6 +99,8 @@ class VefaasSandbox(Sandbox):
         self._sandbox_id: str | None = None
         self._client: SwerexClient | None = None
         self._dead: str | None = None
+        # A CreateSandbox whose answer was lost may have created an instance we know no id of.
+        self._unanswered_create = False
 
     @property
     def sandbox_id(self) -> str | None:
@@ -111,7 +122,12 @@ class VefaasSandbox(Sandbox):
             image=backend_image(spec.image, "vefaas", opts.image_overrides),
             port=opts.port,
             command=bootstrap_command(
-                opts.bootstrap, workdir=spec.workdir, port=opts.port, token=token
+                opts.bootstrap,
+                workdir=spec.workdir,
+                port=opts.port,
+                token=token,
+                python=opts.swerex_python,
+                find_links=opts.swerex_find_links,
             ),
             env=spec.env,
             metadata=sandbox_labels(self.id, spec.labels),
@@ -119,7 +135,13 @@ class VefaasSandbox(Sandbox):
             cpu=spec.cpu,
             memory_mb=spec.memory_mb,
         )
-        await self._control.create(request, self._record)
+        try:
+            await self._control.create(request, self._record)
+        except SandboxStartError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ControlPlaneError) and cause.ambiguous:
+                self._unanswered_create = True  # _close (after this attempt) looks for it
+            raise
         assert self._sandbox_id is not None
         self._client = SwerexClient(
             target.route,
@@ -133,16 +155,25 @@ class VefaasSandbox(Sandbox):
         self._sandbox_id = sandbox_id
 
     async def _wait_ready(self) -> None:
-        """Poll ``/is_alive`` until the server answers; the STARTING slot is held meanwhile."""
+        """Poll ``/is_alive`` until the server answers; the STARTING slot is held meanwhile.
+
+        Now and then (2 s, then x1.5 up to 30 s) ``DescribeSandbox`` tells whether the instance
+        failed; a describe that fails (throttled, unreachable, not yet known) tells nothing and
+        the wait goes on: only ``ready_timeout_s`` or a failed instance ends it.
+        """
         assert self._client is not None and self._control is not None and self._target
         deadline = time.monotonic() + self.options.ready_timeout_s
-        delay, next_describe = 0.02, time.monotonic() + _DESCRIBE_EVERY_S
+        describe_every = _DESCRIBE_FIRST_S
+        delay, next_describe = 0.02, time.monotonic() + describe_every
         while not await self._client.is_alive(timeout=min(10.0, self.options.ready_timeout_s)):
-            if time.monotonic() >= next_describe:  # the control plane is rate limited: rarely
-                next_describe = time.monotonic() + _DESCRIBE_EVERY_S
-                info = await self._control.describe(self._target.function_id, self._id)
-            else:
-                info = None
+            info = None
+            if time.monotonic() >= next_describe:
+                describe_every = min(describe_every * 1.5, _DESCRIBE_MAX_S)
+                next_describe = time.monotonic() + describe_every
+                try:
+                    info = await self._control.describe(self._target.function_id, self._id)
+                except ControlPlaneError as exc:
+                    log.debug("sandbox %s: DescribeSandbox while waiting: %s", self.id, exc)
             if info is not None and info.status not in ("", "Creating", "Pending", RUNNING):
                 raise SandboxStartError(
                     f"sandbox {self.id}: veFaaS instance {self._id} is {info.status}"
@@ -167,7 +198,12 @@ class VefaasSandbox(Sandbox):
         return self._sandbox_id
 
     async def _close(self) -> None:
-        """Close the data-plane client, then ``KillSandbox`` (tried twice); each step guarded."""
+        """Close the data-plane client, then ``KillSandbox`` (retried); each step guarded.
+
+        After a create whose answer was lost, the instances carrying this sandbox's
+        ``sandlot.sandbox_id`` label are listed and killed instead (a few tries: the listing
+        may lag the create).
+        """
         client, self._client = self._client, None
         if client is not None:
             try:
@@ -175,23 +211,83 @@ class VefaasSandbox(Sandbox):
             except Exception as exc:
                 log.warning("sandbox %s: closing the data-plane client failed: %s", self.id, exc)
         sandbox_id, self._sandbox_id = self._sandbox_id, None
-        if sandbox_id is None or self._control is None or self._target is None:
+        if self._control is None or self._target is None:
             return
+        if sandbox_id is not None:
+            self._unanswered_create = False
+            await self._kill(sandbox_id)
+        elif self._unanswered_create:
+            await self._kill_unanswered()
+            self._unanswered_create = False
+
+    async def _kill(self, sandbox_id: str) -> None:
+        """``KillSandbox``, retried with backoff (``_KILL_ATTEMPTS`` tries): it is what stops
+        the bill, and the control plane throttles exactly when many sandboxes close at once.
+
+        Raises:
+            SandboxError: every try failed (the message names the instance).
+        """
+        assert self._control is not None and self._target is not None
         last: Exception | None = None
-        for _ in range(2):
+        for attempt in range(_KILL_ATTEMPTS):
             try:
                 await self._control.kill(self._target.function_id, sandbox_id)
                 return
-            except Exception as exc:
+            except SandboxError as exc:
                 last = exc
                 log.warning("sandbox %s: KillSandbox %s failed: %s", self.id, sandbox_id, exc)
-        raise SandboxError(f"sandbox {self.id}: KillSandbox {sandbox_id} failed twice: {last}")
+                if not exc.retryable:
+                    break
+            await anyio.sleep(min(_KILL_BACKOFF_MAX_S, _KILL_BACKOFF_S * 2**attempt))
+        raise SandboxError(
+            f"sandbox {self.id}: KillSandbox {sandbox_id} failed: {last}; "
+            "`sandlot gc --backend vefaas --run-id <run id>` removes it"
+        )
+
+    async def _kill_unanswered(self) -> None:
+        """Find, by its labels, the instance an unanswered CreateSandbox may have made; kill it.
+
+        Two listings in a row that find nothing mean nothing was created (the request never
+        arrived).
+
+        Raises:
+            SandboxError: it could not be looked for; the message says how ``sandlot gc``
+                finds it.
+        """
+        assert self._control is not None and self._target is not None
+        function_id = self._target.function_id
+        problem: Exception | None = None
+        empty = 0
+        for attempt in range(_RECOVER_ATTEMPTS):
+            try:
+                rows = await self._control.list(function_id, {SANDBOX_ID: self.id})
+            except SandboxError as exc:
+                problem = exc
+            else:
+                live = [r for r in rows if r.status not in ("Terminating", "Terminated")]
+                for row in live:
+                    log.info("sandbox %s: killing %s from an unanswered create", self.id, row.id)
+                    await self._kill(row.id)
+                if live:
+                    return
+                empty += 1
+                if empty == 2:
+                    return
+            await anyio.sleep(min(_KILL_BACKOFF_MAX_S, _KILL_BACKOFF_S * 2**attempt))
+        raise SandboxError(
+            f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not be "
+            f"looked for ({problem}); `sandlot gc --backend vefaas --run-id <run id>` removes it"
+        )
 
     async def is_alive(self) -> bool:
         """``True`` while the control plane reports the instance ``Running``. Never raises."""
         if self._closed or not self._started or self._dead is not None or self._sandbox_id is None:
             return False
-        return await self._gone() is None
+        try:
+            return await self._gone() is None
+        except Exception as exc:  # an SDK fault not classified: cannot tell
+            log.warning("sandbox %s: liveness unknown: %s", self.id, exc)
+            return True
 
     async def _gone(self) -> SandboxDeadError | None:
         """``SandboxDeadError`` if the instance is no longer running, else ``None``."""
@@ -199,8 +295,8 @@ class VefaasSandbox(Sandbox):
             assert self._control is not None and self._target is not None
             try:
                 info = await self._control.describe(self._target.function_id, self._id)
-            except SandboxError as exc:
-                if exc.retryable:
+            except ControlPlaneError as exc:
+                if not exc.not_found:
                     return None  # cannot tell
                 self._dead = f"is unknown to veFaaS ({exc})"
             else:

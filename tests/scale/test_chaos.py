@@ -1,0 +1,145 @@
+"""Chaos: 200 sandboxes of each cloud backend through the STARTING cap while 30 % of the
+service's calls fail at random. Every sandbox either runs a command or is reported with a
+``SandboxError``; the run completes; nothing is leaked (the fake's inventory is empty once
+every sandbox is closed).
+
+``modal``: the fake ``modal`` module fails creates, execs, polls and terminates with
+Modal's transient errors (``InternalError``, ``ConnectionError``, ``ResourceExhaustedError``,
+grpclib's ``StreamTerminatedError``). ``vefaas``: the fake control plane (the real SDK on the
+wire) fails CreateSandbox, DescribeSandbox, ListSandboxes and KillSandbox with every fault it
+knows: refused, read timeouts and dropped answers after the call took effect, 429, 500,
+``RequestLimitExceeded`` in a 200, and creates answered without a ``SandboxId``. Its instances
+run ``tests/fakes/mini_swerex.py`` (the two SWE-ReX routes sandlot needs to start and run a
+command) instead of a full ``swerex.server``, so that 200 of them start in seconds on two cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from requirements import bwrap_missing, need
+
+from sandlot import SandboxError, SandboxSpec
+from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.limits import StartLimits
+
+# ~45 s each on two busy cores (200 jails and their kill scripts): run with `-m ""`.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+N = 200
+MINI_SWEREX = Path(__file__).resolve().parents[1] / "fakes" / "mini_swerex.py"
+FAILURE_RATE = 0.3
+LIMITS = StartLimits(
+    max_starting=16, max_attempts=6, backoff_s=0.01, backoff_max_s=0.2, budget_s=120
+)
+
+
+async def _drive(sandboxes: list[Sandbox]) -> tuple[int, list[BaseException]]:
+    """Start each sandbox, run one command, close it; count what ran, collect what failed."""
+    ran = 0
+    reported: list[BaseException] = []
+
+    async def one(sb: Sandbox) -> None:
+        nonlocal ran
+        try:
+            async with sb:
+                r = await sb.exec("echo ran")
+                assert r.stdout == "ran\n", r
+                ran += 1
+        except SandboxError as exc:
+            reported.append(exc)
+
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as tg:
+            for sb in sandboxes:
+                tg.start_soon(one, sb)
+    kinds = sorted({type(e).__name__ for e in reported})
+    print(f"chaos: {ran} ran, {len(reported)} reported ({', '.join(kinds)})")
+    return ran, reported
+
+
+@pytest.fixture
+def quiet_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    # Hundreds of expected warnings: keep them out of the terminal, not out of the test.
+    with caplog.at_level(logging.ERROR):
+        yield
+
+
+async def test_modal_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -> None:
+    need(bwrap_missing() is None, str(bwrap_missing()))
+    from fakes.fake_modal import FakeModal
+    from fakes.shared import FakeModalSandbox
+
+    from sandlot.sandboxes.modal import ModalOptions
+
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
+    monkeypatch.setenv("SANDLOT_RUN_ID", "run-modal-chaos")
+    fake = FakeModal()
+    fake.create_latency_s = 0.02
+    fake.schedule_latency_s = 0.05
+    fake.fault_rate = FAILURE_RATE
+    monkeypatch.setattr(FakeModalSandbox, "fake", fake)
+    try:
+        spec = SandboxSpec(image="python:3.12", start_limits=LIMITS)
+        sandboxes: list[Sandbox] = [FakeModalSandbox(spec, ModalOptions()) for _ in range(N)]
+        ran, reported = await _drive(sandboxes)
+        assert ran + len(reported) == N
+        assert ran > N // 2, f"only {ran} ran: {reported[:3]}"
+        assert len(fake.faults_served) > N // 2  # the chaos really happened
+        print(f"modal chaos: {len(fake.faults_served)} faults, {len(fake.sandboxes)} created")
+        assert fake.peak_creating <= LIMITS.max_starting
+        assert not fake.live(), f"leaked: {[s.object_id for s in fake.live()]}"
+    finally:
+        fake.close()
+
+
+async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -> None:
+    from fakes.shared import vefaas_fake_unavailable
+
+    reason = vefaas_fake_unavailable()
+    need(reason is None, str(reason))
+    import shlex
+
+    from fakes.fake_vefaas import FakeVefaas
+
+    from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
+
+    monkeypatch.setenv("SANDLOT_RUN_ID", "run-vefaas-chaos")
+    fake = FakeVefaas().start()
+    fake.create_latency_s = 0.02
+    fake.kill_delay_s = 0.01
+    fake.hang_s = 0.6
+    fake.chaos(FAILURE_RATE)
+    server = MINI_SWEREX
+    bootstrap = (
+        "mkdir -p {workdir} || exit 1; "
+        f"exec {shlex.quote(sys.executable)} {shlex.quote(str(server))} {{token}}"
+    )
+    options: dict[str, Any] = {
+        **fake.options(),
+        "bootstrap": bootstrap,
+        "control_timeout_s": 0.3,
+        "ready_timeout_s": 30.0,
+    }
+    try:
+        spec = SandboxSpec(image="python:3.12", start_limits=LIMITS)
+        sandboxes: list[Sandbox] = [VefaasSandbox(spec, VefaasOptions(**options)) for _ in range(N)]
+        ran, reported = await _drive(sandboxes)
+        assert ran + len(reported) == N
+        assert ran > N // 2, f"only {ran} ran: {reported[:3]}"
+        served = {f for _, f in fake.faults_served}
+        assert {"timeout", "dropped", "no_id", "error_body"} <= served
+        print(f"vefaas chaos: {len(fake.faults_served)} faults, {len(fake.instances)} created")
+        assert fake.peak_starting <= LIMITS.max_starting
+        await anyio.sleep(0.2)  # kills are asynchronous on the service
+        assert not fake.leaked(), f"leaked: {[i.id for i in fake.leaked()]}"
+        assert not fake.live()
+    finally:
+        fake.stop()
