@@ -1,0 +1,267 @@
+"""The init of a ``local`` sandbox: one long-lived process that runs every command of it.
+
+This file is a standalone script (standard library only, no ``sandlot`` import), passed as
+``python -I -S -c SOURCE FD LIMITS CGROUP`` so that nothing of the caller's tree needs to be
+visible inside the jail. Under bubblewrap (``--as-pid-1``) it is PID 1 of the jail's PID
+namespace: it reaps every zombie, and when it dies the kernel kills everything in the jail.
+With ``isolation="none"`` it is a plain host process.
+
+Protocol, over the ``AF_UNIX``/``SOCK_SEQPACKET`` socket at file descriptor ``FD``: one packet
+per message, fields separated by NUL bytes (argv and environment entries cannot hold NUL).
+
+init -> host:
+
+* ``R`` ready (the cgroup is joined), sent once at start;
+* ``P id pid``: command ``id`` runs as process ``pid`` (as the jail sees pids), the leader of
+  its own session and process group;
+* ``X id status duration_ns``: command ``id`` ended with ``status`` (``128 + N`` when killed by
+  signal N) after ``duration_ns`` nanoseconds;
+* ``F id message``: command ``id`` could not be forked (e.g. the process cap is reached).
+
+host -> init:
+
+* ``S id cwd argc argv... env...`` with three file descriptors attached (``SCM_RIGHTS``:
+  stdin, stdout, stderr): run ``argv`` in ``cwd`` with exactly that environment plus
+  ``SANDLOT_EXEC_ID=id``, after applying the limits. A missing ``cwd`` exits 1, a failed
+  ``execve`` 127, limits that cannot be applied 126, each with a message on stderr;
+* ``K id sig``: send ``sig`` to command ``id``'s process tree (see :func:`_tree`);
+* ``T pid sig newer``: send ``sig`` to the processes of ``pid``'s tree whose pid is greater than
+  ``newer`` (``-1``: ``pid`` itself only);
+* ``A prefix``: SIGKILL every process of the sandbox (without a PID namespace: the init's
+  descendants and processes whose command id starts with ``prefix``), then exit.
+
+``LIMITS`` is ``name=soft:hard`` items joined by commas (``resource.RLIMIT_<name>``), set in
+each command's process after ``fork``. ``CGROUP`` is a ``cgroup.procs`` path the init joins
+first (so every command is in the sandbox's cgroup), or ``-``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+
+import _signal  # type: ignore[import-not-found]  # `signal` imports enum: 4 ms per start
+import _socket
+import resource
+
+_MARKER = "SANDLOT_EXEC_ID"
+_BUF = 1 << 20
+
+
+def _limits(spec: str) -> list[tuple[int, int, int]]:
+    out = []
+    for item in filter(None, spec.split(",")):
+        name, _, values = item.partition("=")
+        soft, _, hard = values.partition(":")
+        out.append((getattr(resource, "RLIMIT_" + name), int(soft), int(hard)))
+    return out
+
+
+def _child(fields: list[bytes], fds: list[int], limits: list[tuple[int, int, int]]) -> None:
+    """In the forked child: become a session leader, wire stdio, apply limits, exec."""
+    try:
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.closerange(3, 65536)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+        cwd = os.fsdecode(fields[2])
+        argc = int(fields[3])
+        argv = [os.fsdecode(a) for a in fields[4 : 4 + argc]]
+        env = {}
+        for entry in fields[4 + argc :]:
+            key, _, value = entry.partition(b"=")
+            env[os.fsdecode(key)] = os.fsdecode(value)
+        env[_MARKER] = os.fsdecode(fields[1])
+        try:
+            for kind, soft, hard in limits:
+                resource.setrlimit(kind, (soft, hard))
+        except (OSError, ValueError) as exc:
+            os.write(2, f"sandlot: could not apply the sandbox limits: {exc}\n".encode())
+            os._exit(126)
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            os.write(2, f"sandlot: cannot change directory to {cwd!r}: {exc.strerror}\n".encode())
+            os._exit(1)
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            os.write(2, f"sandlot: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+            os._exit(127)
+    finally:
+        os._exit(127)
+
+
+def _procs() -> dict[int, tuple[int, int, int]]:
+    """pid -> (ppid, pgid, sid) of every visible process."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        found[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[3]))
+    return found
+
+
+def _marked(pid: int, prefix: bytes, exact: bool) -> bool:
+    """Whether process ``pid``'s environment has the entry ``prefix`` (or one starting with it)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+        return prefix in entries if exact else any(e.startswith(prefix) for e in entries)
+    except OSError:
+        return False
+
+
+def _with_descendants(procs: dict[int, tuple[int, int, int]], chosen: set[int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    queue = list(chosen)
+    while queue:
+        for child in children.get(queue.pop(), ()):
+            if child not in chosen:
+                chosen.add(child)
+                queue.append(child)
+    chosen.discard(os.getpid())
+    return chosen
+
+
+def _tree(root: int, marker: bytes | None) -> set[int]:
+    """``root``, its process group and session, every process whose environment carries
+    ``marker`` (when given), and all their descendants: what a command started, also after
+    ``setsid`` and double forks (orphans are re-parented to the init, so ancestry is lost)."""
+    procs = _procs()
+    chosen = {p for p, (_, pgid, sid) in procs.items() if p == root or root in (pgid, sid)}
+    if marker is not None:
+        chosen |= {p for p in procs if _marked(p, marker, True)}
+    return _with_descendants(procs, chosen)
+
+
+def _sandbox(prefix: bytes) -> set[int]:
+    """Every process of the sandbox: all but us in our own PID namespace; without one, our
+    descendants and every process marked with one of the sandbox's command ids."""
+    procs = _procs()
+    if os.getpid() == 1:
+        return set(procs) - {1}
+    return _with_descendants(procs, {p for p in procs if _marked(p, prefix, False)} | {os.getpid()})
+
+
+def _signal_all(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def main() -> None:
+    fd, limit_spec, cgroup = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if cgroup != "-":
+        with open(cgroup, "w") as f:
+            f.write("0")
+    limits = _limits(limit_spec)
+    sock = _socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    _signal.signal(_signal.SIGCHLD, lambda *_: None)
+    _signal.set_wakeup_fd(wake_w)
+    running: dict[int, tuple[bytes, int]] = {}  # pid -> (id, start ns)
+    by_id: dict[bytes, int] = {}
+    sock.send(b"R")
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        for ready, _ in poller.poll():
+            if ready == wake_r:
+                while True:
+                    try:
+                        if not os.read(wake_r, 4096):
+                            break
+                    except BlockingIOError:
+                        break
+                _reap(sock, running, by_id)
+                continue
+            try:
+                data, ancdata, _, _ = sock.recvmsg(_BUF, _socket.CMSG_SPACE(3 * 4))
+            except InterruptedError:
+                continue
+            if not data:
+                return  # the host is gone
+            fds: list[int] = []
+            for level, kind, payload in ancdata:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    n = len(payload) // 4
+                    fds += [int.from_bytes(payload[4 * i : 4 * i + 4], "little") for i in range(n)]
+            _handle(sock, data.split(b"\0"), fds, limits, running, by_id)
+
+
+def _handle(
+    sock: _socket.socket,
+    fields: list[bytes],
+    fds: list[int],
+    limits: list[tuple[int, int, int]],
+    running: dict[int, tuple[bytes, int]],
+    by_id: dict[bytes, int],
+) -> None:
+    op = fields[0]
+    if op == b"S":
+        exec_id = fields[1]
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            sock.send(b"F\0" + exec_id + b"\0" + str(exc).encode())
+        else:
+            if pid == 0:
+                _child(fields, fds, limits)
+            running[pid] = (exec_id, time.monotonic_ns())
+            by_id[exec_id] = pid
+            sock.send(b"P\0" + exec_id + b"\0" + str(pid).encode())
+        for fd in fds:
+            os.close(fd)
+    elif op == b"K":
+        # The leader may be gone while what it started is not: the marker still finds that.
+        marker = _MARKER.encode() + b"=" + fields[1]
+        _signal_all(_tree(by_id.get(fields[1], -1), marker), int(fields[2]))
+    elif op == b"T":
+        pid, sig, newer = int(fields[1]), int(fields[2]), int(fields[3])
+        chosen = {pid} if newer < 0 else {p for p in _tree(pid, None) if p > newer}
+        _signal_all(chosen, sig)
+    elif op == b"A":
+        _signal_all(_sandbox(_MARKER.encode() + b"=" + fields[1]), 9)
+        os._exit(0)
+
+
+def _reap(
+    sock: _socket.socket, running: dict[int, tuple[bytes, int]], by_id: dict[bytes, int]
+) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        entry = running.pop(pid, None)
+        if entry is None:
+            continue  # an orphan re-parented to us
+        exec_id, started = entry
+        by_id.pop(exec_id, None)
+        code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        elapsed = time.monotonic_ns() - started
+        sock.send(b"X\0" + exec_id + b"\0" + str(code).encode() + b"\0" + str(elapsed).encode())
+
+
+if __name__ == "__main__":
+    main()
