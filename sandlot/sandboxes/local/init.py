@@ -37,17 +37,18 @@ first (so every command is in the sandbox's cgroup), or ``-``.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # `signal` imports enum: 4 ms per start
+import _socket
+import contextlib
 import os
+import resource
 import select
 import sys
 import time
 
-import _signal  # type: ignore[import-not-found]  # `signal` imports enum: 4 ms per start
-import _socket
-import resource
-
 _MARKER = "SANDLOT_EXEC_ID"
 _BUF = 1 << 20
+_KILL_PASSES = 50
 
 
 def _limits(spec: str) -> list[tuple[int, int, int]]:
@@ -66,8 +67,9 @@ def _child(fields: list[bytes], fds: list[int], limits: list[tuple[int, int, int
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         os.closerange(3, 65536)
-        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-        _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+        # Python ignores SIGPIPE and SIGXFSZ; commands get the default dispositions.
+        for sig in (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ):
+            _signal.signal(sig, _signal.SIG_DFL)
         cwd = os.fsdecode(fields[2])
         argc = int(fields[3])
         argv = [os.fsdecode(a) for a in fields[4 : 4 + argc]]
@@ -97,7 +99,7 @@ def _child(fields: list[bytes], fds: list[int], limits: list[tuple[int, int, int
 
 
 def _procs() -> dict[int, tuple[int, int, int]]:
-    """pid -> (ppid, pgid, sid) of every visible process."""
+    """pid -> (ppid, pgid, sid) of every visible process that is not a zombie."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -108,6 +110,8 @@ def _procs() -> dict[int, tuple[int, int, int]]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] == b"Z":
+            continue
         found[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[3]))
     return found
 
@@ -158,10 +162,8 @@ def _sandbox(prefix: bytes) -> set[int]:
 
 def _signal_all(pids: set[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, sig)
-        except OSError:
-            pass
 
 
 def main() -> None:
@@ -233,7 +235,13 @@ def _handle(
     elif op == b"K":
         # The leader may be gone while what it started is not: the marker still finds that.
         marker = _MARKER.encode() + b"=" + fields[1]
-        _signal_all(_tree(by_id.get(fields[1], -1), marker), int(fields[2]))
+        sig = int(fields[2])
+        for _ in range(_KILL_PASSES if sig == 9 else 1):
+            # A fork bomb forks between our scan and our kill: scan again until none is left.
+            found = _tree(by_id.get(fields[1], -1), marker)
+            if not found:
+                break
+            _signal_all(found, sig)
     elif op == b"T":
         pid, sig, newer = int(fields[1]), int(fields[2]), int(fields[3])
         chosen = {pid} if newer < 0 else {p for p in _tree(pid, None) if p > newer}
