@@ -253,7 +253,7 @@ async def test_background_processes_live_until_close(marker: str) -> None:
         assert seen.stdout == "3\n"
         init_pid = sb.init_pid
     assert await anyio.to_thread.run_sync(wait_until_no_process_has, marker) == []
-    assert init_pid is not None and not Path(f"/proc/{init_pid}").exists()
+    assert init_pid is not None and not await anyio.Path(f"/proc/{init_pid}").exists()
 
 
 @needs_bwrap

@@ -33,6 +33,22 @@ _KILL_GRACE_S = 2.0
 _MAX_PACKET = 64 * 1024
 
 
+def _spawn(
+    argv: list[str], env: Mapping[str, str], cwd: str | Path | None, fd: int, log_path: Path
+) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=dict(env),
+            cwd=cwd,
+            pass_fds=(fd,),
+            start_new_session=True,
+        )
+
+
 class InitDied(Exception):
     """The init is gone: the sandbox's processes are all dead."""
 
@@ -112,20 +128,11 @@ class InitProcess:
             OSError: the process could not be spawned.
         """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [*jail, python, "-I", "-S", "-c", _INIT_SOURCE]
+        argv += [str(theirs.fileno()), limits, cgroup_procs or "-"]
         try:
-            with open(log_path, "wb") as log:
-                argv = [*jail, python, "-I", "-S", "-c", _INIT_SOURCE]
-                argv += [str(theirs.fileno()), limits, cgroup_procs or "-"]
-                process = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log,
-                    env=dict(env),
-                    cwd=cwd,
-                    pass_fds=(theirs.fileno(),),
-                    start_new_session=True,
-                )
+            # Spawned directly (a fork+exec, ~1 ms): no thread hop, no asyncio child watcher.
+            process = _spawn(argv, env, cwd, theirs.fileno(), log_path)
         except BaseException:
             ours.close()
             raise
@@ -141,7 +148,8 @@ class InitProcess:
         except BaseException as exc:
             await init.kill()
             if isinstance(exc, (InitDied, TimeoutError)):
-                detail = log_path.read_bytes().decode("utf-8", "replace").strip()[-2000:]
+                detail = (await anyio.Path(log_path).read_bytes()).decode("utf-8", "replace")
+                detail = detail.strip()[-2000:]
                 raise InitDied(detail or f"the init did not start: {exc!r}") from exc
             raise
         return init
@@ -305,5 +313,5 @@ class InitProcess:
     async def _reaped(self, within_s: float) -> None:
         """Poll (no child watcher involved) until the host process has been reaped."""
         deadline = time.monotonic() + within_s
-        while self.process.poll() is None and time.monotonic() < deadline:
-            await anyio.sleep(0.001)
+        while self.process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # a SIGKILLed process: reaped within a tick or two

@@ -57,9 +57,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Provided fresh by bwrap (/proc, /dev), private (/tmp, /run) or left out (/sys).
 _NOT_FROM_IMAGE = frozenset({"proc", "dev", "sys", "tmp", "run"})
 
-MINIMAL_HOST_DIRS = frozenset(
-    {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"}
-)
+MINIMAL_HOST_DIRS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"})
 """Top-level host directories a ``host_view="minimal"`` jail shows (read-only)."""
 
 ETC_CREDENTIALS: tuple[str, ...] = (
@@ -150,9 +148,7 @@ def _is_empty_dir(path: str) -> bool:
 def _covered_top_level(path: str, rootfs: Path, host_view: str = "full") -> bool:
     """``True`` when ``path`` lies under a top-level entry the jail takes from the image."""
     parts = Path(path).parts
-    return (
-        len(parts) > 1 and _shown(parts[1], rootfs, host_view) and (rootfs / parts[1]).exists()
-    )
+    return len(parts) > 1 and _shown(parts[1], rootfs, host_view) and (rootfs / parts[1]).exists()
 
 
 def _mask(path: str, empty_dir: Path) -> list[str]:

@@ -8,7 +8,6 @@ import resource
 from dataclasses import dataclass
 
 
-
 @dataclass(frozen=True)
 class Limits:
     """Per-process limits of one sandbox.

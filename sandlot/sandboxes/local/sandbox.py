@@ -1,4 +1,4 @@
-"""``LocalSandbox``: the embedded backend; one bubblewrap jail per sandbox, no daemon, no account."""
+"""``LocalSandbox``: the embedded backend; one bubblewrap jail per sandbox, no daemon."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sandlot.sandboxes.remote_shell import EXEC_MARKER_ENV, SCAN_FUNCTIONS
+from sandlot.sandboxes.remote_shell import EXEC_MARKER_ENV
 
 JOBS_DIR = "/tmp/sandlot-jobs"
 
