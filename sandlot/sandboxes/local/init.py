@@ -31,8 +31,8 @@ host -> init:
   descendants and processes whose command id starts with ``prefix``), then exit.
 
 ``LIMITS`` is ``name=soft:hard`` items joined by commas (``resource.RLIMIT_<name>``), set in
-each command's process after ``fork``. ``CGROUP`` is a ``cgroup.procs`` path the init joins
-first (so every command is in the sandbox's cgroup), or ``-``.
+each command's process after ``fork``. ``CGROUP`` is the ``cgroup.procs`` paths (comma
+separated) the init joins first, so every command is in the sandbox's cgroups, or ``-``.
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ def _signal_all(pids: set[int], sig: int) -> None:
 
 def main() -> None:
     fd, limit_spec, cgroup = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    if cgroup != "-":
-        with open(cgroup, "w") as f:
+    for procs in cgroup.split(",") if cgroup != "-" else ():
+        with open(procs, "w") as f:
             f.write("0")
     limits = _limits(limit_spec)
     os.set_inheritable(fd, False)

@@ -106,7 +106,7 @@ class InitProcess:
         env: Mapping[str, str],
         cwd: str | Path | None,
         limits: str,
-        cgroup_procs: str | None,
+        cgroup_procs: Sequence[str],
         prefix: str,
         log_path: Path,
     ) -> InitProcess:
@@ -118,7 +118,7 @@ class InitProcess:
             env: the init's environment (commands get their own with each request).
             cwd: host working directory of the process (``None`` when bwrap sets it).
             limits: ``LIMITS`` of the init's protocol.
-            cgroup_procs: ``cgroup.procs`` (as the init sees it) to join, or ``None``.
+            cgroup_procs: ``cgroup.procs`` files (as the init sees them) to join.
             prefix: see the class.
             log_path: host file receiving the init's and bwrap's stderr.
 
@@ -129,7 +129,7 @@ class InitProcess:
         """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [*jail, python, "-I", "-S", "-c", _INIT_SOURCE]
-        argv += [str(theirs.fileno()), limits, cgroup_procs or "-"]
+        argv += [str(theirs.fileno()), limits, ",".join(cgroup_procs) or "-"]
         try:
             # Spawned directly (a fork+exec, ~1 ms): no thread hop, no asyncio child watcher.
             process = _spawn(argv, env, cwd, theirs.fileno(), log_path)

@@ -48,8 +48,12 @@ JAIL_OVERLAY = "/sandlot/overlay"
 """Private writable prefix inside the jail where pip installs on top of a read-only environment
 (``PIP_PREFIX``); see :mod:`sandlot.sandboxes.local.venv`."""
 
-JAIL_CGROUP_PROCS = "/sandlot/cgroup.procs"
-"""Where the sandbox's ``cgroup.procs`` is bound inside the jail, so commands can join it."""
+
+def jail_cgroup_procs(index: int) -> str:
+    """Where the ``cgroup.procs`` of the sandbox's ``index``-th cgroup is bound inside the jail,
+    so that its init can join it."""
+    return f"/sandlot/cgroup{index}.procs"
+
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """``PATH`` inside jails built from a root filesystem directory."""
@@ -89,7 +93,7 @@ class JailConfig:
         hidden: host paths to cover when the image is the host; ``~/`` already expanded.
         sandboxes_dir: host directory that holds every sandbox's directory (covered when the
             image is the host, so sandboxes cannot read each other's files).
-        cgroup_procs: host path of the sandbox's ``cgroup.procs``, or ``None``.
+        cgroup_procs: host paths of the ``cgroup.procs`` of the sandbox's cgroups.
         environment: host directory of the sandbox's cached virtual environment, bound
             read-only at the same path (its scripts name their interpreter by that path), or
             ``None``.
@@ -106,7 +110,7 @@ class JailConfig:
     network: bool
     hidden: Sequence[str] = ()
     sandboxes_dir: Path | None = None
-    cgroup_procs: Path | None = None
+    cgroup_procs: Sequence[Path] = ()
     environment: Path | None = None
     host_view: str = "minimal"
     readonly: Sequence[str] = ()
@@ -192,8 +196,8 @@ def jail_argv(config: JailConfig) -> list[str]:
         for path in config.readonly:
             if not _covered_top_level(path, config.rootfs, config.host_view):
                 argv += ["--ro-bind", path, path]
-    if config.cgroup_procs is not None:
-        argv += ["--bind", str(config.cgroup_procs), JAIL_CGROUP_PROCS]
+    for index, procs in enumerate(config.cgroup_procs):
+        argv += ["--bind", str(procs), jail_cgroup_procs(index)]
     if config.environment is not None:
         argv += ["--ro-bind", str(config.environment), str(config.environment)]
         argv += ["--bind", str(dirs.overlay), JAIL_OVERLAY]

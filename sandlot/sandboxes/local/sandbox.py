@@ -28,7 +28,8 @@ from sandlot.sandboxes.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.sandboxes.local.cgroup import PidsCgroup
+from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
 from sandlot.sandboxes.local.init_client import InitDied, InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
@@ -38,12 +39,12 @@ from sandlot.sandboxes.local.interpreter import (
 )
 from sandlot.sandboxes.local.jail import (
     DEFAULT_PATH,
-    JAIL_CGROUP_PROCS,
     JAIL_HOME,
     JAIL_OVERLAY,
     JailConfig,
     check_workdir,
     jail_argv,
+    jail_cgroup_procs,
 )
 from sandlot.sandboxes.local.limits import Limits, init_limits
 from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
@@ -150,7 +151,7 @@ class LocalSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         super().__init__(spec, options)
         self._dirs: HostDirs | None = None
-        self._cgroup: PidsCgroup | None = None
+        self._cgroups: list[Cgroup] = []
         self._jail_config: JailConfig | None = None
         self._init: InitProcess | None = None
         self._venv: BuiltEnvironment | None = None
@@ -178,7 +179,12 @@ class LocalSandbox(Sandbox):
     @property
     def pids_cgroup(self) -> Path | None:
         """Directory of the sandbox's pids cgroup, or ``None`` when the host has none for us."""
-        return self._cgroup.path if self._cgroup else None
+        return next((c.path for c in self._cgroups if (c.path / "pids.max").exists()), None)
+
+    @property
+    def cgroups(self) -> list[Path]:
+        """Directories of the sandbox's cgroups (pids, and cpu with ``spec.cpu``)."""
+        return [c.path for c in self._cgroups]
 
     @property
     def init_pid(self) -> int | None:
@@ -219,15 +225,20 @@ class LocalSandbox(Sandbox):
         try:
             parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             dirs = HostDirs(parent / self.id)
-            dirs.create()
+            dirs.create(spec.disk_mb)
         except OSError as exc:
             raise SandboxStartError(f"cannot create the sandbox directory: {exc}") from exc
         self._dirs = dirs
+        try:
+            dirs.write_labels(sandbox_labels(self.id, spec.labels))
+        except OSError as exc:
+            raise SandboxStartError(f"cannot write the sandbox's labels: {exc}") from exc
         source = rootfs / spec.workdir.lstrip("/")
         if rootfs != Path("/") and source.is_dir():
             await anyio.to_thread.run_sync(copy_tree, source, dirs.work)
-        if opts.pids_cgroup:
-            self._cgroup = PidsCgroup.create(self.id, opts.max_processes)
+        self._cgroups = create_cgroups(
+            self.id, opts.max_processes if opts.pids_cgroup else None, spec.cpu
+        )
         self._limits = init_limits(
             Limits(
                 max_processes=opts.max_processes,
@@ -246,7 +257,7 @@ class LocalSandbox(Sandbox):
                 network=spec.network,
                 hidden=home_paths(opts.hidden_paths),
                 sandboxes_dir=parent,
-                cgroup_procs=self._cgroup.procs_file if self._cgroup else None,
+                cgroup_procs=tuple(c.procs_file for c in self._cgroups),
                 host_view=opts.host_view,
                 readonly=interpreter_prefixes() if rootfs == Path("/") else (),
             )
@@ -271,9 +282,9 @@ class LocalSandbox(Sandbox):
         assert self._dirs is not None
         if self._jail_config is not None:
             jail = [*jail_argv(self._jail_config), "--chdir", self.spec.workdir, "--"]
-            procs = JAIL_CGROUP_PROCS if self._cgroup else None
+            procs = [jail_cgroup_procs(i) for i in range(len(self._cgroups))]
         else:
-            jail, procs = [], str(self._cgroup.procs_file) if self._cgroup else None
+            jail, procs = [], [str(c.procs_file) for c in self._cgroups]
         try:
             self._init = await InitProcess.start(
                 jail,
@@ -373,8 +384,8 @@ class LocalSandbox(Sandbox):
     async def _close(self) -> None:
         if self._init is not None:
             await self._init.kill()
-        if self._cgroup is not None:
-            await self._cgroup.destroy()
+        for cgroup in self._cgroups:
+            await cgroup.destroy()
         if self._dirs is not None:
             await anyio.to_thread.run_sync(self._dirs.remove)
 
