@@ -29,7 +29,7 @@ import anyio
 log = logging.getLogger("sandlot.sandboxes.local")
 
 _DESTROY_BUDGET_S = 5.0
-_DESTROY_POLL_S = 0.01
+_DESTROY_POLL_S = 0.001
 
 
 def _unescape_mount_path(field: str) -> str:

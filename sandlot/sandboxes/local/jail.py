@@ -33,6 +33,7 @@ Every mount costs bwrap a re-read of the mount table, so the mount list is kept 
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Sequence
@@ -123,7 +124,13 @@ def _shown(name: str, rootfs: Path, host_view: str) -> bool:
     return host_view == "full" or rootfs != Path("/") or name in MINIMAL_HOST_DIRS
 
 
-def _top_level(rootfs: Path, host_view: str) -> list[str]:
+def _top_level(rootfs: Path, host_view: str) -> tuple[str, ...]:
+    # Keyed on the root's mtime, which changes whenever a top-level entry is added or removed.
+    return _top_level_cached(rootfs, host_view, os.stat(rootfs).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _top_level_cached(rootfs: Path, host_view: str, mtime_ns: int) -> tuple[str, ...]:
     argv: list[str] = []
     with os.scandir(rootfs) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
@@ -138,7 +145,7 @@ def _top_level(rootfs: Path, host_view: str) -> list[str]:
                 argv += ["--perms", f"{mode:04o}", "--dir", dest]
             else:
                 argv += ["--ro-bind", entry.path, dest]
-    return argv
+    return tuple(argv)
 
 
 def _is_empty_dir(path: str) -> bool:
