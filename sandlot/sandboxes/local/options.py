@@ -80,7 +80,8 @@ class LocalOptions(BaseModel):
         root_dir: host directory holding the per-sandbox directories; ``None`` uses
             ``$SANDLOT_LOCAL_ROOT``, else the system temporary directory.
         hidden_paths: host paths replaced by an empty read-only directory (or ``/dev/null`` for a
-            file) inside ``image="host"`` jails; a leading ``~/`` means the invoking user's home.
+            file) inside ``image="host"`` jails with ``host_view="full"``; a leading ``~/``
+            means the invoking user's home (see :func:`home_paths`).
         inherit_env: names of host environment variables copied into ``image="host"`` jails when
             set. Nothing else of the host environment is passed.
         host_view: what of the host an ``image="host"`` jail shows, read-only. ``"minimal"``

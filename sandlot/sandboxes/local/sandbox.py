@@ -121,9 +121,15 @@ class LocalSandbox(Sandbox):
     kernel does not enforce ``RLIMIT_NPROC`` for real root, and for other users it counts all
     their processes on the host. The process cap that does hold, also for root, is the
     sandbox's pids cgroup (``pids.max = max_processes``), which the init joins first, created
-    when the host has a writable pids cgroup (``pids_cgroup``). ``spec.timeout_s`` is the
-    sandbox's lifetime: commands are cut at it and the sandbox then raises
-    ``SandboxDeadError``.
+    when the host has a writable pids cgroup (``pids_cgroup``). ``spec.cpu`` becomes a CFS
+    quota of that many cores on the sandbox's cpu cgroup when the host gives us a writable one
+    (ignored otherwise). ``spec.disk_mb`` makes the sandbox's host directory (workdir, ``/tmp``,
+    ``$HOME``, pip overlay) a tmpfs of that size, which needs root or CAP_SYS_ADMIN (the start
+    fails otherwise); without it, disk use is bounded only per file (``max_file_size_mb``).
+    ``spec.timeout_s`` is the sandbox's lifetime: commands are cut at it and the sandbox then
+    raises ``SandboxDeadError``. A caller killed with ``kill -9`` leaves the sandbox's
+    directory and cgroups (the jail dies with it): ``sandlot gc --backend local`` removes them
+    (:mod:`sandlot.sandboxes.local.reaper`).
 
     What the jail does not stop: reading what of the visible image the calling user may read;
     with ``spec.network`` on, everything the host network reaches, including services on the
