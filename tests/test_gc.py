@@ -74,7 +74,9 @@ def test_cli_requires_a_filter_and_reports(monkeypatch: pytest.MonkeyPatch) -> N
     result = runner.invoke(cli, ["gc", "--backend", "docker"])
     assert result.exit_code == 2 and "--run-id" in result.output
     result = runner.invoke(cli, ["gc", "--backend", "nope", "--all"])
-    assert result.exit_code == 1 and "sandlot gc knows: docker, local, modal, vefaas" in result.output
+    assert (
+        result.exit_code == 1 and "sandlot gc knows: docker, local, modal, vefaas" in result.output
+    )
 
     stub = StubReaper(
         [sb("r1", time.time(), "s1"), sb("r1", time.time(), "s2"), sb("r2", 0, "s3")], {"s2"}
