@@ -21,18 +21,21 @@ init -> host:
 host -> init:
 
 * ``S id cwd argc argv... env...`` with three file descriptors attached (``SCM_RIGHTS``:
-  stdin, stdout, stderr): run ``argv`` in ``cwd`` with exactly that environment plus
-  ``SANDLOT_EXEC_ID=id``, after applying the limits. A missing ``cwd`` exits 1, a failed
-  ``execve`` 127, limits that cannot be applied 126, each with a message on stderr;
+  stdin, stdout, stderr): run ``argv`` (looked up on the environment's ``PATH``) in ``cwd``
+  with exactly that environment plus ``SANDLOT_EXEC_ID=id``, under the limits. A missing
+  ``cwd`` ends it with status 1, a missing program 127 (126 when not executable), limits that
+  cannot be applied 126, each with a message on its stderr;
 * ``K id sig``: send ``sig`` to command ``id``'s process tree (see :func:`_tree`);
 * ``T pid sig newer``: send ``sig`` to the processes of ``pid``'s tree whose pid is greater than
   ``newer`` (``-1``: ``pid`` itself only);
 * ``A prefix``: SIGKILL every process of the sandbox (without a PID namespace: the init's
   descendants and processes whose command id starts with ``prefix``), then exit.
 
-``LIMITS`` is ``name=soft:hard`` items joined by commas (``resource.RLIMIT_<name>``), set in
-each command's process after ``fork``. ``CGROUP`` is the ``cgroup.procs`` paths (comma
-separated) the init joins first, so every command is in the sandbox's cgroups, or ``-``.
+``LIMITS`` is ``name=soft:hard`` items joined by commas (``resource.RLIMIT_<name>``): ``NPROC``
+and ``FSIZE`` are set on the init (commands inherit them), the others in each command's
+process after ``fork``; without those, commands start with ``posix_spawn``. ``CGROUP`` is the
+``cgroup.procs`` paths (comma separated) the init joins first, so every command is in the
+sandbox's cgroups, or ``-``.
 """
 
 from __future__ import annotations
@@ -71,14 +74,7 @@ def _child(fields: list[bytes], fds: list[int], limits: list[tuple[int, int, int
         # Python ignores SIGPIPE and SIGXFSZ; commands get the default dispositions.
         for sig in (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ):
             _signal.signal(sig, _signal.SIG_DFL)
-        cwd = os.fsdecode(fields[2])
-        argc = int(fields[3])
-        argv = [os.fsdecode(a) for a in fields[4 : 4 + argc]]
-        env = {}
-        for entry in fields[4 + argc :]:
-            key, _, value = entry.partition(b"=")
-            env[os.fsdecode(key)] = os.fsdecode(value)
-        env[_MARKER] = os.fsdecode(fields[1])
+        cwd, argv, env = _request(fields)
         try:
             for kind, soft, hard in limits:
                 resource.setrlimit(kind, (soft, hard))
@@ -97,6 +93,63 @@ def _child(fields: list[bytes], fds: list[int], limits: list[tuple[int, int, int
             os._exit(127)
     finally:
         os._exit(127)
+
+
+class _Ended(Exception):
+    """The command ended before it ran (missing directory or program), with ``status``."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _request(fields: list[bytes]) -> tuple[str, list[str], dict[str, str]]:
+    """cwd, argv and environment (with the command's id) of an ``S`` request."""
+    argc = int(fields[3])
+    argv = [os.fsdecode(a) for a in fields[4 : 4 + argc]]
+    env = {}
+    for entry in fields[4 + argc :]:
+        key, _, value = entry.partition(b"=")
+        env[os.fsdecode(key)] = os.fsdecode(value)
+    env[_MARKER] = os.fsdecode(fields[1])
+    return os.fsdecode(fields[2]), argv, env
+
+
+def _spawn(fields: list[bytes], fds: list[int]) -> int:
+    """Start the command with ``posix_spawn`` (a vfork: no copy of this interpreter), when
+    no limit has to be set in the child: the inherited ones are set on the init itself.
+
+    Raises:
+        _Ended: the directory or the program is missing (message on the command's stderr).
+        OSError: the process could not be created.
+    """
+    cwd, argv, env = _request(fields)
+    try:
+        os.chdir(cwd)  # inherited by the child; we are single-threaded
+    except OSError as exc:
+        os.write(fds[2], f"sandlot: cannot change directory to {cwd!r}: {exc.strerror}\n".encode())
+        raise _Ended(1) from exc
+    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
+    try:
+        return os.posix_spawnp(
+            argv[0],
+            argv,
+            env,
+            file_actions=actions,
+            setsid=True,
+            setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD),
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        os.write(fds[2], f"sandlot: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        raise _Ended(127 if isinstance(exc, FileNotFoundError) else 126) from exc
+
+
+def _fork(fields: list[bytes], fds: list[int], limits: list[tuple[int, int, int]]) -> int:
+    """Start the command with ``fork``, setting ``limits`` in the child (see :func:`_child`)."""
+    pid = os.fork()
+    if pid == 0:
+        _child(fields, fds, limits)
+    return pid
 
 
 def _procs() -> dict[int, tuple[int, int, int]]:
@@ -172,7 +225,14 @@ def main() -> None:
     for procs in cgroup.split(",") if cgroup != "-" else ():
         with open(procs, "w") as f:
             f.write("0")
-    limits = _limits(limit_spec)
+    # Limits a command inherits are set on us once; only those that would hurt the init (its
+    # own CPU time, its address space) are set per command, which then needs a fork.
+    limits = []
+    for kind, soft, hard in _limits(limit_spec):
+        if kind in (resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE):
+            resource.setrlimit(kind, (soft, hard))
+        else:
+            limits.append((kind, soft, hard))
     os.set_inheritable(fd, False)
     sock = _socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
@@ -225,12 +285,12 @@ def _handle(
     if op == b"S":
         exec_id = fields[1]
         try:
-            pid = os.fork()
+            pid = _spawn(fields, fds) if not limits else _fork(fields, fds, limits)
+        except _Ended as ended:
+            sock.send(b"X\0" + exec_id + b"\0" + str(ended.status).encode() + b"\0" + b"0")
         except OSError as exc:
             sock.send(b"F\0" + exec_id + b"\0" + str(exc).encode())
         else:
-            if pid == 0:
-                _child(fields, fds, limits)
             running[pid] = (exec_id, time.monotonic_ns())
             by_id[exec_id] = pid
             sock.send(b"P\0" + exec_id + b"\0" + str(pid).encode())
