@@ -221,3 +221,13 @@ def test_python_from_a_virtualenv_under_tmp_is_visible(tmp_path: Path) -> None:
         cwd=Path(__file__).resolve().parents[2],
     ).stdout
     assert out.split() == ["0", str(venv)]
+
+
+@needs_bwrap
+async def test_removed_host_directory_kills_the_sandbox() -> None:
+    async with _local() as sb:
+        assert sb.host_dir is not None
+        await anyio.to_thread.run_sync(shutil.rmtree, sb.host_dir)
+        with pytest.raises(SandboxDeadError, match="removed"):
+            await sb.exec("true")
+        assert not await sb.is_alive()

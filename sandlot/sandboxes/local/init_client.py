@@ -157,7 +157,16 @@ class InitProcess:
     @property
     def alive(self) -> bool:
         """``True`` until the init's connection broke or its process exited."""
-        return not self._dead and self.process.poll() is None
+        if self._dead or self.process.poll() is not None:
+            return False
+        try:  # the init's end of the socket closes when it exits, before bwrap is reaped
+            if self._sock.recv(1, socket.MSG_PEEK) == b"":
+                self._dead = True
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._dead = True
+        return not self._dead
 
     async def _receive(self) -> list[bytes]:
         while True:
