@@ -38,11 +38,10 @@ process after ``fork``; without those, commands start with ``posix_spawn``. ``CG
 sandbox's cgroups, or ``-``.
 """
 
-from __future__ import annotations
-
-import _signal  # type: ignore[import-not-found]  # `signal` imports enum: 4 ms per start
+# Every import costs each sandbox's start: only builtin and C modules (no `signal`, which
+# imports enum; no `contextlib`, which imports collections and functools).
+import _signal  # type: ignore[import-not-found]
 import _socket
-import contextlib
 import os
 import resource
 import select
@@ -216,8 +215,10 @@ def _sandbox(prefix: bytes) -> set[int]:
 
 def _signal_all(pids: set[int], sig: int) -> None:
     for pid in pids:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 (contextlib costs an import)
             os.kill(pid, sig)
+        except OSError:
+            pass
 
 
 def main() -> None:
