@@ -218,7 +218,7 @@ def jail_argv(config: JailConfig) -> list[str]:
         hidden = [*config.hidden, *ETC_CREDENTIALS]
         if config.sandboxes_dir:
             hidden.append(str(config.sandboxes_dir))
-        for path in hidden:
+        for path in dict.fromkeys(hidden):
             if os.path.lexists(path) and _covered_top_level(path, config.rootfs, config.host_view):
                 argv += _mask(path, dirs.empty)
     argv += ["--remount-ro", "/"]
