@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from requirements import TEST_IMAGE, docker_engine
+from requirements import TEST_IMAGE, bwrap_missing, docker_engine, needs
 
 from sandlot.cli import gc_cmd
 from sandlot.cli.main import cli
@@ -74,7 +74,9 @@ def test_cli_requires_a_filter_and_reports(monkeypatch: pytest.MonkeyPatch) -> N
     result = runner.invoke(cli, ["gc", "--backend", "docker"])
     assert result.exit_code == 2 and "--run-id" in result.output
     result = runner.invoke(cli, ["gc", "--backend", "nope", "--all"])
-    assert result.exit_code == 1 and "sandlot gc knows: docker, modal, vefaas" in result.output
+    assert (
+        result.exit_code == 1 and "sandlot gc knows: docker, local, modal, vefaas" in result.output
+    )
 
     stub = StubReaper(
         [sb("r1", time.time(), "s1"), sb("r1", time.time(), "s2"), sb("r2", 0, "s3")], {"s2"}
@@ -241,3 +243,78 @@ def test_rollout_labels_its_sandboxes_with_the_run_id_the_user_chose(
         fake.close()
     bad = CliRunner().invoke(cli, [*args, "--run-id", "x" * 64])
     assert bad.exit_code == 2 and "--run-id" in bad.output
+
+
+LOCAL_CRASHING_RUN = textwrap.dedent(
+    """
+    import anyio, sandlot
+
+    async def main():
+        jailed = sandlot.open("local")
+        bare = sandlot.open("local", isolation="none")
+        for sb in (jailed, bare):
+            await sb.start()
+            await sb.exec("(exec -a {marker} sleep 1000) >/dev/null 2>&1 &")
+        print(jailed.host_dir, bare.host_dir, *jailed.cgroups, flush=True)
+        await anyio.sleep(3600)
+
+    anyio.run(main)
+    """
+)
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@needs(bwrap_missing)
+def test_gc_removes_everything_a_kill_9_run_left_on_local(tmp_path: Path) -> None:
+    marker = f"sandlot-gc-{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "sandboxes"
+    env = {k: v for k, v in os.environ.items() if k != "SANDLOT_RUN_ID"}
+    env.update(SANDLOT_STATE_DIR=str(tmp_path), SANDLOT_LOCAL_ROOT=str(root))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOCAL_CRASHING_RUN.format(marker=marker)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert proc.stdout is not None
+        left = [Path(p) for p in proc.stdout.readline().split()]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    (run,) = [r["run_id"] for r in runs if r["pid"] == proc.pid]
+    assert len(left) >= 2 and all(p.exists() for p in left), "the run leaked nothing?"
+    time.sleep(0.5)
+    assert _pids_with(marker), "the daemon of the unjailed sandbox died with its caller?"
+
+    gc = ["gc", "--backend", "local", "--option", f"root_dir={root}", "--run-id", run]
+    result = CliRunner().invoke(cli, [*gc, "--dry-run"])
+    assert result.exit_code == 0 and "would kill 2" in result.output, result.output
+    assert all(p.exists() for p in left)
+
+    result = CliRunner().invoke(cli, gc)
+    assert result.exit_code == 0 and "killed 2" in result.output, result.output
+    assert not any(p.exists() for p in left)
+    deadline = time.monotonic() + 5
+    while _pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _pids_with(marker) == []
+    assert (
+        CliRunner()
+        .invoke(cli, ["gc", "--backend", "local", "--option", f"root_dir={root}", "--all"])
+        .exit_code
+        == 0
+    )

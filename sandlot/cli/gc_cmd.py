@@ -1,4 +1,4 @@
-"""``sandlot gc``: find and kill sandboxes that runs left behind on a remote backend."""
+"""``sandlot gc``: find and kill sandboxes that runs left behind (remote backends and local)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _table(report: GcReport, dry_run: bool) -> Table:
 @click.option(
     "--backend",
     default=None,
-    help="docker, modal or vefaas (default: $SANDLOT_BACKEND, then $DEPLOYMENT).",
+    help="docker, local, modal or vefaas (default: $SANDLOT_BACKEND, then $DEPLOYMENT).",
 )
 @click.option("--run-id", default=None, help="Only sandboxes of this run (its sandlot.run_id).")
 @click.option(
@@ -70,7 +70,8 @@ def _table(report: GcReport, dry_run: bool) -> Table:
     "options",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Reaper setting, e.g. app_name=sandlot (modal) or function_id=... (vefaas).",
+    help="Reaper setting, e.g. app_name=sandlot (modal), function_id=... (vefaas) or "
+    "root_dir=... (local).",
 )
 def gc_command(
     backend: str | None,

@@ -28,7 +28,7 @@ from sandlot.sandboxes.errors import (
     SandboxSetupError,
     SandboxStartError,
 )
-from sandlot.sandboxes.labels import pin_run_id, run_id
+from sandlot.sandboxes.labels import run_id
 from sandlot.sandboxes.limits import StartClock, StartLimits, starting_gate, starting_slot
 from sandlot.sandboxes.result import ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
@@ -132,12 +132,9 @@ class Sandbox(abc.ABC):
                 '{"local": "host", "docker": "python:3.12"})',
                 retryable=False,
             )
-        # Before any backend labels anything: one run id for every backend, and (for backends
-        # that leave remote resources) recorded in the run log for `sandlot gc --run-id`.
-        if self.name == "local":
-            pin_run_id()
-        else:
-            run_id()
+        # Before any backend labels anything: one run id for every backend, recorded in the run
+        # log for `sandlot gc --run-id` (every backend, local included, can leave things behind).
+        run_id()
         try:
             await self._start_limited(self.spec.start_limits or StartLimits.from_env())
             self._started = True

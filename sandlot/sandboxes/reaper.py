@@ -24,6 +24,7 @@ log = logging.getLogger("sandlot.sandboxes.gc")
 
 _REAPERS = {
     "docker": "sandlot.sandboxes.docker_reaper:DockerReaper",
+    "local": "sandlot.sandboxes.local.reaper:LocalReaper",
     "modal": "sandlot.sandboxes.modal.reaper:ModalReaper",
     "vefaas": "sandlot.sandboxes.vefaas.reaper:VefaasReaper",
 }
@@ -98,7 +99,8 @@ class GcReport:
 
 
 def get_reaper(backend: str, **options: Any) -> Reaper:
-    """The reaper of ``backend`` (``docker``, ``modal``, ``vefaas``), built with ``options``.
+    """The reaper of ``backend`` (``docker``, ``local``, ``modal``, ``vefaas``), built with
+    ``options``.
 
     Raises:
         BackendNotFoundError: the backend has no reaper.

@@ -4,8 +4,9 @@ sandbox.
 A remote exec API starts one process and streams its output; it does not know about the
 processes that process starts. These POSIX ``sh`` snippets give every exec the contract's
 semantics: the command runs with ``bash`` (``sh`` when the image has none) in its working
-directory, and once it exits, or when the caller times out or is cancelled, *every* process it
-started is killed, including background jobs that would otherwise hold the output streams open.
+directory; once it exits, the processes it left that still hold the exec's output streams are
+killed (the others live until the sandbox closes), and when the caller times out or is
+cancelled *every* process it started is killed.
 
 Processes are found by an environment marker (``SANDLOT_EXEC_ID=<random>``) that descendants
 inherit even when they leave the process group (``setsid``, daemons), by scanning
@@ -59,17 +60,29 @@ command-substitution subshell) that matched itself is gone by the time of the ``
 # Every exec runs under this wrapper ($1 = directory, $2 = command line); the exit status is the
 # command's. The command gets bash when the image has it, else sh, decided in the sandbox by a
 # builtin (no extra round trip). `cd` instead of an API's working directory gives the same error
-# for a missing directory on every engine. Once the command exits, whatever it left running
-# (background jobs, daemons) is killed: those hold the output pipes open, and the exec API would
-# otherwise keep the exec attached until they end.
+# for a missing directory on every engine. Once the command exits, what it left running lives on
+# until the sandbox closes (as with `docker exec`), except processes that still hold the exec's
+# output streams: the exec API would keep the exec attached until they end, so they are killed.
 EXEC_WRAPPER = (
     SCAN_FUNCTIONS
     + """
+o=$(ls -l /proc/$$/fd/1 2>/dev/null); o=${o##* }; e=$(ls -l /proc/$$/fd/2 2>/dev/null); e=${e##* }
+attached() {
+  scan; found=
+  for p in $pids; do
+    ls -l "/proc/$p/fd" 2>/dev/null | grep -qF -e " $o" -e " $e" && found="$found $p"
+  done
+  pids=$found
+}
 cd -- "$1" || exit
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
 rc=$?
 m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"
-kill_all
+i=0; attached
+while [ -n "$pids" ] && [ "$i" -lt 50 ]; do
+  for p in $pids; do kill -s KILL "$p" 2>/dev/null; done
+  i=$((i+1)); attached
+done
 exit "$rc"
 """
 )

@@ -19,8 +19,12 @@ class SandboxSpec(BaseModel):
         post_setup_timeout_s: time limit of ``post_setup_cmd`` in seconds.
         env: environment variables set for every command.
         workdir: absolute path of the private writable working directory (the default cwd).
-        cpu: CPU limit in cores (container backends) / CPU-seconds hint (``local``), or ``None``.
+        cpu: CPU limit in cores, or ``None``. ``local``: a CFS quota on the sandbox's cpu
+            cgroup when the host gives us a writable one (ignored otherwise).
         memory_mb: memory limit in MiB, or ``None`` for the backend default.
+        disk_mb: disk budget in MiB for everything the sandbox writes, or ``None`` for none.
+            ``local``: a size-limited tmpfs holding the sandbox's writable directories (needs
+            root or CAP_SYS_ADMIN on the host; its pages count as memory); see each backend.
         timeout_s: lifetime of the sandbox in seconds; backends that support it kill it after.
         network: allow outbound network. Off by default: model-written code is hostile.
         labels: free-form labels attached to remote resources (used by ``sandlot gc``).
@@ -39,6 +43,7 @@ class SandboxSpec(BaseModel):
     workdir: str = "/testbed"
     cpu: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)
+    disk_mb: int | None = Field(default=None, gt=0)
     timeout_s: float = Field(default=3600.0, gt=0)
     network: bool = False
     labels: dict[str, str] = Field(default_factory=dict)

@@ -45,9 +45,11 @@ Run one target with ``pytest tests/contract -k docker``.
 
 from __future__ import annotations
 
-import shutil
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -90,11 +92,24 @@ class ContractTarget:
             pytest.skip(f"{self.id} does not isolate commands")
 
 
-async def _remove_local_sandbox(sb: Sandbox) -> None:
-    # A local sandbox has no long-lived process: it is its host directory. Removing that
-    # (a tmp cleaner, `sandlot gc`, a full disk wiped by an operator) is how it dies.
-    assert isinstance(sb, LocalSandbox) and sb.host_dir is not None
-    await anyio.to_thread.run_sync(shutil.rmtree, sb.host_dir)
+async def _kill_local_init(sb: Sandbox) -> None:
+    # A local sandbox lives as long as its init (the jail's PID 1, or the bare init process):
+    # an OOM kill or an operator's `kill -9` of it is how it dies.
+    assert isinstance(sb, LocalSandbox) and sb.init_pid is not None
+    os.killpg(sb.init_pid, signal.SIGKILL)
+    for _ in range(1000):  # returns once it is dead, as `docker kill` does
+        if _dead(sb.init_pid):
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError(f"the init of {sb.id} survived SIGKILL")
+
+
+def _dead(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2] in "ZX"
 
 
 async def _kill_docker_container(sb: Sandbox) -> None:
@@ -111,13 +126,13 @@ TARGETS: list[ContractTarget] = [
         backend="local",
         fields={"isolation": "bwrap"},
         unavailable=bwrap_missing,
-        kill_from_outside=_remove_local_sandbox,
+        kill_from_outside=_kill_local_init,
     ),
     ContractTarget(
         id="local-none",
         backend="local",
         fields={"isolation": "none"},
-        kill_from_outside=_remove_local_sandbox,
+        kill_from_outside=_kill_local_init,
         isolated=False,
     ),
     ContractTarget(

@@ -138,3 +138,19 @@ async def test_concurrent_execs_in_one_sandbox(sandbox: Sandbox) -> None:
     assert time.monotonic() - started < 5.5  # sequential would take at least 6 s
     for i, r in results.items():
         assert (r.exit_code, r.stdout, r.stderr) == (0, f"{i}\n", f"e{i}\n")
+
+
+async def test_background_process_lives_on_until_close(sandbox: Sandbox) -> None:
+    # As with `docker exec`: what one exec leaves running, later execs see running.
+    r = await sandbox.exec(
+        "(while :; do printf . >> .alive; sleep 0.05; done) >/dev/null 2>&1 & echo $!"
+    )
+    pid = r.stdout.strip()
+    assert r.exit_code == 0 and pid.isdigit()
+    sizes = []
+    for _ in range(2):
+        await anyio.sleep(0.5)
+        check = await sandbox.exec(f"kill -0 {pid} && wc -c < .alive")
+        assert check.exit_code == 0, check
+        sizes.append(int(check.stdout))
+    assert 0 < sizes[0] < sizes[1], "the background loop stopped after its exec returned"

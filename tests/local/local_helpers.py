@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
 from requirements import bwrap_missing, needs
 
-from sandlot.sandboxes.local.cgroup import pids_parent_dir
+from sandlot.sandboxes.local.cgroup import parent_dir, pids_parent_dir
 
 
 def _pids_cgroup_missing() -> str | None:
@@ -50,3 +51,19 @@ def wait_until_some_process_has(marker: str, within_s: float = 10.0) -> None:
     while not host_pids_with(marker):
         assert time.monotonic() < deadline, f"no process with {marker!r} appeared"
         time.sleep(0.05)
+
+
+def _cpu_cgroup_missing() -> str | None:
+    if parent_dir("cpu") is not None:
+        return None
+    return "no writable cpu cgroup on this host (run as root on a host with the cpu controller)"
+
+
+def _mount_missing() -> str | None:
+    if os.geteuid() == 0 and shutil.which("mount"):
+        return None
+    return "mounting a tmpfs (disk_mb) needs root and mount(8)"
+
+
+needs_cpu_cgroup = needs(_cpu_cgroup_missing)
+needs_mount = needs(_mount_missing)

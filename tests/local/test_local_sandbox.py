@@ -72,6 +72,13 @@ async def test_unusable_workdir_or_image_fails_to_start() -> None:
         await _local(image="python:3.12").start()
 
 
+@needs_bwrap
+async def test_rootfs_without_python_says_so(tmp_path: Path) -> None:
+    (tmp_path / "rootfs/usr/bin").mkdir(parents=True)
+    with pytest.raises(SandboxStartError, match="no python3"):
+        await _local(image=str(tmp_path / "rootfs")).start()
+
+
 def _hardlink_or_copy(source: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -80,15 +87,28 @@ def _hardlink_or_copy(source: str, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
+def _link_tree(source: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["cp", "-al", str(source), str(dest)], check=False).returncode != 0:
+        shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True)
+
+
 def _minimal_rootfs(root: Path) -> None:
-    """bash, cat, mkdir, tar and their shared libraries under ``root``."""
-    programs = [shutil.which(p) for p in ("bash", "cat", "mkdir", "tar", "ls")]
+    """bash, cat, mkdir, tar, ls, this machine's Python (which runs the sandbox's init; its
+    standard library found from ``/usr/bin/python3`` as ``/usr/lib/pythonX.Y``) and their
+    shared libraries under ``root``."""
+    python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    stdlib = Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    _link_tree(stdlib, root / "usr/lib" / stdlib.name)
+    _hardlink_or_copy(python, root / "usr/bin/python3")
+    programs = [shutil.which(p) for p in ("bash", "cat", "mkdir", "tar", "ls")] + [python]
     libraries: set[str] = set()
     for program in programs:
         assert program is not None
         ldd = subprocess.run(["ldd", program], capture_output=True, text=True, check=True)
         libraries.update(w for w in ldd.stdout.split() if w.startswith("/"))
-        _hardlink_or_copy(os.path.realpath(program), root / "usr/bin" / Path(program).name)
+        if program != python:
+            _hardlink_or_copy(os.path.realpath(program), root / "usr/bin" / Path(program).name)
     for lib in libraries:
         _hardlink_or_copy(os.path.realpath(lib), root / lib.lstrip("/"))
     for name in ("bin", "lib", "lib64"):
@@ -201,3 +221,13 @@ def test_python_from_a_virtualenv_under_tmp_is_visible(tmp_path: Path) -> None:
         cwd=Path(__file__).resolve().parents[2],
     ).stdout
     assert out.split() == ["0", str(venv)]
+
+
+@needs_bwrap
+async def test_removed_host_directory_kills_the_sandbox() -> None:
+    async with _local() as sb:
+        assert sb.host_dir is not None
+        await anyio.to_thread.run_sync(shutil.rmtree, sb.host_dir)
+        with pytest.raises(SandboxDeadError, match="removed"):
+            await sb.exec("true")
+        assert not await sb.is_alive()

@@ -1,14 +1,17 @@
-"""A per-sandbox pids cgroup: the process cap that also holds for root.
+"""Per-sandbox cgroups: the process cap that also holds for root, and the CPU limit.
 
 ``RLIMIT_NPROC`` does not stop a fork bomb run by real root (the kernel exempts uid 0), so when
-the host lets us, each sandbox gets a child cgroup of our own pids cgroup with ``pids.max`` set.
-Commands join it themselves as their first action (``echo 0 > cgroup.procs``; see ``limits``),
-which needs no extra process per command. The cgroup also lists every process of the sandbox,
-so closing kills them all even without a PID namespace.
+the host lets us, each sandbox gets a child cgroup of our own pids cgroup with ``pids.max`` set;
+with ``spec.cpu``, also one of our cpu cgroup with a CFS quota of ``cpu`` cores (v1
+``cpu.cfs_quota_us``/``cpu.cfs_period_us``, v2 ``cpu.max``). The sandbox's init joins them
+first (so every command is in them) and they list every process of the sandbox, so closing
+kills them all even without a PID namespace. Each cgroup is named after the sandbox id, which
+is how ``sandlot gc --backend local`` finds those of crashed callers.
 
-Supported: the cgroup v1 ``pids`` hierarchy, or a cgroup v2 directory whose
-``cgroup.subtree_control`` already enables ``pids`` (a delegated subtree). Anything else, or a
-directory we may not write, means no cgroup: :meth:`PidsCgroup.create` returns ``None``.
+Supported: the cgroup v1 ``pids``/``cpu`` hierarchies, or a cgroup v2 directory whose
+``cgroup.subtree_control`` already enables the controller (a delegated subtree; one cgroup then
+carries both). Anything else, or a directory we may not write, means no cgroup for that
+controller: :meth:`Cgroup.create` returns ``None``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import anyio
 log = logging.getLogger("sandlot.sandboxes.local")
 
 _DESTROY_BUDGET_S = 5.0
-_DESTROY_POLL_S = 0.01
+_DESTROY_POLL_S = 0.001
 
 
 def _unescape_mount_path(field: str) -> str:
@@ -62,29 +65,70 @@ def _own_cgroup_dir(fstype: str, controller: str | None) -> Path | None:
 
 
 @functools.cache
-def pids_parent_dir() -> Path | None:
-    """The cgroup directory new sandbox cgroups are created in, or ``None`` if there is none.
+def parent_dir(controller: str) -> Path | None:
+    """The cgroup directory new sandbox cgroups of ``controller`` are created in, or ``None``.
 
     Computed once per process: cgroup membership and mounts of a running process rarely change.
     """
     try:
-        candidate = _own_cgroup_dir("cgroup", "pids")
+        candidate = _own_cgroup_dir("cgroup", controller)
         if candidate is None:
             v2 = _own_cgroup_dir("cgroup2", None)
             controls = v2 / "cgroup.subtree_control" if v2 else None
-            if v2 and controls and "pids" in controls.read_text().split():
+            if v2 and controls and controller in controls.read_text().split():
                 candidate = v2
     except (OSError, ValueError) as exc:
-        log.debug("no pids cgroup: cannot read cgroup information: %s", exc)
+        log.debug("no %s cgroup: cannot read cgroup information: %s", controller, exc)
         return None
     if candidate is None or not os.access(candidate, os.W_OK):
-        log.debug("no writable pids cgroup (candidate %s)", candidate)
+        log.debug("no writable %s cgroup (candidate %s)", controller, candidate)
         return None
     return candidate
 
 
-class PidsCgroup:
-    """One sandbox's pids cgroup.
+def pids_parent_dir() -> Path | None:
+    """:func:`parent_dir` of the ``pids`` controller."""
+    return parent_dir("pids")
+
+
+_CFS_PERIOD_US = 100_000
+
+
+def cpu_settings(parent: Path, cpus: float) -> dict[str, str]:
+    """The files limiting a cgroup under ``parent`` to ``cpus`` cores."""
+    quota = max(1000, round(cpus * _CFS_PERIOD_US))
+    if (parent / "cpu.cfs_quota_us").exists():
+        return {"cpu.cfs_period_us": str(_CFS_PERIOD_US), "cpu.cfs_quota_us": str(quota)}
+    return {"cpu.max": f"{quota} {_CFS_PERIOD_US}"}
+
+
+def sandbox_cgroups(name: str) -> list[Cgroup]:
+    """The existing cgroups named ``name`` (a sandbox id) in the pids and cpu hierarchies."""
+    dirs = {d / name for d in (parent_dir("pids"), parent_dir("cpu")) if d is not None}
+    return [Cgroup(d) for d in sorted(dirs) if d.is_dir()]
+
+
+def create_cgroups(name: str, max_pids: int | None, cpus: float | None) -> list[Cgroup]:
+    """The sandbox's cgroups: with ``max_pids``, ``pids.max``; with ``cpus``, a CPU quota of
+    that many cores; one cgroup per hierarchy (v2: one for both). Controllers the host does not
+    give us are left out (see the module docstring)."""
+    wanted: dict[Path, dict[str, str]] = {}
+    pids = parent_dir("pids") if max_pids is not None else None
+    if pids is not None:
+        wanted.setdefault(pids, {})["pids.max"] = str(max_pids)
+    cpu = parent_dir("cpu") if cpus is not None else None
+    if cpu is not None and cpus is not None:
+        wanted.setdefault(cpu, {}).update(cpu_settings(cpu, cpus))
+    created = []
+    for parent, settings in wanted.items():
+        cgroup = Cgroup.create(parent / name, settings)
+        if cgroup is not None:
+            created.append(cgroup)
+    return created
+
+
+class Cgroup:
+    """One sandbox cgroup.
 
     Args:
         path: the cgroup directory (already created).
@@ -94,26 +138,19 @@ class PidsCgroup:
         self.path = path
 
     @classmethod
-    def create(cls, name: str, max_pids: int) -> PidsCgroup | None:
-        """Create cgroup ``name`` capped at ``max_pids`` tasks; ``None`` when the host can't.
-
-        Args:
-            name: directory name, unique per sandbox (the sandbox id).
-            max_pids: value of ``pids.max`` (processes plus threads).
-        """
-        parent = pids_parent_dir()
-        if parent is None:
-            return None
-        path = parent / name
+    def create(cls, path: Path, settings: dict[str, str]) -> Cgroup | None:
+        """Create cgroup ``path`` and write ``settings`` (file name -> value) into it;
+        ``None`` (logged) when the host does not let us."""
         try:
             path.mkdir()
         except OSError as exc:
-            log.debug("cannot create pids cgroup %s: %s", path, exc)
+            log.debug("cannot create cgroup %s: %s", path, exc)
             return None
         try:
-            (path / "pids.max").write_text(str(max_pids))
+            for file, value in settings.items():
+                (path / file).write_text(value)
         except OSError as exc:
-            log.debug("cannot set pids.max of %s: %s", path, exc)
+            log.debug("cannot configure cgroup %s: %s", path, exc)
             with contextlib.suppress(OSError):
                 path.rmdir()
             return None
@@ -157,4 +194,4 @@ class PidsCgroup:
                         raise
                 # Killed tasks leave the cgroup only once they have fully exited.
                 await anyio.sleep(_DESTROY_POLL_S)
-        log.warning("could not remove pids cgroup %s: processes survived SIGKILL", self.path)
+        log.warning("could not remove cgroup %s: processes survived SIGKILL", self.path)

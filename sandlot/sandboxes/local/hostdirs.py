@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 SANDLOT_LOCAL_ROOT_ENV = "SANDLOT_LOCAL_ROOT"
+
+LABELS_FILE = "labels.json"
+"""In each sandbox's directory: ``{"labels": {...}, "pid": caller}``, read by the reaper."""
 
 
 def sandboxes_dir(configured: str | None) -> Path:
@@ -66,13 +72,35 @@ class HostDirs:
         """Staging area for upload/download archives; never visible to commands."""
         return self.root / "transfer"
 
-    def create(self) -> None:
+    def create(self, disk_mb: int | None = None) -> None:
         """Create ``root`` (mode 0700; its parent must exist) and the sub-directories.
+
+        Args:
+            disk_mb: when given, ``root`` is a tmpfs of that many MiB (``mount -t tmpfs``,
+                which needs root or CAP_SYS_ADMIN): every writable directory of the sandbox
+                shares that budget, and a full budget fails writes with ENOSPC. tmpfs pages
+                live in memory (or swap).
 
         Raises:
             FileExistsError: ``root`` already exists.
+            OSError: the tmpfs could not be mounted (the message says why).
         """
         self.root.mkdir(mode=0o700)
+        if disk_mb is not None:
+            options = f"size={disk_mb}m,mode=0700,nosuid,nodev"
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", options, "sandlot-disk", str(self.root)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                self.root.rmdir()
+                raise OSError(
+                    f"disk_mb needs a size-limited tmpfs, and mounting one failed "
+                    f"({done.stderr.strip() or done.returncode}); it needs root or "
+                    f"CAP_SYS_ADMIN: leave disk_mb unset otherwise"
+                )
         for sub in (self.work, self.tmp, self.home, self.empty, self.overlay, self.transfer):
             sub.mkdir()
         self.tmp.chmod(0o1777)
@@ -82,9 +110,22 @@ class HostDirs:
         """``True`` while the workdir is still there (nobody removed the sandbox from outside)."""
         return self.work.is_dir()
 
+    def write_labels(self, labels: Mapping[str, str]) -> None:
+        """Record the sandbox's labels and our pid for ``sandlot gc`` (:data:`LABELS_FILE`)."""
+        data = {"labels": dict(labels), "pid": os.getpid()}
+        (self.root / LABELS_FILE).write_text(json.dumps(data))
+
     def remove(self) -> None:
-        """Delete ``root`` and everything in it, including read-only files and directories."""
+        """Delete ``root`` and everything in it, including read-only files and directories,
+        unmounting its tmpfs first (``disk_mb``)."""
+        unmount(self.root)
         remove_tree(self.root)
+
+
+def unmount(path: Path) -> None:
+    """Lazily unmount ``path`` when it is a mount point (a sandbox's ``disk_mb`` tmpfs)."""
+    if os.path.ismount(path):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
 def _make_dirs_writable(root: Path) -> None:

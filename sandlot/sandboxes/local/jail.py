@@ -1,9 +1,15 @@
 """The bubblewrap command line of a sandbox.
 
-The jail's root is bwrap's own tmpfs, read-only once built. Every top-level entry of the image
-root (the host's ``/`` for ``image="host"``) is bind-mounted read-only onto it (an empty
-directory is just recreated) and top-level symlinks (``/bin -> usr/bin``) are recreated, except
-``/proc``, ``/dev``, ``/sys``, ``/tmp`` and ``/run``. Building the root this way, rather than
+One jail per sandbox, built once at start; its PID 1 is the sandbox's init
+(:mod:`sandlot.sandboxes.local.init`, ``--as-pid-1``), which runs every command.
+
+The jail's root is bwrap's own tmpfs, read-only once built. Top-level entries of the image root
+are bind-mounted read-only onto it (an empty directory is just recreated) and top-level
+symlinks (``/bin -> usr/bin``) are recreated, never ``/proc``, ``/dev``, ``/sys``, ``/tmp`` and
+``/run``. For a root filesystem directory that is every entry; for ``image="host"`` with
+``host_view="minimal"`` (the default) only the system directories :data:`MINIMAL_HOST_DIRS`,
+plus, read-only at their own paths, the interpreters the init and the environment need; with
+``host_view="full"`` every entry of the host's ``/``. Building the root this way, rather than
 binding ``/`` itself, leaves room to create new mount points such as the default workdir
 ``/testbed``. Then:
 
@@ -13,9 +19,10 @@ binding ``/`` itself, leaves room to create new mount points such as the default
   directories of this sandbox; a tmpfs ``/run``;
 * with an environment recipe, the cached virtual environment read-only at its own path and a
   private writable ``/sandlot/overlay`` that pip installs into;
-* for ``image="host"``, the ``hidden_paths`` (credential stores of the host user's home,
-  password hashes) are covered by an empty read-only directory or ``/dev/null``, and so is the
-  host directory holding all sandboxes when it would be visible;
+* for ``image="host"``, :data:`ETC_CREDENTIALS` and (visible only with ``host_view="full"``)
+  the ``hidden_paths`` (credential stores of the host user's home) are covered by an empty
+  read-only directory or ``/dev/null``, and so is the host directory holding all sandboxes
+  when it would be visible;
 * new PID, IPC, UTS (and, unless the spec allows network, network) namespaces; all capabilities
   dropped; a new session (no TIOCSTI into our terminal); killed when ``bwrap`` dies.
 
@@ -26,9 +33,9 @@ Every mount costs bwrap a re-read of the mount table, so the mount list is kept 
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,14 +49,36 @@ JAIL_OVERLAY = "/sandlot/overlay"
 """Private writable prefix inside the jail where pip installs on top of a read-only environment
 (``PIP_PREFIX``); see :mod:`sandlot.sandboxes.local.venv`."""
 
-JAIL_CGROUP_PROCS = "/sandlot/cgroup.procs"
-"""Where the sandbox's ``cgroup.procs`` is bound inside the jail, so commands can join it."""
+
+def jail_cgroup_procs(index: int) -> str:
+    """Where the ``cgroup.procs`` of the sandbox's ``index``-th cgroup is bound inside the jail,
+    so that its init can join it."""
+    return f"/sandlot/cgroup{index}.procs"
+
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """``PATH`` inside jails built from a root filesystem directory."""
 
 # Provided fresh by bwrap (/proc, /dev), private (/tmp, /run) or left out (/sys).
 _NOT_FROM_IMAGE = frozenset({"proc", "dev", "sys", "tmp", "run"})
+
+MINIMAL_HOST_DIRS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"})
+"""Top-level host directories a ``host_view="minimal"`` jail shows (read-only)."""
+
+ETC_CREDENTIALS: tuple[str, ...] = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/ssl/private",
+    "/etc/containers/auth.json",
+    "/etc/docker/key.json",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+)
+"""Credentials under ``/etc`` masked in every ``image="host"`` jail (password hashes, TLS and
+SSH host private keys, registry logins)."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +94,14 @@ class JailConfig:
         hidden: host paths to cover when the image is the host; ``~/`` already expanded.
         sandboxes_dir: host directory that holds every sandbox's directory (covered when the
             image is the host, so sandboxes cannot read each other's files).
-        cgroup_procs: host path of the sandbox's ``cgroup.procs``, or ``None``.
+        cgroup_procs: host paths of the ``cgroup.procs`` of the sandbox's cgroups.
         environment: host directory of the sandbox's cached virtual environment, bound
             read-only at the same path (its scripts name their interpreter by that path), or
             ``None``.
+        host_view: ``"minimal"`` shows only :data:`MINIMAL_HOST_DIRS` of the host image;
+            ``"full"`` every top-level directory (see ``LocalOptions.host_view``).
+        readonly: host directories bound read-only at their own path when the image is the
+            host (interpreters the init and the environment need).
     """
 
     bwrap: str
@@ -78,15 +111,30 @@ class JailConfig:
     network: bool
     hidden: Sequence[str] = ()
     sandboxes_dir: Path | None = None
-    cgroup_procs: Path | None = None
+    cgroup_procs: Sequence[Path] = ()
     environment: Path | None = None
+    host_view: str = "minimal"
+    readonly: Sequence[str] = ()
 
 
-def _top_level(rootfs: Path) -> list[str]:
+def _shown(name: str, rootfs: Path, host_view: str) -> bool:
+    """Whether top-level entry ``name`` of the image appears in the jail."""
+    if name in _NOT_FROM_IMAGE:
+        return False
+    return host_view == "full" or rootfs != Path("/") or name in MINIMAL_HOST_DIRS
+
+
+def _top_level(rootfs: Path, host_view: str) -> tuple[str, ...]:
+    # Keyed on the root's mtime, which changes whenever a top-level entry is added or removed.
+    return _top_level_cached(rootfs, host_view, os.stat(rootfs).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _top_level_cached(rootfs: Path, host_view: str, mtime_ns: int) -> tuple[str, ...]:
     argv: list[str] = []
     with os.scandir(rootfs) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
-            if entry.name in _NOT_FROM_IMAGE:
+            if not _shown(entry.name, rootfs, host_view):
                 continue
             dest = "/" + entry.name
             if entry.is_symlink():
@@ -97,7 +145,7 @@ def _top_level(rootfs: Path) -> list[str]:
                 argv += ["--perms", f"{mode:04o}", "--dir", dest]
             else:
                 argv += ["--ro-bind", entry.path, dest]
-    return argv
+    return tuple(argv)
 
 
 def _is_empty_dir(path: str) -> bool:
@@ -108,10 +156,10 @@ def _is_empty_dir(path: str) -> bool:
         return False
 
 
-def _covered_top_level(path: str, rootfs: Path) -> bool:
+def _covered_top_level(path: str, rootfs: Path, host_view: str = "full") -> bool:
     """``True`` when ``path`` lies under a top-level entry the jail takes from the image."""
     parts = Path(path).parts
-    return len(parts) > 1 and parts[1] not in _NOT_FROM_IMAGE and (rootfs / parts[1]).exists()
+    return len(parts) > 1 and _shown(parts[1], rootfs, host_view) and (rootfs / parts[1]).exists()
 
 
 def _mask(path: str, empty_dir: Path) -> list[str]:
@@ -119,22 +167,7 @@ def _mask(path: str, empty_dir: Path) -> list[str]:
     return ["--ro-bind", source, path]
 
 
-def _private_interpreter_binds() -> list[str]:
-    """Read-only binds for the running Python when it lives where the jail is private.
-
-    Cached environments are virtualenvs of the base interpreter (``sys.base_prefix``), whose
-    ``bin/python`` links to it: under ``/tmp`` it would vanish inside the jail. The caller's
-    own virtualenv (``sys.prefix``) stays runnable by absolute path, but is not on ``PATH``.
-    """
-    argv: list[str] = []
-    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
-        parts = Path(prefix).parts
-        if len(parts) > 2 and parts[1] in ("tmp", "run") and os.path.isdir(prefix):
-            argv += ["--ro-bind", prefix, prefix]
-    return argv
-
-
-def check_workdir(workdir: str, rootfs: Path) -> str | None:
+def check_workdir(workdir: str, rootfs: Path, host_view: str = "minimal") -> str | None:
     """Why ``workdir`` cannot be a mount point in the jail, or ``None`` when it can."""
     if not workdir.startswith("/") or os.path.normpath(workdir) != workdir:
         return f"workdir must be an absolute, normalised path, got {workdir!r}"
@@ -142,7 +175,8 @@ def check_workdir(workdir: str, rootfs: Path) -> str | None:
     if len(parts) < 2 or parts[1] in {"proc", "dev", "sys", "sandlot"}:
         return f"workdir {workdir!r} is reserved"
     inside = rootfs / workdir.lstrip("/")
-    if len(parts) > 2 and _covered_top_level(workdir, rootfs) and not inside.is_dir():
+    covered = _covered_top_level(workdir, rootfs, host_view)
+    if len(parts) > 2 and covered and not inside.is_dir():
         # Its parent is a read-only bind, where bwrap cannot create the mount point.
         return (
             f"workdir {workdir!r} does not exist in the image and its parent is read-only; "
@@ -152,13 +186,13 @@ def check_workdir(workdir: str, rootfs: Path) -> str | None:
 
 
 def jail_argv(config: JailConfig) -> list[str]:
-    """The static part of the bwrap command line; append ``--chdir DIR -- COMMAND...``.
+    """The bwrap command line of the sandbox's jail; append ``--chdir DIR -- INIT...``.
 
     Raises:
         OSError: the image root cannot be listed.
     """
     dirs = config.dirs
-    argv = [config.bwrap, *_top_level(config.rootfs)]
+    argv = [config.bwrap, *_top_level(config.rootfs, config.host_view)]
     argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
     if os.path.exists("/proc/sysrq-trigger"):
         argv += ["--ro-bind", "/dev/null", "/proc/sysrq-trigger"]
@@ -166,9 +200,11 @@ def jail_argv(config: JailConfig) -> list[str]:
     argv += ["--bind", str(dirs.tmp), "/tmp", "--bind", str(dirs.home), JAIL_HOME]
     argv += ["--bind", str(dirs.work), config.workdir]
     if config.rootfs == Path("/"):
-        argv += _private_interpreter_binds()
-    if config.cgroup_procs is not None:
-        argv += ["--bind", str(config.cgroup_procs), JAIL_CGROUP_PROCS]
+        for path in config.readonly:
+            if not _covered_top_level(path, config.rootfs, config.host_view):
+                argv += ["--ro-bind", path, path]
+    for index, procs in enumerate(config.cgroup_procs):
+        argv += ["--bind", str(procs), jail_cgroup_procs(index)]
     if config.environment is not None:
         argv += ["--ro-bind", str(config.environment), str(config.environment)]
         argv += ["--bind", str(dirs.overlay), JAIL_OVERLAY]
@@ -179,13 +215,15 @@ def jail_argv(config: JailConfig) -> list[str]:
             argv += ["--ro-bind", resolv, resolv]
     if config.rootfs == Path("/"):
         # Only the host image shows host paths; a root filesystem directory shows its own.
-        hidden = [*config.hidden, *([str(config.sandboxes_dir)] if config.sandboxes_dir else [])]
-        for path in hidden:
-            if os.path.lexists(path) and _covered_top_level(path, config.rootfs):
+        hidden = [*config.hidden, *ETC_CREDENTIALS]
+        if config.sandboxes_dir:
+            hidden.append(str(config.sandboxes_dir))
+        for path in dict.fromkeys(hidden):
+            if os.path.lexists(path) and _covered_top_level(path, config.rootfs, config.host_view):
                 argv += _mask(path, dirs.empty)
     argv += ["--remount-ro", "/"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not config.network:
         argv.append("--unshare-net")
-    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--as-pid-1"]
     return argv

@@ -1,22 +1,11 @@
-"""Resource limits of sandboxed commands, applied by the command's own shell.
-
-anyio's ``open_process`` has no ``preexec_fn``, and wrapping every command in ``prlimit(1)``
-would cost one more exec per command. Instead the ``bash -c`` that runs a command starts with a
-short prelude on the command's first line: ``ulimit`` (soft and hard, so the command cannot raise
-them again: raising a hard limit needs CAP_SYS_RESOURCE, which the jail drops) and, when the
-sandbox has a pids cgroup, ``echo 0 > cgroup.procs`` to join it. Both are shell builtins, so
-this adds no process. If either fails the command does not run (exit status 126).
-
-Keeping the prelude on the command's first line keeps ``$LINENO`` right.
-"""
+"""Resource limits of sandboxed commands, set by the sandbox's init in each command's process
+after ``fork`` (see :mod:`sandlot.sandboxes.local.init`); if they cannot be set the command does
+not run (exit status 126)."""
 
 from __future__ import annotations
 
 import resource
-import shlex
 from dataclasses import dataclass
-
-LIMIT_FAILED_EXIT_CODE = 126
 
 
 @dataclass(frozen=True)
@@ -43,28 +32,21 @@ def _clamp(kind: int, wanted: int) -> int:
     return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
 
-def shell_prelude(limits: Limits, cgroup_procs: str | None) -> str:
-    """The text put in front of every command; ends with ``; ``.
+def init_limits(limits: Limits) -> str:
+    """``limits`` in the init's ``LIMITS`` format (``NAME=soft:hard`` items, comma separated).
 
-    Args:
-        limits: the limits to apply.
-        cgroup_procs: path (as the command sees it) of the ``cgroup.procs`` file to join, or
-            ``None`` when the sandbox has no pids cgroup.
+    Soft and hard are equal so a command cannot raise them (that needs CAP_SYS_RESOURCE, which
+    the jail drops), except CPU time: the soft limit sends SIGXCPU (exit 152), which a program
+    may catch to clean up, and the hard limit one second later SIGKILL.
     """
-    # bash's ulimit counts -f in 1024-byte blocks and -v in KiB (outside POSIX mode).
-    flags = [
-        f"-u {_clamp(resource.RLIMIT_NPROC, limits.max_processes)}",
-        f"-f {_clamp(resource.RLIMIT_FSIZE, limits.max_file_size_bytes) // 1024}",
+    items = [
+        ("NPROC", _clamp(resource.RLIMIT_NPROC, limits.max_processes)),
+        ("FSIZE", _clamp(resource.RLIMIT_FSIZE, limits.max_file_size_bytes)),
     ]
     if limits.memory_bytes is not None:
-        flags.append(f"-v {_clamp(resource.RLIMIT_AS, limits.memory_bytes) // 1024}")
-    steps = [f"ulimit -SH {' '.join(flags)}"]
+        items.append(("AS", _clamp(resource.RLIMIT_AS, limits.memory_bytes)))
+    out = [f"{name}={value}:{value}" for name, value in items]
     if limits.cpu_time_s is not None:
-        # The soft limit sends SIGXCPU (exit 152), which a program may catch to clean up; the
-        # hard limit one second later sends SIGKILL. Equal limits would SIGKILL at once.
         cpu = _clamp(resource.RLIMIT_CPU, limits.cpu_time_s + 1)
-        steps.append(f"ulimit -S -t {cpu - 1} && ulimit -H -t {cpu}")
-    if cgroup_procs is not None:
-        steps.append(f"echo 0 >{shlex.quote(cgroup_procs)}")
-    fail = f"echo 'sandlot: could not apply the sandbox limits' >&2; exit {LIMIT_FAILED_EXIT_CODE}"
-    return f"{{ {' && '.join(steps)}; }} || {{ {fail}; }}; "
+        out.append(f"CPU={cpu - 1}:{cpu}")
+    return ",".join(out)

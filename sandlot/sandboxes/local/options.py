@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,16 +29,36 @@ DEFAULT_HIDDEN_PATHS: tuple[str, ...] = (
     "~/.huggingface/token",
     "~/.claude",
     "~/.bash_history",
+    "~/.config",
+    "~/.kaggle",
+    "~/.env",
+    "~/.gitconfig",
+    "~/.git-credentials",
     "/etc/shadow",
     "/etc/gshadow",
 )
-"""Host paths masked inside ``image="host"`` jails: credential stores of the invoking user's real
-home (``~`` is that home) and the password hashes. Model-written commands are hostile input."""
+"""Host paths masked inside ``image="host"`` jails with ``host_view="full"``: credential stores
+of the invoking user's home (``~`` is the home the password database gives for our uid, and
+``$HOME`` as well when it differs) and the password hashes. Model-written commands are hostile
+input. With the default ``host_view="minimal"`` no home directory is visible at all."""
 
 DEFAULT_INHERITED_ENV: tuple[str, ...] = ("PYENV_ROOT", "PYENV_VERSION")
 """Host variables copied into ``image="host"`` jails when set: they locate the host's toolchain
 (pyenv shims need ``PYENV_ROOT`` once ``HOME`` points elsewhere) and hold no secrets. The
 caller's ``VIRTUAL_ENV`` is not among them: the caller's Python is never the sandbox's."""
+
+
+def home_paths(paths: Iterable[str]) -> list[str]:
+    """``paths`` with a leading ``~/`` expanded to the invoking user's home from the password
+    database and, when it differs, to ``$HOME`` as well: a caller (or a model-written config)
+    that points ``HOME`` elsewhere must not unmask the real home."""
+    homes = [pwd.getpwuid(os.getuid()).pw_dir]
+    if os.environ.get("HOME") and os.environ["HOME"] not in homes:
+        homes.append(os.environ["HOME"])
+    out: list[str] = []
+    for path in paths:
+        out += [os.path.join(h, path[2:]) for h in homes] if path.startswith("~/") else [path]
+    return out
 
 
 class LocalOptions(BaseModel):
@@ -57,9 +80,22 @@ class LocalOptions(BaseModel):
         root_dir: host directory holding the per-sandbox directories; ``None`` uses
             ``$SANDLOT_LOCAL_ROOT``, else the system temporary directory.
         hidden_paths: host paths replaced by an empty read-only directory (or ``/dev/null`` for a
-            file) inside ``image="host"`` jails; a leading ``~/`` means the invoking user's home.
+            file) inside ``image="host"`` jails with ``host_view="full"``; a leading ``~/``
+            means the invoking user's home (see :func:`home_paths`).
         inherit_env: names of host environment variables copied into ``image="host"`` jails when
             set. Nothing else of the host environment is passed.
+        host_view: what of the host an ``image="host"`` jail shows, read-only. ``"minimal"``
+            (default): the system directories (``/usr``, ``/bin``, ``/sbin``, ``/lib*``,
+            ``/etc`` without its credentials), the interpreter the sandbox's init runs on and
+            the cached environment of the recipe (with its base interpreter), and the
+            sandbox's own writable directories; not ``/root``, ``/home``, ``/opt``, ``/var``,
+            ``/srv``, ``/mnt``, the caller's working tree, datasets, other sandboxes or the
+            container engine's storage. ``"full"``: every top-level host directory except
+            ``/proc``, ``/dev``, ``/sys``, ``/tmp``, ``/run``, with only ``hidden_paths`` and
+            the ``/etc`` credentials masked. RISK: with ``"full"`` a model-written command can
+            read everything the calling user can read that is not masked, e.g. dataset files
+            holding gold patches (a reward-hacking route), run logs, other tenants' container
+            files under ``/var/lib/containers``, and any credential the mask list misses.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -74,3 +110,4 @@ class LocalOptions(BaseModel):
     root_dir: str | None = None
     hidden_paths: tuple[str, ...] = DEFAULT_HIDDEN_PATHS
     inherit_env: tuple[str, ...] = DEFAULT_INHERITED_ENV
+    host_view: Literal["minimal", "full"] = "minimal"

@@ -1,9 +1,10 @@
-"""Run one host process to completion: capped output, timeout, and process-group kill.
+"""Run one command through a sandbox's init: capped output, stdin, timeout, tree kill.
 
-Everything the ``local`` backend starts goes through :func:`run_process`. The process is the
-leader of a new session (so of its own process group); at a timeout, on cancellation, or when
-the sandbox closes, that whole group is sent SIGKILL. Under bubblewrap the group is ``bwrap``
-itself, and its ``--die-with-parent``/``--unshare-pid`` take the rest of the jail down.
+The command's stdout and stderr are pipes we read here (or, for stdout, a host file the
+command writes directly); stdin is a pipe fed from bytes, a host file, or ``/dev/null``. When
+the command's own process exits, whatever it wrote is already in the pipes: it is read and the
+pipes are closed. Background processes it left keep running (until the sandbox closes), but
+their later output is not collected, as with ``docker exec``.
 """
 
 from __future__ import annotations
@@ -11,29 +12,21 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-import anyio.abc
 
 from sandlot.sandboxes.capped import CappedBuffer
+from sandlot.sandboxes.local.init_client import InitProcess
 
-_CHUNK = 64 * 1024
-# Once the process has exited, its pipes normally reach EOF within milliseconds. A process that
-# escaped the group (only possible without a PID namespace) may hold them open forever; stop
-# reading after this long.
-_DRAIN_GRACE_S = 1.0
-# Upper bound for reaping a process that was just sent SIGKILL.
-_REAP_BUDGET_S = 10.0
+_CHUNK = 256 * 1024
 
 
 @dataclass(frozen=True)
 class Completed:
-    """How a process ended.
+    """How a command ended.
 
     Attributes:
         returncode: exit status; ``128 + N`` when killed by signal N (also for a timeout kill).
@@ -41,8 +34,8 @@ class Completed:
         stderr: captured standard error.
         stdout_dropped: bytes of stdout read but discarded beyond the cap.
         stderr_dropped: bytes of stderr read but discarded beyond the cap.
-        timed_out: the process was killed at its timeout.
-        duration_s: wall time from spawn to exit, in seconds.
+        timed_out: the command was killed at its timeout.
+        duration_s: the command's run time in seconds, as measured by the init.
     """
 
     returncode: int
@@ -54,158 +47,143 @@ class Completed:
     duration_s: float
 
 
-class ProcessGroups:
-    """The process groups one sandbox has running, so closing it can kill them all."""
-
-    def __init__(self) -> None:
-        self._pgids: set[int] = set()
-
-    def add(self, pgid: int) -> None:
-        """Track process group ``pgid``."""
-        self._pgids.add(pgid)
-
-    def discard(self, pgid: int) -> None:
-        """Stop tracking ``pgid`` (its leader has been reaped)."""
-        self._pgids.discard(pgid)
-
-    def kill_all(self) -> None:
-        """Send SIGKILL to every tracked group."""
-        for pgid in list(self._pgids):
-            kill_group(pgid)
+def _read_available(fd: int, capture: CappedBuffer) -> bool:
+    """Read what ``fd`` holds now into ``capture``; ``True`` at end of file."""
+    while True:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            return True
+        capture.feed(chunk)
 
 
-def kill_group(pgid: int) -> None:
-    """SIGKILL process group ``pgid``; a group that is already gone is not an error."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+async def _drain(fd: int, capture: CappedBuffer) -> None:
+    # Cancelled once the command has exited; a read is never interrupted halfway.
+    while not _read_available(fd, capture):
+        await anyio.wait_readable(fd)
 
 
-async def _drain(
-    stream: anyio.abc.ByteReceiveStream,
-    capture: CappedBuffer,
-    done: anyio.Event,
-    sink: Path | None,
-) -> None:
+async def _feed(fd: int, data: bytes) -> None:
+    view = memoryview(data)
     try:
-        if sink is None:
-            async for chunk in stream:
-                capture.feed(chunk)
-        else:
-            async with await anyio.open_file(sink, "wb") as out:
-                async for chunk in stream:
-                    await out.write(chunk)
-    finally:
-        done.set()
+        while view:
+            try:
+                view = view[os.write(fd, view[:_CHUNK]) :]
+            except BlockingIOError:
+                await anyio.wait_writable(fd)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the command exited (or closed stdin) without reading everything
 
 
-async def _feed(stream: anyio.abc.ByteSendStream, data: bytes | Path) -> None:
-    try:
-        if isinstance(data, Path):
-            async with await anyio.open_file(data, "rb") as src:
-                while chunk := await src.read(_CHUNK):
-                    await stream.send(chunk)
-        elif data:
-            await stream.send(data)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError, BrokenPipeError):
-        # The process exited (or closed stdin) without reading everything: not our error.
-        pass
-    finally:
-        await stream.aclose()
+def _pipe() -> tuple[int, int]:
+    read, write = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(read, False)
+    return read, write
 
 
-def _exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-async def run_process(
+async def run_command(
+    init: InitProcess,
     argv: Sequence[str],
     *,
+    cwd: str,
     env: Mapping[str, str],
-    cwd: str | Path | None = None,
     stdin: bytes | Path | None = None,
     timeout: float | None = None,
     max_output_bytes: int | None = None,
     stdout_path: Path | None = None,
-    groups: ProcessGroups | None = None,
-    kill_group_on_exit: bool = False,
 ) -> Completed:
-    """Run ``argv`` in a new session and wait for it, reading stdout and stderr concurrently.
+    """Run ``argv`` through ``init`` and wait for it.
 
     Args:
-        argv: program and arguments.
-        env: the complete environment of the process (nothing is inherited).
-        cwd: working directory on the host, or ``None`` for ours.
-        stdin: bytes, or a host file streamed in, fed to standard input; ``None`` gives
+        init: the sandbox's init.
+        argv: program and arguments (the program is looked up on ``env["PATH"]``).
+        cwd: working directory as the command sees it.
+        env: the command's complete environment.
+        stdin: bytes fed to standard input, or a host file opened as it; ``None`` gives
             ``/dev/null``.
-        timeout: seconds until the whole process group is killed; ``None`` waits forever.
+        timeout: seconds until the command's process tree is killed; ``None`` waits forever.
         max_output_bytes: per-stream cap in bytes on what is kept; the rest is still read (so
-            the process never blocks on a full pipe) and counted in ``*_dropped``.
-        stdout_path: write stdout, uncapped, to this host file instead of keeping it.
-        groups: registry the process group is added to while it runs.
-        kill_group_on_exit: after the leader exits, SIGKILL whatever is left of its group
-            (background jobs). Needed when no PID namespace does it for us.
+            the command never blocks on a full pipe) and counted in ``*_dropped``.
+        stdout_path: a host file the command's stdout is written to, uncapped, instead.
 
     Returns:
-        The :class:`Completed` process.
+        The :class:`Completed` command.
 
     Raises:
-        OSError: the process could not be spawned.
+        InitDied: the sandbox's init is gone.
+        SpawnFailed: the init could not fork.
     """
-    started = time.perf_counter()
-    process = await anyio.open_process(
-        list(argv),
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
-    pgid = process.pid  # a session leader leads its own process group
-    if groups is not None:
-        groups.add(pgid)
-    out, err = CappedBuffer(max_output_bytes), CappedBuffer(max_output_bytes)
-    timed_out = False
+    ours: list[int] = []  # closed at the end
+    theirs: list[int] = []  # handed to the command; closed once it runs
+    out_fd: int | None = None
     try:
-        async with anyio.create_task_group() as tg:
-            out_done, err_done = anyio.Event(), anyio.Event()
-            assert process.stdout is not None and process.stderr is not None
-            tg.start_soon(_drain, process.stdout, out, out_done, stdout_path)
-            tg.start_soon(_drain, process.stderr, err, err_done, None)
-            if stdin is not None:
-                assert process.stdin is not None
-                tg.start_soon(_feed, process.stdin, stdin)
-            with anyio.move_on_after(timeout) as scope:
-                await process.wait()
-            if scope.cancelled_caught:
-                timed_out = True
-                kill_group(pgid)
-                await process.wait()
-            elif kill_group_on_exit:
-                # The leader is reaped, but background members keep the group (and so its id)
-                # allocated; an empty group's id could in principle be reused in this instant.
-                kill_group(pgid)
-            with anyio.move_on_after(_DRAIN_GRACE_S):
-                await out_done.wait()
-                await err_done.wait()
-            tg.cancel_scope.cancel()
-    except BaseException:
-        kill_group(pgid)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_BUDGET_S):
-            await process.wait()
-        raise
+        if isinstance(stdin, Path):
+            theirs.append(os.open(stdin, os.O_RDONLY | os.O_CLOEXEC))
+        elif stdin:
+            read, stdin_fd = os.pipe2(os.O_CLOEXEC)
+            os.set_blocking(stdin_fd, False)
+            theirs.append(read)
+            ours.append(stdin_fd)
+        else:
+            theirs.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        if stdout_path is not None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            theirs.append(os.open(stdout_path, flags, 0o600))
+        else:
+            out_fd, write = _pipe()
+            ours.append(out_fd)
+            theirs.append(write)
+        err_fd, write = _pipe()
+        ours.append(err_fd)
+        theirs.append(write)
+        command_id = await init.spawn(argv, cwd=cwd, env=env, fds=theirs)
+        for fd in theirs:
+            os.close(fd)
+        theirs.clear()
+        out, err = CappedBuffer(max_output_bytes), CappedBuffer(max_output_bytes)
+        timed_out = False
+        try:
+            async with anyio.create_task_group() as tg:
+                if out_fd is not None:
+                    tg.start_soon(_drain, out_fd, out)
+                tg.start_soon(_drain, err_fd, err)
+                if isinstance(stdin, bytes) and stdin:
+                    tg.start_soon(_feed_then_close, ours, stdin)
+                with anyio.move_on_after(timeout) as scope:
+                    ended = await init.wait(command_id)
+                if scope.cancelled_caught:
+                    timed_out = True
+                    await init.kill_tree(command_id, signal.SIGKILL)
+                    ended = await init.wait(command_id)
+                tg.cancel_scope.cancel()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await init.kill_tree(command_id, signal.SIGKILL)
+            raise
+        # What the command wrote before it exited is in the pipes now.
+        if out_fd is not None:
+            _read_available(out_fd, out)
+        _read_available(err_fd, err)
     finally:
-        if groups is not None:
-            groups.discard(pgid)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_BUDGET_S):
-            await process.aclose()
-    assert process.returncode is not None
+        for fd in (*theirs, *ours):
+            with contextlib.suppress(OSError):
+                os.close(fd)
     return Completed(
-        returncode=128 + signal.SIGKILL if timed_out else _exit_status(process.returncode),
-        stdout=bytes(out),
-        stderr=bytes(err),
+        returncode=128 + signal.SIGKILL if timed_out else ended.status,
+        stdout=bytes(out.data),
+        stderr=bytes(err.data),
         stdout_dropped=out.dropped,
         stderr_dropped=err.dropped,
         timed_out=timed_out,
-        duration_s=time.perf_counter() - started,
+        duration_s=ended.duration_s,
     )
+
+
+async def _feed_then_close(ours: list[int], data: bytes) -> None:
+    """Write ``data`` to the stdin pipe (``ours[0]``), then close it so the command sees EOF."""
+    fd = ours[0]
+    await _feed(fd, data)
+    ours.remove(fd)
+    os.close(fd)

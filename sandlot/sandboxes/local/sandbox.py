@@ -1,4 +1,4 @@
-"""``LocalSandbox``: the embedded backend; a bubblewrap jail per sandbox, no daemon, no account."""
+"""``LocalSandbox``: the embedded backend; one bubblewrap jail per sandbox, no daemon."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import posixpath
-import shlex
 import shutil
 import sys
 import time
@@ -29,20 +28,27 @@ from sandlot.sandboxes.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.sandboxes.local.cgroup import PidsCgroup
+from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
+from sandlot.sandboxes.local.init_client import InitDied, InitProcess, SpawnFailed
+from sandlot.sandboxes.local.interpreter import (
+    init_interpreter,
+    interpreter_prefixes,
+    venv_base_prefix,
+)
 from sandlot.sandboxes.local.jail import (
     DEFAULT_PATH,
-    JAIL_CGROUP_PROCS,
     JAIL_HOME,
     JAIL_OVERLAY,
     JailConfig,
     check_workdir,
     jail_argv,
+    jail_cgroup_procs,
 )
-from sandlot.sandboxes.local.limits import Limits, shell_prelude
-from sandlot.sandboxes.local.options import MIB, LocalOptions
-from sandlot.sandboxes.local.process import Completed, ProcessGroups, run_process
+from sandlot.sandboxes.local.limits import Limits, init_limits
+from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
+from sandlot.sandboxes.local.process import Completed, run_command
 from sandlot.sandboxes.local.venv import OVERLAY_ENV, BuiltEnvironment, ensure_environment
 from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
@@ -55,12 +61,6 @@ log = logging.getLogger("sandlot.sandboxes.local")
 # A file operation that takes this long is stuck (e.g. reading a FIFO planted by a command).
 _FILE_OP_TIMEOUT_S = 600.0
 _ERROR_TAIL_CHARS = 2000
-
-# Every command's shell writes this byte to stderr before anything else, so an exit without it
-# means bwrap failed to build the jail and the command never ran.
-_STARTED = b"\x1e"
-_STARTED_CMD = "printf '\\036' >&2; "
-_SETUP_ATTEMPTS = 3
 
 _WRITE_SCRIPT = 'mkdir -p -- "$1" && cat >"$2"'
 _UNTAR_SCRIPT = 'mkdir -p -- "$1" && exec tar -x -f - --no-same-owner -C "$1"'
@@ -90,55 +90,59 @@ def _text(data: bytes, dropped: int, stream: str) -> str:
 
 
 class LocalSandbox(Sandbox):
-    """A sandbox on this machine: every command runs in a fresh bubblewrap jail.
+    """A sandbox on this machine: one bubblewrap jail, created by ``start()``, runs everything.
 
-    The jail (see :mod:`sandlot.sandboxes.local.jail`) shows the image read-only (``"host"``:
-    this machine's ``/``; or a root filesystem directory), hides credential stores of the host
-    user's home (``LocalOptions.hidden_paths``), and gives the sandbox private writable
-    ``spec.workdir``, ``/tmp`` and ``$HOME`` (``/sandlot/home``), all kept in one host
-    directory per sandbox that ``close()`` deletes. The network is off unless ``spec.network``.
-    Commands run as the calling user with every capability dropped and a minimal environment
-    (``PATH``, ``HOME``, ``LANG``, ``TERM``, ``PAGER``, ``GIT_PAGER``, ``SANDLOT_WORKDIR``,
-    ``LocalOptions.inherit_env``, ``spec.env``, then the command's ``env``); nothing else of
-    the host environment gets in.
+    The jail (see :mod:`sandlot.sandboxes.local.jail`) shows the image read-only: for
+    ``image="host"`` only the host's system directories by default (``host_view``), or a
+    root filesystem directory. It gives the sandbox private writable ``spec.workdir``, ``/tmp``
+    and ``$HOME`` (``/sandlot/home``), all kept in one host directory per sandbox that
+    ``close()`` deletes. The network is off unless ``spec.network``. Commands run as the
+    calling user with every capability dropped and a minimal environment (``PATH``, ``HOME``,
+    ``LANG``, ``TERM``, ``PAGER``, ``GIT_PAGER``, ``SANDLOT_WORKDIR``,
+    ``LocalOptions.inherit_env``, ``spec.env``, then the command's ``env``, plus
+    ``SANDLOT_EXEC_ID``); nothing else of the host environment gets in.
 
-    Each ``exec`` is one ``bwrap`` process running ``bash -c cmd``: working directory and
-    exported variables do not carry over to the next command, and background processes are
-    killed when the command's shell exits (the jail's PID namespace ends with it); for state
-    that persists use ``shell()``, whose bash runs in one long-lived jail per session.
-    Commands of one sandbox may run concurrently. ``start()`` spawns no process (only
-    ``post_setup_cmd`` does) and builds the static part of the bwrap command line once; each
-    command then pays for one bwrap start, which rebuilds every mount of the jail (a few
-    milliseconds).
+    PID 1 of the jail is the sandbox's init (:mod:`sandlot.sandboxes.local.init`, run by the
+    host's Python, or the image's ``python3`` for a root filesystem directory). ``exec``, the
+    file methods and shell sessions all ask it to spawn their process, so they share the jail's
+    processes as ``docker exec`` does: a background process started by one ``exec`` lives on
+    (and is visible to later commands) until ``close()``. Working directory and exported
+    variables do not carry over between ``exec`` calls; use ``shell()`` for that. A timeout
+    kills the command's process tree (its session, descendants, and processes still carrying
+    its ``SANDLOT_EXEC_ID``), not the jail. ``close()`` kills the jail, and with it every
+    process in it. If the init dies, the sandbox is dead (``SandboxDeadError``).
 
-    Limits (``LocalOptions``, ``spec.memory_mb``), applied per process by the command's shell:
+    Limits (``LocalOptions``, ``spec.memory_mb``), set by the init in each command's process:
     ``RLIMIT_FSIZE`` (``max_file_size_mb``; exceeding it kills the writer with SIGXFSZ, exit
     153), ``RLIMIT_CPU`` (``cpu_time_s``; SIGXCPU, exit 152, and SIGKILL one second later),
     ``RLIMIT_AS`` (``memory_mb``: virtual address space per process, not total memory;
     runtimes that reserve large address ranges such as the JVM or Go need headroom) and
-    ``RLIMIT_NPROC`` (``max_processes``). The kernel does not enforce ``RLIMIT_NPROC`` for real
-    root (uid 0 is exempt whatever its capabilities), and for other users it counts all their
-    processes on the host. The process cap that does hold, also for root, is the sandbox's
-    pids cgroup (``pids.max = max_processes``), created when the host has a writable pids
-    cgroup (``pids_cgroup``); without it a fork bomb run by root is only stopped by the
-    command's timeout. Disk usage and CPU share are not limited; ``spec.cpu`` is ignored.
+    ``RLIMIT_NPROC`` (``max_processes``), soft and hard so commands cannot raise them. The
+    kernel does not enforce ``RLIMIT_NPROC`` for real root, and for other users it counts all
+    their processes on the host. The process cap that does hold, also for root, is the
+    sandbox's pids cgroup (``pids.max = max_processes``), which the init joins first, created
+    when the host has a writable pids cgroup (``pids_cgroup``). ``spec.cpu`` becomes a CFS
+    quota of that many cores on the sandbox's cpu cgroup when the host gives us a writable one
+    (ignored otherwise). ``spec.disk_mb`` makes the sandbox's host directory (workdir, ``/tmp``,
+    ``$HOME``, pip overlay) a tmpfs of that size, which needs root or CAP_SYS_ADMIN (the start
+    fails otherwise); without it, disk use is bounded only per file (``max_file_size_mb``).
     ``spec.timeout_s`` is the sandbox's lifetime: commands are cut at it and the sandbox then
-    raises ``SandboxDeadError``.
+    raises ``SandboxDeadError``. A caller killed with ``kill -9`` leaves the sandbox's
+    directory and cgroups (the jail dies with it): ``sandlot gc --backend local`` removes them
+    (:mod:`sandlot.sandboxes.local.reaper`).
 
-    What the jail does not stop: reading whatever of the image the calling user may read (for
-    the host image run as root, all of ``/`` except the hidden paths); with ``spec.network``
-    on, everything the host network reaches, including services on the host's loopback;
-    creating user namespaces (more kernel attack surface); filling the disk through the
-    workdir.
+    What the jail does not stop: reading what of the visible image the calling user may read;
+    with ``spec.network`` on, everything the host network reaches, including services on the
+    host's loopback; creating user namespaces (more kernel attack surface).
 
-    ``isolation="none"`` runs ``bash -c cmd`` directly on the host: no jail, no namespaces, the
-    host network. The workdir is the sandbox's host directory (``$SANDLOT_WORKDIR``); paths
-    given to ``cwd``, the file methods, ``upload`` and ``download`` that lie under
-    ``spec.workdir`` are mapped to it, but a command itself must use relative paths or
-    ``$SANDLOT_WORKDIR``. ``/tmp`` is the host's (``$TMPDIR`` points at a private one).
-    Background processes in the command's process group are killed when it exits. Processes
-    that leave the group (``setsid``) outlive the command; ``close()`` kills them only when the
-    sandbox has a pids cgroup, otherwise they outlive the sandbox too.
+    ``isolation="none"`` runs the init, and so every command, directly on the host: no jail,
+    no namespaces, the host network. The workdir is the sandbox's host directory
+    (``$SANDLOT_WORKDIR``); paths given to ``cwd``, the file methods, ``upload`` and
+    ``download`` that lie under ``spec.workdir`` are mapped to it, but a command itself must
+    use relative paths or ``$SANDLOT_WORKDIR``. ``/tmp`` is the host's (``$TMPDIR`` points at
+    a private one). ``close()`` kills the init's descendants and every process still carrying
+    one of the sandbox's ``SANDLOT_EXEC_ID`` values, and everything in its pids cgroup;
+    a process outside all three outlives the sandbox.
 
     Args:
         spec: what to open (``image``, ``workdir``, ``env``, ``network``, ``memory_mb``, ...).
@@ -153,13 +157,12 @@ class LocalSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         super().__init__(spec, options)
         self._dirs: HostDirs | None = None
-        self._cgroup: PidsCgroup | None = None
-        self._jail: list[str] = []
+        self._cgroups: list[Cgroup] = []
         self._jail_config: JailConfig | None = None
+        self._init: InitProcess | None = None
         self._venv: BuiltEnvironment | None = None
         self._env: dict[str, str] = {}
-        self._prelude = ""
-        self._groups = ProcessGroups()
+        self._limits = ""
         self._deadline = math.inf
 
     # ----------------------------------------------------------------- properties
@@ -182,7 +185,17 @@ class LocalSandbox(Sandbox):
     @property
     def pids_cgroup(self) -> Path | None:
         """Directory of the sandbox's pids cgroup, or ``None`` when the host has none for us."""
-        return self._cgroup.path if self._cgroup else None
+        return next((c.path for c in self._cgroups if (c.path / "pids.max").exists()), None)
+
+    @property
+    def cgroups(self) -> list[Path]:
+        """Directories of the sandbox's cgroups (pids, and cpu with ``spec.cpu``)."""
+        return [c.path for c in self._cgroups]
+
+    @property
+    def init_pid(self) -> int | None:
+        """Host pid of the jail's ``bwrap`` (or of the init without a jail) while it runs."""
+        return self._init.process.pid if self._init else None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -210,47 +223,50 @@ class LocalSandbox(Sandbox):
         spec, opts = self.spec, self.options
         rootfs = self._rootfs()
         bwrap = self._find_bwrap() if self.isolated else ""
-        problem = check_workdir(spec.workdir, rootfs)
+        problem = check_workdir(spec.workdir, rootfs, opts.host_view)
         if problem:
             raise SandboxStartError(problem)
+        python = init_interpreter(rootfs)
         parent = sandboxes_dir(opts.root_dir)
         try:
             parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             dirs = HostDirs(parent / self.id)
-            dirs.create()
+            dirs.create(spec.disk_mb)
         except OSError as exc:
             raise SandboxStartError(f"cannot create the sandbox directory: {exc}") from exc
         self._dirs = dirs
+        try:
+            dirs.write_labels(sandbox_labels(self.id, spec.labels))
+        except OSError as exc:
+            raise SandboxStartError(f"cannot write the sandbox's labels: {exc}") from exc
         source = rootfs / spec.workdir.lstrip("/")
         if rootfs != Path("/") and source.is_dir():
             await anyio.to_thread.run_sync(copy_tree, source, dirs.work)
-        if opts.pids_cgroup:
-            self._cgroup = PidsCgroup.create(self.id, opts.max_processes)
-        limits = Limits(
-            max_processes=opts.max_processes,
-            max_file_size_bytes=opts.max_file_size_mb * MIB,
-            cpu_time_s=opts.cpu_time_s,
-            memory_bytes=spec.memory_mb * MIB if spec.memory_mb else None,
+        self._cgroups = create_cgroups(
+            self.id, opts.max_processes if opts.pids_cgroup else None, spec.cpu
         )
-        procs = None
-        if self._cgroup is not None:
-            procs = JAIL_CGROUP_PROCS if self.isolated else str(self._cgroup.procs_file)
-        self._prelude = shell_prelude(limits, procs)
+        self._limits = init_limits(
+            Limits(
+                max_processes=opts.max_processes,
+                max_file_size_bytes=opts.max_file_size_mb * MIB,
+                cpu_time_s=opts.cpu_time_s,
+                memory_bytes=spec.memory_mb * MIB if spec.memory_mb else None,
+            )
+        )
         self._env = self._base_env(rootfs, dirs)
         if self.isolated:
-            home = Path.home()
-            hidden = [str(home / p[2:]) if p.startswith("~/") else p for p in opts.hidden_paths]
             self._jail_config = JailConfig(
                 bwrap=bwrap,
                 rootfs=rootfs,
                 workdir=spec.workdir,
                 dirs=dirs,
                 network=spec.network,
-                hidden=hidden,
+                hidden=home_paths(opts.hidden_paths),
                 sandboxes_dir=parent,
-                cgroup_procs=self._cgroup.procs_file if self._cgroup else None,
+                cgroup_procs=tuple(c.procs_file for c in self._cgroups),
+                host_view=opts.host_view,
+                readonly=interpreter_prefixes() if rootfs == Path("/") else (),
             )
-            self._jail = jail_argv(self._jail_config)
         else:
             log.warning(
                 "sandbox %s uses isolation='none': its commands run directly on this host as "
@@ -259,7 +275,41 @@ class LocalSandbox(Sandbox):
                 self.id,
                 os.getuid(),
             )
+        await self._start_init(python)
         self._deadline = time.monotonic() + spec.timeout_s
+
+    async def _start_init(self, python: str) -> None:
+        """Start the jail and its init (see :class:`InitProcess`).
+
+        Raises:
+            SandboxStartError: bwrap or the init failed (``retryable``: e.g. the host's mount
+                table changed while bwrap copied it).
+        """
+        assert self._dirs is not None
+        if self._jail_config is not None:
+            jail = [*jail_argv(self._jail_config), "--chdir", self.spec.workdir, "--"]
+            procs = [jail_cgroup_procs(i) for i in range(len(self._cgroups))]
+        else:
+            jail, procs = [], [str(c.procs_file) for c in self._cgroups]
+        try:
+            self._init = await InitProcess.start(
+                jail,
+                python,
+                env=self._env,
+                cwd=None if self.isolated else self._dirs.work,
+                limits=self._limits,
+                cgroup_procs=procs,
+                prefix=self.id,
+                log_path=self._dirs.root / "init.log",
+            )
+        except InitDied as exc:
+            raise SandboxStartError(
+                f"the jail of sandbox {self.id} did not start: {exc}", retryable=True
+            ) from exc
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise BackendUnavailableError(f"cannot start the sandbox: {exc}") from exc
+            raise SandboxStartError(f"cannot start the sandbox: {exc}", retryable=True) from exc
 
     @classmethod
     async def build_environment(cls, recipe: EnvironmentRecipe) -> None:
@@ -276,9 +326,10 @@ class LocalSandbox(Sandbox):
 
         The environment is built on this machine, outside the jail, once per recipe and
         interpreter (:func:`~sandlot.sandboxes.local.venv.ensure_environment`; concurrent
-        sandboxes wait for one build). Inside the jail it is read-only; ``pip install`` goes to
-        the sandbox's private ``/sandlot/overlay`` (``PIP_PREFIX``), which the environment's
-        Python also imports from.
+        sandboxes wait for one build). Inside the jail it is read-only, with its base
+        interpreter; ``pip install`` goes to the sandbox's private ``/sandlot/overlay``
+        (``PIP_PREFIX``), which the environment's Python also imports from. The jail is
+        rebuilt with these mounts (nothing has run in it yet).
 
         Raises:
             EnvironmentBuildError: the interpreter is missing or the build failed.
@@ -291,10 +342,15 @@ class LocalSandbox(Sandbox):
                 "virtual environment is built with this machine's interpreter"
             )
         self._venv = await anyio.to_thread.run_sync(ensure_environment, recipe.packages_only())
-        if self._jail_config is not None:
-            self._jail_config = dataclasses.replace(self._jail_config, environment=self._venv.path)
-            self._jail = jail_argv(self._jail_config)
         self._env = self._base_env(Path("/"), self._dirs)
+        if self._init is not None:
+            await self._init.kill()
+        if self._jail_config is not None:
+            readonly = [*self._jail_config.readonly, venv_base_prefix(self._venv.path)]
+            self._jail_config = dataclasses.replace(
+                self._jail_config, environment=self._venv.path, readonly=tuple(readonly)
+            )
+        await self._start_init(init_interpreter(Path("/")))
 
     def _host_path(self) -> str:
         """The host's ``PATH`` without the caller's virtualenv: its Python never runs tests."""
@@ -332,36 +388,41 @@ class LocalSandbox(Sandbox):
         return env
 
     async def _close(self) -> None:
-        self._groups.kill_all()
-        if self._cgroup is not None:
-            await self._cgroup.destroy()
+        if self._init is not None:
+            await self._init.kill()
+        for cgroup in self._cgroups:
+            await cgroup.destroy()
         if self._dirs is not None:
             await anyio.to_thread.run_sync(self._dirs.remove)
 
     async def is_alive(self) -> bool:
-        """``True`` while started, not closed, within its lifetime, and its directory exists."""
+        """``True`` while started, not closed, within its lifetime, its init runs and its
+        directory exists."""
         return (
             self._started
             and not self._closed
             and time.monotonic() < self._deadline
+            and self._init is not None
+            and self._init.alive
             and self._dirs is not None
             and self._dirs.exists()
         )
 
-    def _ensure_usable(self) -> HostDirs:
+    def _ensure_usable(self) -> tuple[HostDirs, InitProcess]:
         self._check_open()
-        assert self._dirs is not None
+        assert self._dirs is not None and self._init is not None
         if time.monotonic() >= self._deadline:
-            self._groups.kill_all()
             raise SandboxDeadError(
                 f"sandbox {self.id} reached the end of its lifetime (timeout_s="
                 f"{self.spec.timeout_s})"
             )
+        if not self._init.alive:
+            raise SandboxDeadError(f"sandbox {self.id} is dead: its init exited")
         if not self._dirs.exists():
             raise SandboxDeadError(
                 f"sandbox {self.id} is gone: its host directory {self._dirs.root} was removed"
             )
-        return self._dirs
+        return self._dirs, self._init
 
     # ----------------------------------------------------------------- running
 
@@ -375,90 +436,40 @@ class LocalSandbox(Sandbox):
             return str(self._dirs.work) + path[len(workdir) :]
         return path
 
-    def _argv(self, argv: Sequence[str], cwd: str) -> list[str]:
-        if self.isolated:
-            return [*self._jail, "--chdir", cwd, "--", *argv]
-        return list(argv)
-
     async def _run(
         self,
-        argv: list[str],
+        argv: Sequence[str],
         *,
-        marked: bool,
+        cwd: str,
         env: Mapping[str, str],
         timeout: float | None,
         stdin: bytes | Path | None = None,
         max_output_bytes: int | None = None,
         stdout_path: Path | None = None,
     ) -> Completed:
-        """Run ``argv`` (see :meth:`_argv`); retry when bwrap failed before starting it.
+        """Run ``argv`` in ``cwd`` (sandbox view) through the init.
 
-        ``marked`` says the command starts with :data:`_STARTED_CMD`; the marker is removed.
+        Raises:
+            SandboxDeadError: closed, dead init, removed directory, or end of lifetime.
+            SandboxError: the init could not fork (``retryable``: e.g. the process cap).
         """
-        for attempt in range(1, _SETUP_ATTEMPTS + 1):
-            done = await self._run_once(
-                argv,
-                env=env,
-                timeout=timeout,
-                stdin=stdin,
-                max_output_bytes=max_output_bytes,
-                stdout_path=stdout_path,
-            )
-            if marked and done.stderr.startswith(_STARTED):
-                return dataclasses.replace(done, stderr=done.stderr[len(_STARTED) :])
-            failure = self._jail_failure(done, marked)
-            if failure is None or "Can't chdir" in failure:
-                return done
-            # The host's mount table changed while bwrap copied it (containers starting or
-            # stopping under /var), or the kernel was short of something: the command never
-            # ran, so running it again is safe.
-            log.debug("sandbox %s: bwrap failed (attempt %d): %s", self.id, attempt, failure)
-            await anyio.sleep(0.02 * attempt)
-        raise SandboxError(
-            f"bubblewrap could not set up the jail of sandbox {self.id}: {failure}",
-            retryable=True,
-        )
-
-    def _jail_failure(self, done: Completed, marked: bool) -> str | None:
-        """bwrap's error when it failed before starting the command, else ``None``."""
-        if not self.isolated or done.timed_out or done.returncode == 0:
-            return None
-        # A marked command always writes the marker first, so a missing marker means the
-        # command never ran. Unmarked commands are our own (cat, tar), which never print this.
-        if marked or done.stderr.startswith(b"bwrap: "):
-            return _tail(done.stderr)
-        return None
-
-    async def _run_once(
-        self,
-        argv: list[str],
-        *,
-        env: Mapping[str, str],
-        timeout: float | None,
-        stdin: bytes | Path | None,
-        max_output_bytes: int | None,
-        stdout_path: Path | None,
-    ) -> Completed:
-        dirs = self._ensure_usable()
+        dirs, init = self._ensure_usable()
         remaining = self._deadline - time.monotonic()
         lifetime_bound = timeout is None or timeout >= remaining
         try:
-            done = await run_process(
+            done = await run_command(
+                init,
                 argv,
+                cwd=self._seen(cwd),
                 env=env,
-                cwd=None if self.isolated else dirs.work,
                 stdin=stdin,
                 timeout=remaining if lifetime_bound else timeout,
                 max_output_bytes=max_output_bytes,
                 stdout_path=stdout_path,
-                groups=self._groups,
-                kill_group_on_exit=not self.isolated,
             )
-        except OSError as exc:
-            if not dirs.exists():
-                raise SandboxDeadError(f"sandbox {self.id} is gone: {exc}") from exc
-            if isinstance(exc, FileNotFoundError):
-                raise BackendUnavailableError(f"cannot run {argv[0]!r}: {exc}") from exc
+        except InitDied as exc:
+            raise SandboxDeadError(f"sandbox {self.id} is dead: its init exited") from exc
+        except SpawnFailed as exc:
             raise SandboxError(f"cannot start a process: {exc}", retryable=True) from exc
         if self._closed:
             raise SandboxDeadError(f"sandbox {self.id} was closed while a command was running")
@@ -480,12 +491,12 @@ class LocalSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
     ) -> ExecResult:
-        """Run ``bash -c cmd`` in a fresh jail and wait for it.
+        """Run ``bash -c cmd`` in the sandbox's jail and wait for it.
 
         Args:
             cmd: a shell command line, or an argv list (quoted for the shell).
             timeout: wall-clock limit in seconds (``None``: only the sandbox lifetime). At the
-                limit every process of the command is killed; the result has
+                limit the command's process tree is killed; the result has
                 ``timed_out=True``, ``exit_code=124`` and the output printed until then.
             cwd: working directory in the sandbox, relative ones from ``spec.workdir`` (the
                 default). One that does not exist gives exit status 1 and a message on stderr.
@@ -495,24 +506,19 @@ class LocalSandbox(Sandbox):
         Returns:
             The ``ExecResult``. Each of stdout and stderr keeps its first
             ``LocalOptions.max_output_bytes`` bytes, then a truncation note (``truncated``).
-            A command killed by signal N exits with ``128 + N``.
+            A command killed by signal N exits with ``128 + N``. Output written by background
+            processes after the command exits is not collected.
 
         Raises:
-            SandboxDeadError: the sandbox is closed, was removed, or reached its lifetime.
-            SandboxError: no process could be started (``retryable``), or bubblewrap failed to
-                build the jail three times in a row.
+            SandboxDeadError: the sandbox is closed, its init died, its directory was removed,
+                or it reached its lifetime.
+            SandboxError: no process could be started (``retryable``).
         """
         self._ensure_usable()
-        workdir = self.spec.workdir
-        target = self.resolve_path(cwd) if cwd is not None else workdir
-        cd = ""
-        if not self.isolated and target != workdir:
-            # No bwrap --chdir here; fail like it does when the directory is missing.
-            cd = f"cd -- {shlex.quote(self._seen(target))} || exit 1; "
-        script = _STARTED_CMD + self._prelude + cd + as_shell(cmd)
+        target = self.resolve_path(cwd) if cwd is not None else self.spec.workdir
         done = await self._run(
-            self._argv(["bash", "-c", script], target),
-            marked=True,
+            ["bash", "-c", as_shell(cmd)],
+            cwd=target,
             env={**self._env, **env} if env else self._env,
             timeout=timeout,
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
@@ -528,31 +534,23 @@ class LocalSandbox(Sandbox):
         )
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
-        """A session whose ``bash`` runs in its own long-lived jail (see ``LocalChannel``).
+        """A session whose ``bash`` the init spawns in the sandbox's jail (see ``LocalChannel``).
 
-        The shell's jail is built like an ``exec``'s, so it shares the workdir, ``/tmp`` and
-        ``$HOME``; its PID namespace holds the session's processes, so background jobs live
-        until the session (or the sandbox) closes. With ``isolation="none"`` the shell is a
-        host process whose process group is killed on close.
+        The shell shares the jail's files and processes with ``exec``; closing the session kills
+        its process tree, closing the sandbox kills everything.
         """
         from sandlot.runtimes.channel_session import ChannelSession
-        from sandlot.runtimes.local_channel import LocalChannel
+        from sandlot.sandboxes.local.channel import LocalChannel
 
         cwd = self.resolve_path(config.cwd) if config.cwd is not None else self.spec.workdir
 
         async def open_channel() -> LocalChannel:
-            dirs = self._ensure_usable()
+            _, init = self._ensure_usable()
             try:
-                return await LocalChannel.start(
-                    self._argv(["bash", "--noprofile", "--norc"], cwd),
-                    env=self._env,
-                    cwd=None if self.isolated else self._seen(cwd),
-                    prelude=self._prelude,
-                    groups=self._groups,
-                )
-            except OSError as exc:
-                if not dirs.exists():
-                    raise SandboxDeadError(f"sandbox {self.id} is gone: {exc}") from exc
+                return await LocalChannel.start(init, cwd=self._seen(cwd), env=self._env)
+            except InitDied as exc:
+                raise SandboxDeadError(f"sandbox {self.id} is dead: its init exited") from exc
+            except SpawnFailed as exc:
                 raise SandboxError(f"cannot start a shell: {exc}", retryable=True) from exc
 
         return ChannelSession(name, config, open_channel, self.is_alive)
@@ -568,8 +566,8 @@ class LocalSandbox(Sandbox):
         stdout_path: Path | None = None,
     ) -> bytes:
         done = await self._run(
-            self._argv(argv, self.spec.workdir),
-            marked=False,
+            argv,
+            cwd=self.spec.workdir,
             env=self._env,
             timeout=_FILE_OP_TIMEOUT_S,
             stdin=stdin,

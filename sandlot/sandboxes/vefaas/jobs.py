@@ -9,9 +9,10 @@ one round trip); otherwise short polls collect the result, at most ``cap`` bytes
 stream, base64-encoded (the files may hold any bytes); on timeout the job's processes are killed
 and what they printed so far is collected. No request lasts longer than a few seconds.
 
-Every process of a job carries ``SANDLOT_EXEC_ID=<id>`` in its environment, which is how the
-job's leftover background processes are found and killed (see
-:mod:`sandlot.sandboxes.remote_shell`). A repeated launch (an HTTP retry) is a no-op: the job
+Every process of a job carries ``SANDLOT_EXEC_ID=<id>`` in its environment, which is how a
+timed-out job's processes are found and killed (see :mod:`sandlot.sandboxes.remote_shell`).
+Background processes a finished job left (they hold only its files) live on until the sandbox
+closes, as with ``docker exec``. A repeated launch (an HTTP retry) is a no-op: the job
 directory is created with ``mkdir``, which fails the second time.
 """
 
@@ -21,14 +22,12 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sandlot.sandboxes.remote_shell import EXEC_MARKER_ENV, SCAN_FUNCTIONS
+from sandlot.sandboxes.remote_shell import EXEC_MARKER_ENV
 
 JOBS_DIR = "/tmp/sandlot-jobs"
 
 # Runs detached. $1 = job dir, $2 = cwd, $3 = command line, then NAME=VALUE pairs for `env`.
-_RUN = (
-    SCAN_FUNCTIONS
-    + """
+_RUN = """
 d=$1; cwd=$2; cmd=$3; shift 3
 in=/dev/null; [ -e "$d.stdin" ] && in="$d.stdin"
 (
@@ -37,15 +36,12 @@ in=/dev/null; [ -e "$d.stdin" ] && in="$d.stdin"
   else exec env "$@" sh -c "$cmd"; fi
 ) <"$in" >"$d/out" 2>"$d/err"
 rc=$?
-m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"
-kill_all
 echo "$rc" >"$d/rc.tmp" && mv "$d/rc.tmp" "$d/rc"
 """
-)
 
 # $0 = the poll script, $1 = _RUN, $2 = SANDLOT_EXEC_ID=<id>, $3 = job dir, $4 = bytes kept per
-# stream, then _RUN's arguments after the job dir. Starts the job (only it carries the marker:
-# its cleanup kills every marked process), waits up to 50 ms for it (most commands of an agent
+# stream, then _RUN's arguments after the job dir. Starts the job (only it carries the marker,
+# by which a timeout kills its processes), waits up to 50 ms for it (most commands of an agent
 # are that quick), then answers like a poll. A repeated launch only polls.
 _LAUNCH = """
 poll=$0; run=$1; marker=$2; d=$3; cap=$4; shift 4

@@ -1,0 +1,326 @@
+"""The host side of a sandbox's init (:mod:`sandlot.sandboxes.local.init`).
+
+:class:`InitProcess` starts the init (inside ``bwrap`` or directly), and asks it over a
+``SOCK_SEQPACKET`` socket pair to spawn commands whose standard streams are file descriptors we
+hand over (``SCM_RIGHTS``): the command's output flows straight into our pipes, never through
+the init. The wire format is described in the init's module docstring.
+
+Only one task reads the socket at a time (anyio allows one waiter per socket); whichever task
+holds :attr:`InitProcess._reading` dispatches every message it reads to the command it names,
+so concurrent commands of one sandbox wait for each other's messages at no extra cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+# The init's source without its docstring: it is the init's command line, seen in /proc.
+_INIT_SOURCE = (Path(__file__).parent / "init.py").read_text().partition('"""\n\n')[2]
+_READY_BUDGET_S = 30.0
+_REAP_BUDGET_S = 5.0
+# Without a jail, how long the init may take to kill the sandbox's processes before it is killed.
+_KILL_GRACE_S = 2.0
+_MAX_PACKET = 64 * 1024
+
+
+def _spawn(
+    argv: list[str], env: Mapping[str, str], cwd: str | Path | None, fd: int, log_path: Path
+) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=dict(env),
+            cwd=cwd,
+            pass_fds=(fd,),
+            start_new_session=True,
+        )
+
+
+class InitDied(Exception):
+    """The init is gone: the sandbox's processes are all dead."""
+
+
+class SpawnFailed(Exception):
+    """The init could not fork the command (e.g. the sandbox's process cap is reached)."""
+
+
+@dataclass
+class _Command:
+    started: anyio.Event = field(default_factory=anyio.Event)
+    ended: anyio.Event = field(default_factory=anyio.Event)
+    pid: int | None = None
+    status: int | None = None
+    duration_s: float = 0.0
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Exited:
+    """How a command ended: ``status`` (``128 + N`` for signal N) after ``duration_s`` seconds."""
+
+    status: int
+    duration_s: float
+
+
+class InitProcess:
+    """One running init and the commands it runs. Use :meth:`start`.
+
+    Args:
+        process: the init's host process (``bwrap``, or the init itself without a jail).
+        sock: our end of the socket pair, non-blocking.
+        prefix: command ids are ``prefix.N``; also how the init finds the sandbox's processes
+            without a PID namespace.
+    """
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], sock: socket.socket, prefix: str, jailed: bool
+    ) -> None:
+        self.process = process
+        self._jailed = jailed
+        self._sock = sock
+        self._prefix = prefix
+        self._ids = itertools.count(1)
+        self._commands: dict[str, _Command] = {}
+        self._reading = anyio.Lock()
+        self._dead = False
+
+    @classmethod
+    async def start(
+        cls,
+        jail: Sequence[str],
+        python: str,
+        *,
+        env: Mapping[str, str],
+        cwd: str | Path | None,
+        limits: str,
+        cgroup_procs: Sequence[str],
+        prefix: str,
+        log_path: Path,
+    ) -> InitProcess:
+        """Spawn ``[*jail, python, -I, -S, -c, SOURCE, ...]`` and wait until the init is ready.
+
+        Args:
+            jail: the bwrap command line up to ``--`` (empty: no jail).
+            python: the interpreter that runs the init, as seen inside the jail.
+            env: the init's environment (commands get their own with each request).
+            cwd: host working directory of the process (``None`` when bwrap sets it).
+            limits: ``LIMITS`` of the init's protocol.
+            cgroup_procs: ``cgroup.procs`` files (as the init sees them) to join.
+            prefix: see the class.
+            log_path: host file receiving the init's and bwrap's stderr.
+
+        Raises:
+            InitDied: the init (or bwrap) exited before it was ready; the message holds its
+                stderr.
+            OSError: the process could not be spawned.
+        """
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [*jail, python, "-I", "-S", "-c", _INIT_SOURCE]
+        argv += [str(theirs.fileno()), limits, ",".join(cgroup_procs) or "-"]
+        try:
+            # Spawned directly (a fork+exec, ~1 ms): no thread hop, no asyncio child watcher.
+            process = _spawn(argv, env, cwd, theirs.fileno(), log_path)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        init = cls(process, ours, prefix, jailed=bool(jail))
+        try:
+            with anyio.fail_after(_READY_BUDGET_S):
+                message = await init._receive()
+            if message != [b"R"]:
+                raise InitDied(f"unexpected first message {message!r}")
+        except BaseException as exc:
+            await init.kill()
+            if isinstance(exc, (InitDied, TimeoutError)):
+                detail = (await anyio.Path(log_path).read_bytes()).decode("utf-8", "replace")
+                detail = detail.strip()[-2000:]
+                raise InitDied(detail or f"the init did not start: {exc!r}") from exc
+            raise
+        return init
+
+    @property
+    def alive(self) -> bool:
+        """``True`` until the init's connection broke or its process exited."""
+        if self._dead or self.process.poll() is not None:
+            return False
+        try:  # the init's end of the socket closes when it exits, before bwrap is reaped
+            if self._sock.recv(1, socket.MSG_PEEK) == b"":
+                self._dead = True
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._dead = True
+        return not self._dead
+
+    async def _receive(self) -> list[bytes]:
+        while True:
+            try:
+                data = self._sock.recv(_MAX_PACKET)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._dead = True
+                raise InitDied("the sandbox's init exited")
+            return data.split(b"\0")
+
+    def _dispatch(self, fields: list[bytes]) -> None:
+        command = self._commands.get(fields[1].decode()) if len(fields) > 1 else None
+        if command is None:
+            return
+        kind = fields[0]
+        if kind == b"P":
+            command.pid = int(fields[2])
+            command.started.set()
+        elif kind == b"X":
+            command.status = int(fields[2])
+            command.duration_s = int(fields[3]) / 1e9
+            command.started.set()
+            command.ended.set()
+        elif kind == b"F":
+            command.failure = fields[2].decode("utf-8", "replace")
+            command.started.set()
+            command.ended.set()
+
+    async def _until(self, event: anyio.Event) -> None:
+        """Read and dispatch messages until ``event`` is set.
+
+        Raises:
+            InitDied: the init is gone.
+        """
+        while not event.is_set():
+            if self._dead:
+                raise InitDied("the sandbox's init exited")
+            async with self._reading:
+                if event.is_set():
+                    return
+                try:
+                    self._dispatch(await self._receive())
+                except InitDied:
+                    for command in self._commands.values():
+                        command.started.set()
+                        command.ended.set()
+                    raise
+
+    async def _send(self, fields: Sequence[bytes], fds: Sequence[int] = ()) -> None:
+        message = b"\0".join(fields)
+        while True:
+            if self._dead:
+                raise InitDied("the sandbox's init exited")
+            try:
+                if fds:
+                    socket.send_fds(self._sock, [message], list(fds))
+                else:
+                    self._sock.send(message)
+                return
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
+            except OSError as exc:
+                self._dead = True
+                raise InitDied(f"the sandbox's init is gone: {exc}") from exc
+
+    async def spawn(
+        self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], fds: Sequence[int]
+    ) -> str:
+        """Ask the init to run ``argv`` with standard streams ``fds`` (stdin, stdout, stderr).
+
+        The descriptors are duplicated into the command; the caller still owns (and closes) its
+        copies. Returns the command's id once it runs.
+
+        Raises:
+            InitDied: the init is gone.
+            SpawnFailed: the init could not fork.
+        """
+        command_id = f"{self._prefix}.{next(self._ids)}"
+        command = self._commands[command_id] = _Command()
+        fields = [b"S", command_id.encode(), os.fsencode(cwd), str(len(argv)).encode()]
+        fields += [os.fsencode(a) for a in argv]
+        fields += [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+        try:
+            await self._send(fields, fds)
+            await self._until(command.started)
+        except BaseException:
+            self._commands.pop(command_id, None)
+            raise
+        if command.failure is not None:
+            self._commands.pop(command_id, None)
+            raise SpawnFailed(command.failure)
+        return command_id
+
+    def pid(self, command_id: str) -> int | None:
+        """The pid (as the sandbox sees it) of a running command."""
+        command = self._commands.get(command_id)
+        return command.pid if command else None
+
+    async def wait(self, command_id: str) -> Exited:
+        """Wait for the command to end and forget it.
+
+        Raises:
+            InitDied: the init is gone (the command with it).
+        """
+        command = self._commands[command_id]
+        try:
+            await self._until(command.ended)
+        finally:
+            if command.ended.is_set():
+                self._commands.pop(command_id, None)
+        if command.status is None:
+            raise InitDied("the sandbox's init exited")
+        return Exited(command.status, command.duration_s)
+
+    async def kill_tree(self, command_id: str, sig: int) -> None:
+        """Send ``sig`` to everything the command started (group, session, descendants, and
+        processes still carrying its id). Never raises."""
+        with contextlib.suppress(InitDied):
+            await self._send([b"K", command_id.encode(), str(sig).encode()])
+
+    async def signal(self, pid: int, sig: int, newer_than: int = -1) -> None:
+        """Send ``sig`` to sandbox process ``pid`` (``newer_than`` < 0), or to the processes of
+        its tree with a pid above ``newer_than``. Never raises."""
+        with contextlib.suppress(InitDied):
+            await self._send([b"T", str(pid).encode(), str(sig).encode(), str(newer_than).encode()])
+
+    async def kill(self) -> None:
+        """Kill the init and every process of the sandbox, and reap the host process.
+
+        Under bwrap, killing ``bwrap`` kills the init (``--die-with-parent``), and the kernel
+        kills the rest of a PID namespace whose PID 1 died. Without a jail the init is asked to
+        kill the sandbox's processes first. Never raises.
+        """
+        with anyio.CancelScope(shield=True):
+            if not self._jailed and not self._dead and self.process.poll() is None:
+                with contextlib.suppress(InitDied):
+                    await self._send([b"A", self._prefix.encode() + b"."])
+                    await self._reaped(_KILL_GRACE_S)
+            self._dead = True
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, 9)
+            self._sock.close()
+            await self._reaped(_REAP_BUDGET_S)
+        for command in self._commands.values():
+            command.started.set()
+            command.ended.set()
+
+    async def _reaped(self, within_s: float) -> None:
+        """Poll (no child watcher involved) until the host process has been reaped."""
+        deadline = time.monotonic() + within_s
+        while self.process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # a SIGKILLed process: reaped within a tick or two
