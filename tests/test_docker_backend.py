@@ -8,12 +8,10 @@ Without the docker SDK, an engine or the test image these tests skip with instru
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import socket
 import subprocess
 import sys
-import tarfile
 import time
 import tracemalloc
 import uuid
@@ -29,7 +27,6 @@ from requirements import DOCKER, TEST_IMAGE, docker_engine, need_module
 import sandlot
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
-from sandlot.sandboxes.docker.archive import extract_as
 from sandlot.sandboxes.docker.stream import pump
 from sandlot.sandboxes.errors import (
     BackendUnavailableError,
@@ -137,54 +134,6 @@ async def test_unreachable_engine_names_docker_host(
     assert err.retryable
     assert "DOCKER_HOST" in str(err) and "container-engine.sh" in str(err)
     assert sandbox.closed
-
-
-def _tar(*members: tuple[tarfile.TarInfo, bytes]) -> tarfile.TarFile:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for info, data in members:
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    buf.seek(0)
-    return tarfile.open(fileobj=buf, mode="r:")
-
-
-def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.mode = kind, link, 0o644
-    return info
-
-
-@pytest.mark.parametrize(
-    "members",
-    [
-        [(_member("top/../../escape"), b"x")],
-        [(_member("/etc/escape"), b"x")],
-        [(_member("other/file"), b"x")],
-        [
-            (_member("top", tarfile.DIRTYPE), b""),
-            (_member("top/l", tarfile.SYMTYPE, "/"), b""),
-            (_member("top/l/escape"), b"x"),
-        ],
-        [(_member("top", tarfile.DIRTYPE), b""), (_member("top/h", tarfile.LNKTYPE, "../x"), b"")],
-    ],
-    ids=["dotdot", "absolute", "outside-top", "through-symlink", "hardlink-out"],
-)
-def test_download_rejects_unsafe_archives(tmp_path: Path, members: list[Any]) -> None:
-    with pytest.raises(SandboxFileError, match="refusing"):
-        extract_as(_tar(*members), "top", tmp_path / "dest")
-    assert not (tmp_path / "escape").exists() and not Path("/escape").exists()
-
-
-def test_download_keeps_absolute_symlinks_and_renames_top(tmp_path: Path) -> None:
-    tar = _tar(
-        (_member("top", tarfile.DIRTYPE), b""),
-        (_member("top/py", tarfile.SYMTYPE, "/usr/bin/python3"), b""),
-        (_member("top/a"), b"A"),
-    )
-    extract_as(tar, "top", tmp_path / "renamed")
-    assert os.readlink(tmp_path / "renamed" / "py") == "/usr/bin/python3"
-    assert (tmp_path / "renamed" / "a").read_bytes() == b"A"
 
 
 @pytest.mark.anyio

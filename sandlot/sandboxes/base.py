@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING, ClassVar
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from sandlot.sandboxes.archive import (
+    DEFAULT_DOWNLOAD_MAX_BYTES,
+    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    DEFAULT_READ_MAX_BYTES,
+    DownloadReport,
+)
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.errors import (
     SandboxDeadError,
@@ -364,10 +370,17 @@ class Sandbox(abc.ABC):
     # ----------------------------------------------------------------- files
 
     @abc.abstractmethod
-    async def read_file(self, path: str) -> bytes:
-        """Return the exact bytes of the file at absolute ``path`` inside the sandbox.
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
+        """Return the exact bytes of the file at ``path`` inside the sandbox.
+
+        Args:
+            path: the file; relative paths start at ``spec.workdir``. Symlinks are followed
+                inside the sandbox.
+            max_bytes: cap in bytes (default 64 MiB): a larger file is an error, not a read
+                that exhausts the caller's memory (a 1 GiB sparse file is 4 KB on disk).
 
         Raises:
+            DownloadLimitError: (a ``SandboxFileError``) the file is larger than ``max_bytes``.
             SandboxFileError: the file does not exist or cannot be read.
             SandboxDeadError: the sandbox is closed or died.
         """
@@ -393,11 +406,38 @@ class Sandbox(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
-        """Copy a file or directory tree from the sandbox to ``local_path`` on the host.
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
+        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    ) -> DownloadReport:
+        """Copy a file or directory tree from the sandbox so that it becomes ``local_path``.
+
+        The same on every backend (see :mod:`sandlot.sandboxes.archive`): a symlink at
+        ``remote_path`` itself is resolved inside the sandbox; inside the tree, relative links
+        that stay inside it are kept as links, other links (absolute, or climbing out) and
+        special files are skipped and listed in the report; nothing is ever written through a
+        symlink on the host, and an existing link at a member's place is replaced. Modes are
+        kept (no setuid/setgid), files belong to the calling user.
+
+        Args:
+            remote_path: file or directory in the sandbox (relative: to ``spec.workdir``).
+            local_path: host path that becomes it; missing parents are created.
+            max_bytes: cap in bytes on all file contents (default 1 GiB).
+            max_file_bytes: cap in bytes on one file (default 256 MiB).
+
+        Returns:
+            A :class:`~sandlot.sandboxes.archive.DownloadReport` (files, bytes, skipped).
 
         Raises:
+            DownloadLimitError: a file or the tree is above its cap; checked from the sizes
+                the sandbox announces before a file is written (files before it stay).
+            UnsafeArchiveError: the sandbox sent a member that would land outside.
             SandboxFileError: ``remote_path`` does not exist in the sandbox.
+            SandboxDeadError: the sandbox is closed or died.
         """
 
     def __repr__(self) -> str:

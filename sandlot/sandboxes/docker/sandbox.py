@@ -8,9 +8,10 @@ only when a sandbox starts.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import posixpath
-import tarfile
 import tempfile
 import time
 import uuid
@@ -23,9 +24,19 @@ import anyio
 from pydantic import BaseModel
 
 from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.archive import (
+    DEFAULT_DOWNLOAD_MAX_BYTES,
+    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    DEFAULT_READ_MAX_BYTES,
+    DownloadReport,
+    build_archive,
+    check_read_size,
+    extract_archive,
+    file_archive,
+    read_single_file,
+)
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.capped import CappedOutput
-from sandlot.sandboxes.docker.archive import extract_as, file_archive, write_tree_archive
 from sandlot.sandboxes.docker.engine import (
     api_error,
     describe_address,
@@ -59,6 +70,8 @@ T = TypeVar("T")
 _SPOOL_BYTES = 8 * MiB
 # A path that is a symlink to a symlink ... is followed this many times by read_file/download.
 _MAX_LINK_HOPS = 8
+# Go's os.ModeSymlink, in the "mode" of the engine's path stat.
+_MODE_SYMLINK = 1 << 27
 # Beyond the SIGTERM grace, how long the in-container killer may take before we give up.
 _KILL_BUDGET_S = 15.0
 _KILL_ATTEMPTS = 3
@@ -416,19 +429,26 @@ class DockerSandbox(Sandbox):
             raise dead
         return self.resolve_path(path)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
         """Return the bytes of the file at ``path`` (relative: to ``spec.workdir``).
 
-        Symlinks are followed.
+        Symlinks are followed. The size is checked from the engine's stat of the file before
+        anything is transferred.
 
         Raises:
+            DownloadLimitError: the file is larger than ``max_bytes``.
             SandboxFileError: ``path`` is missing, a directory, or not a regular file.
             SandboxDeadError: the container was removed or stopped.
         """
         path = await self._live_path(path)
-        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            await self._file_call("read_file", path, self._fetch_archive, path, spool)
-            return await run_blocking(_single_file, spool, path)
+        return await self._file_call("read_file", path, self._read_blocking, path, max_bytes)
+
+    def _read_blocking(self, path: str, max_bytes: int) -> bytes:
+        path, stat = self._stat(path)
+        if stat.get("isDir"):
+            raise SandboxFileError(f"read_file: is a directory: {path}")
+        check_read_size(path, int(stat.get("size") or 0), max_bytes)
+        return self._stream_archive(path, lambda raw: read_single_file(raw, path, max_bytes))
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` to ``path`` (mode 0644, owner root), creating parent directories.
@@ -457,23 +477,37 @@ class DockerSandbox(Sandbox):
         remote_path = await self._live_path(remote_path)
         parent, name = _split(remote_path)
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            await run_blocking(write_tree_archive, Path(local_path), name, spool)
+            await run_blocking(build_archive, Path(local_path), name, spool)
             spool.seek(0)
             await self._file_call("upload", remote_path, self._put_archive, parent, spool)
 
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
+        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    ) -> DownloadReport:
         """Copy a file or directory tree from the sandbox so that it becomes ``local_path``.
 
-        Modes and symlinks are kept; files belong to the calling user.
-
-        Raises:
-            SandboxFileError: ``remote_path`` is missing, or the archive has unsafe members.
-            SandboxDeadError: the container was removed or stopped.
+        The engine's archive is streamed straight into
+        :func:`sandlot.sandboxes.archive.extract_archive` (never stored whole). Behaviour,
+        arguments and errors as in :meth:`Sandbox.download`.
         """
         remote_path = await self._live_path(remote_path)
-        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            await self._file_call("download", remote_path, self._fetch_archive, remote_path, spool)
-            await run_blocking(_extract_spool, spool, Path(local_path))
+        dest = Path(local_path)
+
+        def fetch() -> DownloadReport:
+            path, _ = self._stat(remote_path)
+            return self._stream_archive(
+                path,
+                lambda raw: extract_archive(
+                    raw, dest, max_bytes=max_bytes, max_file_bytes=max_file_bytes
+                ),
+            )
+
+        return await self._file_call("download", remote_path, fetch)
 
     def _put_archive(self, parent: str, archive: bytes | IO[bytes]) -> None:
         """Unpack ``archive`` into the container directory ``parent``. Blocking."""
@@ -486,27 +520,37 @@ class DockerSandbox(Sandbox):
                 archive.seek(0)
             put_archive(self._client, self._cid, parent, archive)
 
-    def _fetch_archive(self, path: str, spool: IO[bytes]) -> None:
-        """Write the archive of ``path`` to ``spool``, following a symlink at ``path`` itself.
+    def _stat(self, path: str) -> tuple[str, dict[str, Any]]:
+        """``(resolved path, engine stat)`` of ``path``, symlinks followed. Blocking.
 
-        Blocking. Docker answers with the link, Podman with its target; the ``linkTarget`` of
-        the stat header gives the resolved path in both.
+        ``HEAD /containers/{id}/archive`` (Engine API v1.41) answers with the base64 JSON
+        ``X-Docker-Container-Path-Stat`` of the path itself (a link's ``mode`` has Go's
+        ``ModeSymlink`` bit; its ``linkTarget`` is where it leads) on Docker and Podman alike.
         """
+        api = self._client
         for _ in range(_MAX_LINK_HOPS):
-            spool.seek(0)
-            spool.truncate()
-            chunks, stat = self._client.get_archive(self._cid, path)
-            for chunk in chunks:
-                spool.write(chunk)
-            spool.seek(0)
-            with tarfile.open(fileobj=spool, mode="r:") as tar:
-                first = tar.next()
-            spool.seek(0)
+            response = api.head(
+                api._url("/containers/{0}/archive", self._cid), params={"path": path}
+            )
+            api._raise_for_status(response)
+            stat = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
             target = stat.get("linkTarget") or ""
-            if first is None or not first.issym() or target in ("", path):
-                return
+            if not int(stat.get("mode") or 0) & _MODE_SYMLINK or target in ("", path):
+                return path, stat
             path = posixpath.join(posixpath.dirname(path), target)
         raise SandboxFileError(f"too many levels of symbolic links: {path}")
+
+    def _stream_archive(self, path: str, consume: Callable[[IO[bytes]], T]) -> T:
+        """Call ``consume`` on the engine's tar stream of ``path`` (read as it arrives, never
+        stored), then drop the connection. Blocking."""
+        api = self._client
+        url = api._url("/containers/{0}/archive", self._cid)
+        response = api._get(url, params={"path": path}, stream=True)
+        try:
+            api._raise_for_status(response)
+            return consume(response.raw)
+        finally:
+            response.close()
 
 
 def put_archive(api: APIClient, container: str, path: str, data: bytes | IO[bytes]) -> None:
@@ -525,24 +569,3 @@ def _split(path: str) -> tuple[str, str]:
     if path == "/":
         raise SandboxFileError("cannot write to the root directory /")
     return posixpath.split(path)
-
-
-def _single_file(spool: IO[bytes], path: str) -> bytes:
-    with tarfile.open(fileobj=spool, mode="r:") as tar:
-        member = tar.next()
-        if member is None:
-            raise SandboxFileError(f"read_file: empty archive for {path}")
-        if member.isdir():
-            raise SandboxFileError(f"read_file: is a directory: {path}")
-        content = tar.extractfile(member) if member.isreg() else None
-        if content is None:
-            raise SandboxFileError(f"read_file: not a regular file: {path}")
-        return content.read()
-
-
-def _extract_spool(spool: IO[bytes], dest: Path) -> None:
-    with tarfile.open(fileobj=spool, mode="r:") as tar:
-        first = tar.next()
-        if first is None:
-            raise SandboxFileError(f"download: empty archive for {dest}")
-        extract_as(tar, first.name.rstrip("/").split("/")[0], dest)
