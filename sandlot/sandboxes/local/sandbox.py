@@ -73,10 +73,13 @@ _SETUP_ATTEMPTS = 3
 
 _WRITE_SCRIPT = 'mkdir -p -- "$1" && cat >"$2"'
 _UNTAR_SCRIPT = 'mkdir -p -- "$1" && exec tar -x -f - --no-same-owner -C "$1"'
-# $1 = path, $2 = byte cap: a link at the path itself is resolved in the jail (as docker does),
-# and the archive is cut at the cap so a sparse file never fills the host's disk while staged.
+# $1 = path, $2 = archive byte cap, $3 = file byte cap: a link at the path itself is resolved in
+# the jail (as docker does), a file above the file cap stops the download before any transfer,
+# and the archive is cut at its cap so a sparse file never fills the host's disk while staged.
 _TAR_SCRIPT = """
 t=$(readlink -f -- "$1") && [ -e "$t" ] || { echo "no such file or directory: $1" >&2; exit 2; }
+big=$(find "$t" -type f -size +"$3"c -print -quit)
+[ -z "$big" ] || { echo "$big is larger than max_file_bytes=$3" >&2; exit 3; }
 cd -- "$(dirname -- "$t")" || exit
 tar -c -f - -- "$(basename -- "$t")" | head -c "$2"
 s=("${PIPESTATUS[@]}")
@@ -702,7 +705,10 @@ class LocalSandbox(Sandbox):
         cap = max_bytes + ARCHIVE_OVERHEAD_BYTES + 1
         try:
             await self._file_op(
-                ["bash", "-c", _TAR_SCRIPT, "sandlot-download", self._seen(target), str(cap)],
+                [
+                    *("bash", "-c", _TAR_SCRIPT, "sandlot-download", self._seen(target)),
+                    *(str(cap), str(max_file_bytes)),
+                ],
                 f"cannot download {target!r}",
                 stdout_path=archive,
             )

@@ -417,7 +417,9 @@ class ModalSandbox(Sandbox):
         await self._run_checked(
             "download",
             source,
-            remote_shell.tar_create_argv(source, staging, max_bytes + ARCHIVE_OVERHEAD_BYTES + 1),
+            remote_shell.tar_create_argv(
+                source, staging, max_bytes + ARCHIVE_OVERHEAD_BYTES + 1, max_file_bytes
+            ),
         )
         try:
             data = await self._fs("download", source, self._sb.filesystem.read_bytes.aio, staging)

@@ -407,7 +407,9 @@ class VefaasSandbox(Sandbox):
         await self._run_checked(
             "download",
             source,
-            remote_shell.tar_create_argv(source, staging, max_bytes + ARCHIVE_OVERHEAD_BYTES + 1),
+            remote_shell.tar_create_argv(
+                source, staging, max_bytes + ARCHIVE_OVERHEAD_BYTES + 1, max_file_bytes
+            ),
         )
         try:
             data = await self._data(client.read_bytes, staging, timeout=_FILE_TIMEOUT_S)
