@@ -9,77 +9,131 @@ started is killed, including background jobs that would otherwise hold the outpu
 
 Processes are found by an environment marker (``SANDLOT_EXEC_ID=<random>``) that descendants
 inherit even when they leave the process group (``setsid``, daemons), by scanning
-``/proc/*/environ``. The image needs ``/bin/sh``, ``grep``, ``sleep`` and ``/proc``, which every
-image able to run shell commands has.
+``/proc/*/environ``. The killing uses nothing but ``/bin/sh`` builtins (``read``, ``case``,
+``kill``) and ``/proc``: the model may delete ``grep``, ``sleep`` or ``ps`` and the killer still
+works, and it forks nothing, so it also works when a fork bomb has taken every process slot.
+Marked processes are frozen (``SIGSTOP``) until no new one appears, then killed, so a fork
+bomb cannot outgrow the killing.
+
+A process that wiped its environment (``setsid env -i daemon``) carries no marker. Where PID 1
+is the sandbox's own init (``docker``), such *orphans* (unmarked, parent PID 1 or outside the
+container) are escaped daemons and are killed too (``sweep_orphans``); on backends whose
+container runs other services the sweep is off. The ``docker`` init also empties the container
+(every process but itself) on ``SIGUSR1``, which the engine can deliver when even the in-sandbox
+killer cannot run.
 """
 
 from __future__ import annotations
 
 import math
 
-# PID 1. `sleep & wait` keeps the shell in `wait`, which reaps every child it is handed
-# (orphans of exec'd commands are re-parented to PID 1) and returns at once on SIGTERM, so
-# stopping the sandbox is immediate; a bare `sleep infinity` as PID 1 ignores SIGTERM and makes
-# `docker stop` wait for its timeout. When the shell exits the kernel kills everything else in
-# the PID namespace, which is how a lifetime ($0 seconds) is enforced for free.
-INIT_SCRIPT = 'trap "exit 0" TERM; sleep "$0" & wait $!'
+# PID 1 ($0 = lifetime in seconds). `sleep & wait` keeps the shell in `wait`, which reaps every
+# child it is handed (orphans of exec'd commands are re-parented to PID 1) and returns at once on
+# a trapped signal, so stopping the sandbox is immediate; a bare `sleep infinity` as PID 1
+# ignores SIGTERM and makes `docker stop` wait for its timeout. When the shell exits the kernel
+# kills everything else in the PID namespace, which is how the lifetime is enforced for free.
+# SIGUSR1 freezes then kills every other process (only builtins: nothing to fork), keeping the
+# container and its files.
+INIT_SCRIPT = """
+trap "exit 0" TERM
+reset() {
+  i=0
+  while [ "$i" -lt 10 ]; do
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = "$s" ] || kill -s STOP "$p" 2>/dev/null
+    done
+    i=$((i+1))
+  done
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = "$s" ] || kill -s KILL "$p" 2>/dev/null
+  done
+}
+trap reset USR1
+SANDLOT_INIT=1 sleep "$0" & s=$!
+while kill -0 "$s" 2>/dev/null; do wait "$s"; done
+"""
 
 EXEC_MARKER_ENV = "SANDLOT_EXEC_ID"
 """Environment variable carrying a per-exec random marker, inherited by every descendant."""
 
 SCAN_FUNCTIONS = """
+has() {
+  while IFS= read -r l || [ -n "$l" ]; do
+    case $l in *"$2"*) return 0;; esac
+  done 2>/dev/null <"/proc/$1/environ"
+  return 1
+}
+orphan() {
+  has "$1" SANDLOT_EXEC_ID= && return 1
+  has "$1" SANDLOT_INIT= && return 1
+  IFS= read -r st 2>/dev/null <"/proc/$1/stat" || return 1
+  set -- ${st##*) }
+  [ "$1" != Z ] && { [ "$2" = 0 ] || [ "$2" = 1 ]; }
+}
 scan() {
   pids=
-  for f in $(grep -lsF -- "$m" /proc/[0-9]*/environ); do
-    p=${f#/proc/}; p=${p%/environ}
-    [ "$p" != "$$" ] && [ -d "/proc/$p" ] && pids="$pids $p"
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    if [ "$p" = "$$" ] || [ "$p" = 1 ]; then continue; fi
+    if has "$p" "$m" || { [ -n "$orphans" ] && orphan "$p"; }; then pids="$pids $p"; fi
   done
 }
 kill_all() {
   i=0; scan
-  while [ -n "$pids" ] && [ "$i" -lt 50 ]; do
-    for p in $pids; do kill -s KILL -- "-$p" "$p" 2>/dev/null; done
-    i=$((i+1)); scan
+  while [ -n "$pids" ] && [ "$i" -lt 100 ]; do
+    for p in $pids; do kill -s STOP "$p" 2>/dev/null; done
+    prev=$pids; scan
+    if [ "$pids" = "$prev" ]; then
+      for p in $pids; do kill -s KILL -- "-$p" "$p" 2>/dev/null; done
+      scan
+    fi
+    i=$((i+1))
   done
 }
 """
-"""Shell functions for scripts that start with them: ``scan`` sets ``$pids`` to the live
-processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), except the calling
-shell; ``kill_all`` sends SIGKILL to those processes and their process groups until none is left.
+"""Shell functions for scripts that start with them (builtins only, no fork): ``has PID TEXT``
+tells whether the process's environment holds ``TEXT``; ``scan`` sets ``$pids`` to the live
+processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), plus the orphans
+(see the module docstring) when ``$orphans`` is non-empty, except the calling shell and PID 1;
+``kill_all`` freezes them until the set stops growing, then sends SIGKILL to them and their
+process groups, until none is left.
 
-A killed process is a zombie whose environ reads empty, so it stops matching; the grep (or
-command-substitution subshell) that matched itself is gone by the time of the ``-d`` test.
+A killed process is a zombie whose environ reads empty, so it stops matching (``read`` drops the
+NUL separators of ``environ``; the marker is random, so no concatenation forges it by chance).
 """
 
-# Every exec runs under this wrapper ($1 = directory, $2 = command line); the exit status is the
-# command's. The command gets bash when the image has it, else sh, decided in the sandbox by a
-# builtin (no extra round trip). `cd` instead of an API's working directory gives the same error
-# for a missing directory on every engine. Once the command exits, whatever it left running
-# (background jobs, daemons) is killed: those hold the output pipes open, and the exec API would
-# otherwise keep the exec attached until they end.
+# Every exec runs under this wrapper ($1 = directory, $2 = command line, $3 = non-empty to sweep
+# orphans); the exit status is the command's. The command gets bash when the image has it, else
+# sh, decided in the sandbox by a builtin (no extra round trip). `cd` instead of an API's working
+# directory gives the same error for a missing directory on every engine. Once the command
+# exits, whatever it left running (background jobs, daemons) is killed: those hold the output
+# pipes open, and the exec API would otherwise keep the exec attached until they end.
 EXEC_WRAPPER = (
     SCAN_FUNCTIONS
     + """
 cd -- "$1" || exit
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
 rc=$?
-m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"
+m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"; orphans=$3
 kill_all
 exit "$rc"
 """
 )
 
 # Kills every process that carries the marker ($0 = "SANDLOT_EXEC_ID=<marker>") and its process
-# group: SIGTERM, up to $1 ticks of 0.1 s for them to go, then SIGKILL until none is left.
-# Processes spawned while a round runs are caught by the next round.
+# group ($2 non-empty: and the orphans): SIGTERM, up to $1 ticks of 0.1 s for them to go, then
+# freeze and SIGKILL until none is left. Exits 1 when some survived. Without `sleep` (deleted by
+# the model) the ticks only last a scan each.
 KILL_SCRIPT = (
     SCAN_FUNCTIONS
     + """
-m="$0"
+m="$0"; orphans=$2
 scan
 for p in $pids; do kill -s TERM -- "-$p" "$p" 2>/dev/null; done
-i=0; while [ -n "$pids" ] && [ "$i" -lt "$1" ]; do sleep 0.1; i=$((i+1)); scan; done
+i=0
+while [ -n "$pids" ] && [ "$i" -lt "$1" ]; do sleep 0.1 2>/dev/null; i=$((i+1)); scan; done
 kill_all
+[ -z "$pids" ]
 """
 )
 
@@ -89,23 +143,29 @@ def init_argv(lifetime_s: float) -> list[str]:
     return ["/bin/sh", "-c", INIT_SCRIPT, str(max(1, math.ceil(lifetime_s)))]
 
 
-def exec_argv(command: str, cwd: str) -> list[str]:
+def exec_argv(command: str, cwd: str, *, sweep_orphans: bool = False) -> list[str]:
     """argv running the shell line ``command`` in directory ``cwd`` under the wrapper.
 
-    The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment.
+    The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment. ``sweep_orphans``
+    also kills unmarked orphans when the command ends; only for sandboxes whose PID 1 is
+    :data:`INIT_SCRIPT` and that run nothing else.
     """
     # "sandlot" is $0, the name the shell puts in front of its own error messages.
-    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command]
+    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command, "1" if sweep_orphans else ""]
 
 
-def kill_argv(marker: str, grace_s: float) -> list[str]:
-    """argv killing every process of the exec tagged ``marker``: SIGTERM, ``grace_s`` s, SIGKILL."""
+def kill_argv(marker: str, grace_s: float, *, sweep_orphans: bool = False) -> list[str]:
+    """argv killing every process of the exec tagged ``marker``: SIGTERM, ``grace_s`` s, SIGKILL.
+
+    Exits 0 when none is left, 1 when some survived. ``sweep_orphans`` as in :func:`exec_argv`.
+    """
     return [
         "/bin/sh",
         "-c",
         KILL_SCRIPT,
         f"{EXEC_MARKER_ENV}={marker}",
         str(math.ceil(grace_s * 10)),
+        "1" if sweep_orphans else "",
     ]
 
 

@@ -324,7 +324,7 @@ class DockerSandbox(Sandbox):
         self._check_usable()
         began = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        argv = remote_shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir)
+        argv = remote_shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir, sweep_orphans=True)
         handle = _Exec(marker=uuid.uuid4().hex)
         environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: handle.marker}
         out = CappedOutput(self.options.max_output_bytes)
@@ -378,27 +378,62 @@ class DockerSandbox(Sandbox):
         return int(code)
 
     async def _kill(self, handle: _Exec) -> None:
-        argv = remote_shell.kill_argv(handle.marker, self.options.stop_grace_s)
+        """Kill every process of ``handle``'s exec (and escaped orphans), whatever it takes.
+
+        First the in-container killer (shell builtins only, see
+        :mod:`sandlot.sandboxes.remote_shell`); when it cannot run or leaves survivors (no
+        process slot left, ``/bin/sh`` deleted), the engine sends SIGUSR1 to PID 1, which kills
+        every other process of the container; if even that fails the engine kills the container
+        and the sandbox is dead (the next call says why).
+        """
+        argv = remote_shell.kill_argv(handle.marker, self.options.stop_grace_s, sweep_orphans=True)
         with anyio.move_on_after(self.options.stop_grace_s + _KILL_BUDGET_S):
             try:
                 for _ in range(_KILL_ATTEMPTS):
                     # Repeated because a command whose exec was still starting when the first
                     # round scanned /proc can only be found by a later round.
-                    await self._call("kill exec", self._run_quiet, argv)
-                    info = await self._call(
-                        "exec inspect", self._client.exec_inspect, handle.exec_id
-                    )
-                    if not info.get("Running"):
+                    code = await self._call("kill exec", self._run_quiet, argv)
+                    if code == 0 and not await self._exec_running(handle):
                         return
             except SandboxError as exc:
-                log.warning("sandbox %s: could not kill exec %s: %s", self.id, handle.marker, exc)
-                return
-        log.warning("sandbox %s: exec %s may still be running", self.id, handle.marker)
+                log.warning(
+                    "sandbox %s: in-container kill of %s failed: %s", self.id, handle.marker, exc
+                )
+        await self._reset(handle)
 
-    def _run_quiet(self, argv: list[str]) -> None:
-        """Run ``argv`` in the container to completion, ignoring its output. Blocking."""
-        exec_id = self._client.exec_create(self._cid, argv)["Id"]
+    async def _exec_running(self, handle: _Exec) -> bool:
+        info = await self._call("exec inspect", self._client.exec_inspect, handle.exec_id)
+        return bool(info.get("Running"))
+
+    async def _reset(self, handle: _Exec) -> None:
+        """Empty the container through the engine (SIGUSR1 to PID 1); kill it if that fails."""
+        log.warning("sandbox %s: emptying the container to stop exec %s", self.id, handle.marker)
+        with anyio.move_on_after(_KILL_BUDGET_S):
+            try:
+                await self._call("reset", self._client.kill, self._cid, "SIGUSR1")
+                for _ in range(50):
+                    await anyio.sleep(0.1)
+                    if not await self._exec_running(handle):
+                        return
+            except SandboxError as exc:
+                log.warning("sandbox %s: reset failed: %s", self.id, exc)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_KILL_BUDGET_S):
+            try:
+                await run_blocking(self._client.kill, self._cid)
+            except Exception as exc:
+                log.warning("sandbox %s: killing container failed: %s", self.id, exc)
+        self._dead = "was killed: a timed-out command could not be stopped inside it"
+
+    def _run_quiet(self, argv: list[str]) -> int:
+        """Run ``argv`` in the container to completion, ignoring its output; its exit code.
+
+        Blocking. The exec carries a marker of its own, so it is never taken for an orphan.
+        """
+        marker = {remote_shell.EXEC_MARKER_ENV: f"internal-{uuid.uuid4().hex}"}
+        exec_id = self._client.exec_create(self._cid, argv, environment=marker)["Id"]
         self._client.exec_start(exec_id)
+        code = self._client.exec_inspect(exec_id).get("ExitCode")
+        return -1 if code is None else int(code)
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         """A session whose ``bash`` is an attached exec (``DockerChannel``); needs bash."""
