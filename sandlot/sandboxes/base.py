@@ -87,6 +87,11 @@ class Sandbox(abc.ABC):
     """``True`` for backends whose commands run on this machine (``local``): the image
     ``"host"`` means this machine's root, and environment recipes become cached virtualenvs
     here. ``False`` for container backends: the image is the environment."""
+    enforces_disk_mb: ClassVar[bool] = False
+    """Whether the backend keeps ``spec.disk_mb``; ``start`` refuses a budget it cannot keep."""
+    network_modes: ClassVar[tuple[bool | str, ...]] = (False, True)
+    """The values of ``spec.network`` the backend enforces; ``start`` refuses the others (a
+    backend that cannot keep ``"internet"`` away from the host must not run it as ``True``)."""
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         spec = spec or SandboxSpec()
@@ -119,8 +124,10 @@ class Sandbox(abc.ABC):
 
         Raises:
             SandboxStartError: the backend could not create the sandbox (also when the start
-                budget ran out; ``retryable`` then says whether a later start may succeed), or
-                the image ``"host"`` was given to a container backend.
+                budget ran out; ``retryable`` then says whether a later start may succeed), the
+                image ``"host"`` was given to a container backend, or ``spec.network`` /
+                ``spec.disk_mb`` ask for what the backend cannot enforce (``network_modes``,
+                ``enforces_disk_mb``).
             SandboxSetupError: an environment step or ``post_setup_cmd`` failed; carries the
                 command and its output tail.
             EnvironmentBuildError: (``local``) the recipe's environment could not be built.
@@ -130,6 +137,19 @@ class Sandbox(abc.ABC):
             raise SandboxDeadError(f"sandbox {self.id} was closed; open a new one")
         if self._started:
             return
+        if self.spec.network not in self.network_modes:
+            raise SandboxStartError(
+                f"the {self.name} backend cannot enforce network={self.spec.network!r} "
+                "(outbound only: no host, no private address ranges); use network=True, which "
+                "also reaches the host, or network=False",
+                retryable=False,
+            )
+        if self.spec.disk_mb is not None and not self.enforces_disk_mb:
+            raise SandboxStartError(
+                f"the {self.name} backend cannot enforce disk_mb={self.spec.disk_mb}; "
+                "leave disk_mb unset (None) for it",
+                retryable=False,
+            )
         if self.spec.image == "host" and not self.on_host:
             raise SandboxStartError(
                 f"image 'host' means this machine's root, which only the local backend runs; "

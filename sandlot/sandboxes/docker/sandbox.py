@@ -75,6 +75,10 @@ _MODE_SYMLINK = 1 << 27
 # Beyond the SIGTERM grace, how long the in-container killer may take before we give up.
 _KILL_BUDGET_S = 15.0
 _KILL_ATTEMPTS = 3
+# How Docker and Podman refuse storage_opt size on a driver that cannot enforce it ("--storage-opt
+# is supported only for overlay over xfs with 'pquota' mount option", "... does not support
+# storage options", quota errors).
+_DISK_QUOTA_ERRORS = ("storage-opt", "storage opt", "storage option", "quota")
 # Pull errors that another attempt cannot fix.
 _PERMANENT_PULL_ERRORS = ("not found", "unknown", "unauthorized", "denied", "no such", "invalid")
 
@@ -117,6 +121,7 @@ class DockerSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "docker"
+    enforces_disk_mb: ClassVar[bool] = True
     Options: ClassVar[type[DockerOptions]] = DockerOptions
     options: DockerOptions
 
@@ -244,8 +249,29 @@ class DockerSandbox(Sandbox):
             memswap_limit=memory,  # equal to mem_limit: no swap on top of the limit
             nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
             pids_limit=opts.pids_limit,
+            storage_opt={"size": f"{spec.disk_mb}m"} if spec.disk_mb else None,
         )
-        created = api.create_container(
+        try:
+            created = self._create_container(host_config)
+        except sdk().errors.APIError as exc:
+            if spec.disk_mb and any(
+                e in str(exc.explanation or exc).lower() for e in _DISK_QUOTA_ERRORS
+            ):
+                raise SandboxStartError(
+                    f"disk_mb={spec.disk_mb} needs a storage driver that enforces a size per "
+                    "container (Docker: overlay2 on xfs mounted with pquota, btrfs, zfs, "
+                    "devicemapper; Podman: overlay on xfs with pquota), and the engine at "
+                    f"{describe_address(opts.base_url)} said: {exc.explanation}; "
+                    "use disk_mb=None there",
+                    retryable=False,
+                ) from exc
+            raise
+        # Recorded here, in the worker thread: a cancelled start still removes the container.
+        self._container_id = created["Id"]
+
+    def _create_container(self, host_config: dict[str, Any]) -> dict[str, Any]:
+        spec, api = self.spec, self._client
+        created: dict[str, Any] = api.create_container(
             spec.image,
             entrypoint=remote_shell.init_argv(spec.timeout_s),
             name=self.id,
@@ -255,8 +281,7 @@ class DockerSandbox(Sandbox):
             host_config=host_config,
             detach=True,
         )
-        # Recorded here, in the worker thread: a cancelled start still removes the container.
-        self._container_id = created["Id"]
+        return created
 
     def _pull(self) -> None:
         image, policy = self.spec.image, self.options.pull

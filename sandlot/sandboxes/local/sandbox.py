@@ -267,7 +267,7 @@ class LocalSandbox(Sandbox):
                 rootfs=rootfs,
                 workdir=spec.workdir,
                 dirs=dirs,
-                network=spec.network,
+                network=spec.network is True,  # "internet" is refused by start()
                 hidden=hidden,
                 sandboxes_dir=parent,
                 cgroup_procs=self._cgroup.procs_file if self._cgroup else None,
