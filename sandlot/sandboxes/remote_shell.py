@@ -58,36 +58,36 @@ EXEC_MARKER_ENV = "SANDLOT_EXEC_ID"
 
 SCAN_FUNCTIONS = """
 has() {
-  while IFS= read -r l || [ -n "$l" ]; do
-    case $l in *"$2"*) return 0;; esac
+  while IFS= read -r _sl || [ -n "$_sl" ]; do
+    case $_sl in *"$2"*) return 0;; esac
   done 2>/dev/null <"/proc/$1/environ"
   return 1
 }
 orphan() {
   has "$1" SANDLOT_EXEC_ID= && return 1
   has "$1" SANDLOT_INIT= && return 1
-  IFS= read -r st 2>/dev/null <"/proc/$1/stat" || return 1
-  set -- ${st##*) }
+  IFS= read -r _st 2>/dev/null <"/proc/$1/stat" || return 1
+  set -- ${_st##*) }
   [ "$1" != Z ] && { [ "$2" = 0 ] || [ "$2" = 1 ]; }
 }
 scan() {
   pids=
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    if [ "$p" = "$$" ] || [ "$p" = 1 ]; then continue; fi
-    if has "$p" "$m" || { [ -n "$orphans" ] && orphan "$p"; }; then pids="$pids $p"; fi
+  for _sd in /proc/[0-9]*; do
+    _sp=${_sd#/proc/}
+    if [ "$_sp" = "$$" ] || [ "$_sp" = 1 ]; then continue; fi
+    if has "$_sp" "$m" || { [ -n "$orphans" ] && orphan "$_sp"; }; then pids="$pids $_sp"; fi
   done
 }
 kill_all() {
-  i=0; scan
-  while [ -n "$pids" ] && [ "$i" -lt 100 ]; do
-    for p in $pids; do kill -s STOP "$p" 2>/dev/null; done
-    prev=$pids; scan
-    if [ "$pids" = "$prev" ]; then
-      for p in $pids; do kill -s KILL -- "-$p" "$p" 2>/dev/null; done
+  _si=0; scan
+  while [ -n "$pids" ] && [ "$_si" -lt 100 ]; do
+    for _sp in $pids; do kill -s STOP "$_sp" 2>/dev/null; done
+    _sprev=$pids; scan
+    if [ "$pids" = "$_sprev" ]; then
+      for _sp in $pids; do kill -s KILL -- "-$_sp" "$_sp" 2>/dev/null; done
       scan
     fi
-    i=$((i+1))
+    _si=$((_si+1))
   done
 }
 """
@@ -96,7 +96,7 @@ tells whether the process's environment holds ``TEXT``; ``scan`` sets ``$pids`` 
 processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), plus the orphans
 (see the module docstring) when ``$orphans`` is non-empty, except the calling shell and PID 1;
 ``kill_all`` freezes them until the set stops growing, then sends SIGKILL to them and their
-process groups, until none is left.
+process groups, until none is left. Their own variables start with ``_s``.
 
 A killed process is a zombie whose environ reads empty, so it stops matching (``read`` drops the
 NUL separators of ``environ``; the marker is random, so no concatenation forges it by chance).
