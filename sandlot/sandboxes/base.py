@@ -137,19 +137,6 @@ class Sandbox(abc.ABC):
             raise SandboxDeadError(f"sandbox {self.id} was closed; open a new one")
         if self._started:
             return
-        if self.spec.network not in self.network_modes:
-            raise SandboxStartError(
-                f"the {self.name} backend cannot enforce network={self.spec.network!r} "
-                "(outbound only: no host, no private address ranges); use network=True, which "
-                "also reaches the host, or network=False",
-                retryable=False,
-            )
-        if self.spec.disk_mb is not None and not self.enforces_disk_mb:
-            raise SandboxStartError(
-                f"the {self.name} backend cannot enforce disk_mb={self.spec.disk_mb}; "
-                "leave disk_mb unset (None) for it",
-                retryable=False,
-            )
         if self.spec.image == "host" and not self.on_host:
             raise SandboxStartError(
                 f"image 'host' means this machine's root, which only the local backend runs; "
@@ -165,6 +152,19 @@ class Sandbox(abc.ABC):
         else:
             run_id()
         try:
+            if self.spec.network not in self.network_modes:
+                raise SandboxStartError(
+                    f"the {self.name} backend cannot enforce network={self.spec.network!r} "
+                    "(outbound only: no host, no private address ranges); use network=True, which "
+                    "also reaches the host, or network=False",
+                    retryable=False,
+                )
+            if self.spec.disk_mb is not None and not self.enforces_disk_mb:
+                raise SandboxStartError(
+                    f"the {self.name} backend cannot enforce disk_mb={self.spec.disk_mb}; "
+                    "leave disk_mb unset (None) for it",
+                    retryable=False,
+                )
             await self._start_limited(self.spec.start_limits or StartLimits.from_env())
             self._started = True
             recipe = self.spec.environment
