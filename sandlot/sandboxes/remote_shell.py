@@ -63,19 +63,29 @@ has() {
   done 2>/dev/null <"/proc/$1/environ"
   return 1
 }
-orphan() {
-  has "$1" SANDLOT_EXEC_ID= && return 1
-  has "$1" SANDLOT_INIT= && return 1
-  IFS= read -r _st 2>/dev/null <"/proc/$1/stat" || return 1
-  set -- ${_st##*) }
-  [ "$1" != Z ] && { [ "$2" = 0 ] || [ "$2" = 1 ]; }
+descendants_only() {
+  since=$$
+}
+newer() {
+  if [ "$_last" -ge "$since" ]; then [ "$1" -gt "$since" ] && [ "$1" -le "$_last" ]
+  else [ "$1" -gt "$since" ] || [ "$1" -le "$_last" ]; fi
 }
 scan() {
   pids=
+  [ -n "$since" ] && read -r _sa _sb _sc _sd _last </proc/loadavg
   for _sd in /proc/[0-9]*; do
     _sp=${_sd#/proc/}
     if [ "$_sp" = "$$" ] || [ "$_sp" = 1 ]; then continue; fi
-    if has "$_sp" "$m" || { [ -n "$orphans" ] && orphan "$_sp"; }; then pids="$pids $_sp"; fi
+    if [ -n "$since" ] && ! newer "$_sp"; then continue; fi
+    IFS= read -r _st 2>/dev/null <"$_sd/stat" || continue
+    set -- ${_st##*) }
+    [ "$1" = Z ] && continue
+    if has "$_sp" "$m"; then
+      pids="$pids $_sp"
+    elif [ -n "$orphans" ] && { [ "$2" = 0 ] || [ "$2" = 1 ]; } \\
+        && ! has "$_sp" SANDLOT_EXEC_ID= && ! has "$_sp" SANDLOT_INIT=; then
+      pids="$pids $_sp"
+    fi
   done
 }
 kill_all() {
@@ -93,8 +103,13 @@ kill_all() {
 """
 """Shell functions for scripts that start with them (builtins only, no fork): ``has PID TEXT``
 tells whether the process's environment holds ``TEXT``; ``scan`` sets ``$pids`` to the live
-processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), plus the orphans
-(see the module docstring) when ``$orphans`` is non-empty, except the calling shell and PID 1;
+processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), plus the orphans (see
+the module docstring) when ``$orphans`` is non-empty, except the calling shell and PID 1; after
+``descendants_only`` it looks only at PIDs allocated after the calling shell's, where all of its
+descendants are: PIDs are handed out cyclically, so those are the ones between ``$$`` and the
+last PID allocated (``/proc/loadavg``), across the wrap-around if there was one. This spares
+reading the environment of every older process, which ``read`` does a byte at a time (a
+host-wide PID namespace has hundreds);
 ``kill_all`` freezes them until the set stops growing, then sends SIGKILL to them and their
 process groups, until none is left. Their own variables start with ``_s``.
 
@@ -114,7 +129,7 @@ EXEC_WRAPPER = (
 cd -- "$1" || exit
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
 rc=$?
-m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"; orphans=$3
+m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"; orphans=$3; descendants_only
 kill_all
 exit "$rc"
 """

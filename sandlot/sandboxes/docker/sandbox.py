@@ -420,6 +420,8 @@ class DockerSandbox(Sandbox):
                     code = await self._call("kill exec", self._run_quiet, argv)
                     if code == 0 and not await self._exec_running(handle):
                         return
+            except SandboxDeadError:
+                return  # the container went down: nothing left to kill
             except SandboxError as exc:
                 log.warning(
                     "sandbox %s: in-container kill of %s failed: %s", self.id, handle.marker, exc
@@ -440,6 +442,8 @@ class DockerSandbox(Sandbox):
                     await anyio.sleep(0.1)
                     if not await self._exec_running(handle):
                         return
+            except SandboxDeadError:
+                return
             except SandboxError as exc:
                 log.warning("sandbox %s: reset failed: %s", self.id, exc)
         with anyio.CancelScope(shield=True), anyio.move_on_after(_KILL_BUDGET_S):
@@ -447,7 +451,8 @@ class DockerSandbox(Sandbox):
                 await run_blocking(self._client.kill, self._cid)
             except Exception as exc:
                 log.warning("sandbox %s: killing container failed: %s", self.id, exc)
-        self._dead = "was killed: a timed-out command could not be stopped inside it"
+        if self._dead is None:
+            self._dead = "was killed: a timed-out command could not be stopped inside it"
 
     def _run_quiet(self, argv: list[str]) -> int:
         """Run ``argv`` in the container to completion, ignoring its output; its exit code.
