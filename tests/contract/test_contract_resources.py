@@ -6,12 +6,15 @@ from __future__ import annotations
 import shutil
 import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
-from conftest import ContractTarget, TickProbe
 
 from sandlot import Sandbox, SandboxStartError
+
+if TYPE_CHECKING:
+    from conftest import ContractTarget, TickProbe
 
 pytestmark = pytest.mark.anyio
 
