@@ -8,12 +8,10 @@ Without the docker SDK, an engine or the test image these tests skip with instru
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import socket
 import subprocess
 import sys
-import tarfile
 import time
 import tracemalloc
 import uuid
@@ -29,7 +27,6 @@ from requirements import DOCKER, TEST_IMAGE, docker_engine, need_module
 import sandlot
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
-from sandlot.sandboxes.docker.archive import extract_as
 from sandlot.sandboxes.docker.stream import pump
 from sandlot.sandboxes.errors import (
     BackendUnavailableError,
@@ -137,54 +134,6 @@ async def test_unreachable_engine_names_docker_host(
     assert err.retryable
     assert "DOCKER_HOST" in str(err) and "container-engine.sh" in str(err)
     assert sandbox.closed
-
-
-def _tar(*members: tuple[tarfile.TarInfo, bytes]) -> tarfile.TarFile:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for info, data in members:
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    buf.seek(0)
-    return tarfile.open(fileobj=buf, mode="r:")
-
-
-def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.mode = kind, link, 0o644
-    return info
-
-
-@pytest.mark.parametrize(
-    "members",
-    [
-        [(_member("top/../../escape"), b"x")],
-        [(_member("/etc/escape"), b"x")],
-        [(_member("other/file"), b"x")],
-        [
-            (_member("top", tarfile.DIRTYPE), b""),
-            (_member("top/l", tarfile.SYMTYPE, "/"), b""),
-            (_member("top/l/escape"), b"x"),
-        ],
-        [(_member("top", tarfile.DIRTYPE), b""), (_member("top/h", tarfile.LNKTYPE, "../x"), b"")],
-    ],
-    ids=["dotdot", "absolute", "outside-top", "through-symlink", "hardlink-out"],
-)
-def test_download_rejects_unsafe_archives(tmp_path: Path, members: list[Any]) -> None:
-    with pytest.raises(SandboxFileError, match="refusing"):
-        extract_as(_tar(*members), "top", tmp_path / "dest")
-    assert not (tmp_path / "escape").exists() and not Path("/escape").exists()
-
-
-def test_download_keeps_absolute_symlinks_and_renames_top(tmp_path: Path) -> None:
-    tar = _tar(
-        (_member("top", tarfile.DIRTYPE), b""),
-        (_member("top/py", tarfile.SYMTYPE, "/usr/bin/python3"), b""),
-        (_member("top/a"), b"A"),
-    )
-    extract_as(tar, "top", tmp_path / "renamed")
-    assert os.readlink(tmp_path / "renamed" / "py") == "/usr/bin/python3"
-    assert (tmp_path / "renamed" / "a").read_bytes() == b"A"
 
 
 @pytest.mark.anyio
@@ -448,10 +397,12 @@ async def test_directory_trees_both_ways(sb: DockerSandbox, tmp_path: Path) -> N
     r = await sb.exec("cat tree/a.txt; readlink tree/py; wc -c < tree/sub/b.bin", cwd="/work/deep")
     assert r.stdout == "A/usr/bin/python3\n10000\n"
 
-    await sb.download("/work/deep/tree", tmp_path / "back")
+    report = await sb.download("/work/deep/tree", tmp_path / "back")
     assert (tmp_path / "back" / "a.txt").read_text() == "A"
     assert (tmp_path / "back" / "sub" / "b.bin").read_bytes() == b"\x00\xff" * 5000
-    assert os.readlink(tmp_path / "back" / "py") == "/usr/bin/python3"
+    # An absolute link would point into the host: skipped, and said so.
+    assert not (tmp_path / "back" / "py").is_symlink()
+    assert [path for path, _ in report.skipped] == ["back/py"]
 
     await sb.download("/work/deep/tree/a.txt", tmp_path / "single.txt")
     assert (tmp_path / "single.txt").read_text() == "A"
@@ -509,3 +460,70 @@ async def test_signal_exit_codes_and_relative_paths(sb: DockerSandbox) -> None:
     await sb.write_file("rel/x.txt", b"rel")
     assert await sb.read_file(f"{sb.spec.workdir}/rel/x.txt") == b"rel"
     assert (await sb.exec("cat x.txt", cwd="rel")).stdout == "rel"
+
+
+# --------------------------------------------------------------------------- hostile processes
+
+
+async def _count_processes(sandbox: DockerSandbox) -> int:
+    """Live processes in the container other than PID 1, its sleep and this probe."""
+    r = await sandbox.exec("ls -d /proc/[0-9]* | wc -l")
+    return int(r.stdout) - 2 - 3  # init + its sleep; the probe's wrapper, bash, ls|wc
+
+
+@pytest.mark.anyio
+async def test_fork_bomb_is_bounded_and_killed(engine: Any) -> None:
+    async with make(options={"pids_limit": 64}) as sandbox:
+        host = engine.api.inspect_container(sandbox.container_id)["HostConfig"]
+        assert host["PidsLimit"] == 64
+        # Returns at once (the bomb backgrounds itself): the wrapper must still kill it all.
+        r = await sandbox.exec("bomb() { bomb | bomb & }; bomb", timeout=60)
+        assert not r.timed_out
+        after = await sandbox.exec("echo alive")
+        assert after.stdout == "alive\n", after
+        assert await _count_processes(sandbox) <= 1
+        # In the foreground, killed at the timeout; the sandbox stays usable.
+        r = await sandbox.exec("bomb() { bomb | bomb & }; bomb; sleep 600", timeout=3)
+        assert r.timed_out
+        assert (await sandbox.exec("echo alive")).stdout == "alive\n"
+        assert await _count_processes(sandbox) <= 1
+
+
+@pytest.mark.anyio
+async def test_a_daemon_that_wipes_its_environment_does_not_outlive_the_exec(
+    sb: DockerSandbox,
+) -> None:
+    r = await sb.exec("(setsid env -i sleep 307 &); (setsid env -i sh -c 'sleep 308' &); echo ok")
+    assert r.stdout == "ok\n"
+    assert await processes(sb, "sleep 30") == []
+    r = await sb.exec("(setsid env -i sleep 309 &); sleep 300", timeout=1)
+    assert r.timed_out
+    assert await processes(sb, "sleep 30") == []
+
+
+@pytest.mark.anyio
+async def test_timeouts_still_kill_after_grep_and_sleep_are_deleted(engine: Any) -> None:
+    async with make(options={"stop_grace_s": 0.3}) as sandbox:
+        r = await sandbox.exec("rm -f /usr/bin/grep /usr/bin/sleep /bin/grep /bin/sleep")
+        assert r.ok and (await sandbox.exec("command -v grep sleep")).stdout == ""
+        r = await sandbox.exec("trap '' TERM; while :; do :; done", timeout=1)
+        assert r.timed_out
+        assert await processes(sandbox, "while :") == []
+
+
+@pytest.mark.anyio
+async def test_when_the_in_container_killer_cannot_run_the_engine_empties_the_container(
+    engine: Any,
+) -> None:
+    async with make(options={"stop_grace_s": 0}) as sandbox:
+        # Without /bin/sh no killer can start in the container; the command keeps its copy.
+        cmd = (
+            "cp /bin/dash /tmp/keep && rm -f /bin/sh /usr/bin/sh /bin/dash /usr/bin/dash && "
+            "exec /tmp/keep -c 'trap \"\" TERM; while :; do :; done'"
+        )
+        r = await sandbox.exec(cmd, timeout=2)
+        assert r.timed_out
+        top = await anyio.to_thread.run_sync(engine.api.top, sandbox.container_id)
+        commands = [" ".join(map(str, row)) for row in top["Processes"]]
+        assert not any("/tmp/keep" in c for c in commands), commands
+        assert await sandbox.is_alive()

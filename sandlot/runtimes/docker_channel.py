@@ -46,14 +46,15 @@ _KILL_GRACE_S = 0.5
 _SIGNAL_TIMEOUT_S = 30.0
 
 # $0 = marker (NAME=value), $1 = signal name, $2 = fence pid: signal the marked processes
-# newer than the fence, except this script.
-_SIGNAL_NEWER = """
-for f in $(grep -lsF -- "$0" /proc/[0-9]*/environ); do
-  p=${f#/proc/}; p=${p%/environ}
-  [ "$p" != "$$" ] && [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null
-done
+# newer than the fence, except this script. Shell builtins only (the model may delete grep).
+_SIGNAL_NEWER = (
+    remote_shell.SCAN_FUNCTIONS
+    + """
+m=$0; scan
+for p in $pids; do [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null; done
 exit 0
 """
+)
 
 Runner = Callable[[list[str]], Awaitable[ExecResult]]
 """Runs a one-shot command in the same container (the sandbox's ``exec``)."""
@@ -173,4 +174,6 @@ class DockerChannel(Channel):
             with contextlib.suppress(OSError):
                 self._attached.close()
                 self._sock.close()
-            await self._signal(remote_shell.kill_argv(self._marker, _KILL_GRACE_S))
+            await self._signal(
+                remote_shell.kill_argv(self._marker, _KILL_GRACE_S, sweep_orphans=True)
+            )

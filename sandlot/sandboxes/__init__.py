@@ -1,5 +1,6 @@
 """The sandbox protocol and its backends."""
 
+from sandlot.sandboxes.archive import DownloadLimitError, DownloadReport
 from sandlot.sandboxes.base import Command, Sandbox
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.errors import (
@@ -22,6 +23,8 @@ __all__ = [
     "BackendNotFoundError",
     "BackendUnavailableError",
     "Command",
+    "DownloadLimitError",
+    "DownloadReport",
     "EnvironmentBuildError",
     "EnvironmentRecipe",
     "ExecResult",

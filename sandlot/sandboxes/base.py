@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING, ClassVar
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from sandlot.sandboxes.archive import (
+    DEFAULT_DOWNLOAD_MAX_BYTES,
+    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    DEFAULT_READ_MAX_BYTES,
+    DownloadReport,
+)
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.errors import (
     SandboxDeadError,
@@ -81,6 +87,11 @@ class Sandbox(abc.ABC):
     """``True`` for backends whose commands run on this machine (``local``): the image
     ``"host"`` means this machine's root, and environment recipes become cached virtualenvs
     here. ``False`` for container backends: the image is the environment."""
+    enforces_disk_mb: ClassVar[bool] = False
+    """Whether the backend keeps ``spec.disk_mb``; ``start`` refuses a budget it cannot keep."""
+    network_modes: ClassVar[tuple[bool | str, ...]] = (False, True)
+    """The values of ``spec.network`` the backend enforces; ``start`` refuses the others (a
+    backend that cannot keep ``"internet"`` away from the host must not run it as ``True``)."""
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         spec = spec or SandboxSpec()
@@ -113,8 +124,10 @@ class Sandbox(abc.ABC):
 
         Raises:
             SandboxStartError: the backend could not create the sandbox (also when the start
-                budget ran out; ``retryable`` then says whether a later start may succeed), or
-                the image ``"host"`` was given to a container backend.
+                budget ran out; ``retryable`` then says whether a later start may succeed), the
+                image ``"host"`` was given to a container backend, or ``spec.network`` /
+                ``spec.disk_mb`` ask for what the backend cannot enforce (``network_modes``,
+                ``enforces_disk_mb``).
             SandboxSetupError: an environment step or ``post_setup_cmd`` failed; carries the
                 command and its output tail.
             EnvironmentBuildError: (``local``) the recipe's environment could not be built.
@@ -136,6 +149,19 @@ class Sandbox(abc.ABC):
         # log for `sandlot gc --run-id` (every backend, local included, can leave things behind).
         run_id()
         try:
+            if self.spec.network not in self.network_modes:
+                raise SandboxStartError(
+                    f"the {self.name} backend cannot enforce network={self.spec.network!r} "
+                    "(outbound only: no host, no private address ranges); use network=True, which "
+                    "also reaches the host, or network=False",
+                    retryable=False,
+                )
+            if self.spec.disk_mb is not None and not self.enforces_disk_mb:
+                raise SandboxStartError(
+                    f"the {self.name} backend cannot enforce disk_mb={self.spec.disk_mb}; "
+                    "leave disk_mb unset (None) for it",
+                    retryable=False,
+                )
             await self._start_limited(self.spec.start_limits or StartLimits.from_env())
             self._started = True
             recipe = self.spec.environment
@@ -361,10 +387,17 @@ class Sandbox(abc.ABC):
     # ----------------------------------------------------------------- files
 
     @abc.abstractmethod
-    async def read_file(self, path: str) -> bytes:
-        """Return the exact bytes of the file at absolute ``path`` inside the sandbox.
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
+        """Return the exact bytes of the file at ``path`` inside the sandbox.
+
+        Args:
+            path: the file; relative paths start at ``spec.workdir``. Symlinks are followed
+                inside the sandbox.
+            max_bytes: cap in bytes (default 64 MiB): a larger file is an error, not a read
+                that exhausts the caller's memory (a 1 GiB sparse file is 4 KB on disk).
 
         Raises:
+            DownloadLimitError: (a ``SandboxFileError``) the file is larger than ``max_bytes``.
             SandboxFileError: the file does not exist or cannot be read.
             SandboxDeadError: the sandbox is closed or died.
         """
@@ -390,11 +423,38 @@ class Sandbox(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
-        """Copy a file or directory tree from the sandbox to ``local_path`` on the host.
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
+        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    ) -> DownloadReport:
+        """Copy a file or directory tree from the sandbox so that it becomes ``local_path``.
+
+        The same on every backend (see :mod:`sandlot.sandboxes.archive`): a symlink at
+        ``remote_path`` itself is resolved inside the sandbox; inside the tree, relative links
+        that stay inside it are kept as links, other links (absolute, or climbing out) and
+        special files are skipped and listed in the report; nothing is ever written through a
+        symlink on the host, and an existing link at a member's place is replaced. Modes are
+        kept (no setuid/setgid), files belong to the calling user.
+
+        Args:
+            remote_path: file or directory in the sandbox (relative: to ``spec.workdir``).
+            local_path: host path that becomes it; missing parents are created.
+            max_bytes: cap in bytes on all file contents (default 1 GiB).
+            max_file_bytes: cap in bytes on one file (default 256 MiB).
+
+        Returns:
+            A :class:`~sandlot.sandboxes.archive.DownloadReport` (files, bytes, skipped).
 
         Raises:
+            DownloadLimitError: a file or the tree is above its cap; checked from the sizes
+                the sandbox announces before a file is written (files before it stay).
+            UnsafeArchiveError: the sandbox sent a member that would land outside.
             SandboxFileError: ``remote_path`` does not exist in the sandbox.
+            SandboxDeadError: the sandbox is closed or died.
         """
 
     def __repr__(self) -> str:

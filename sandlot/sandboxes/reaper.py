@@ -23,7 +23,7 @@ from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID
 log = logging.getLogger("sandlot.sandboxes.gc")
 
 _REAPERS = {
-    "docker": "sandlot.sandboxes.docker_reaper:DockerReaper",
+    "docker": "sandlot.sandboxes.docker.reaper:DockerReaper",
     "local": "sandlot.sandboxes.local.reaper:LocalReaper",
     "modal": "sandlot.sandboxes.modal.reaper:ModalReaper",
     "vefaas": "sandlot.sandboxes.vefaas.reaper:VefaasReaper",

@@ -10,94 +10,170 @@ cancelled *every* process it started is killed.
 
 Processes are found by an environment marker (``SANDLOT_EXEC_ID=<random>``) that descendants
 inherit even when they leave the process group (``setsid``, daemons), by scanning
-``/proc/*/environ``. The image needs ``/bin/sh``, ``grep``, ``sleep`` and ``/proc``, which every
-image able to run shell commands has.
+``/proc/*/environ``. The killing uses nothing but ``/bin/sh`` builtins (``read``, ``case``,
+``kill``) and ``/proc``: the model may delete ``grep``, ``sleep`` or ``ps`` and the killer still
+works, and it forks nothing, so it also works when a fork bomb has taken every process slot.
+Marked processes are frozen (``SIGSTOP``) until no new one appears, then killed, so a fork
+bomb cannot outgrow the killing.
+
+A process that wiped its environment (``setsid env -i daemon``) carries no marker. Where PID 1
+is the sandbox's own init (``docker``), such *orphans* (unmarked, parent PID 1 or outside the
+container) are escaped daemons and are killed too (``sweep_orphans``); on backends whose
+container runs other services the sweep is off. The ``docker`` init also empties the container
+(every process but itself) on ``SIGUSR1``, which the engine can deliver when even the in-sandbox
+killer cannot run.
 """
 
 from __future__ import annotations
 
 import math
 
-# PID 1. `sleep & wait` keeps the shell in `wait`, which reaps every child it is handed
-# (orphans of exec'd commands are re-parented to PID 1) and returns at once on SIGTERM, so
-# stopping the sandbox is immediate; a bare `sleep infinity` as PID 1 ignores SIGTERM and makes
-# `docker stop` wait for its timeout. When the shell exits the kernel kills everything else in
-# the PID namespace, which is how a lifetime ($0 seconds) is enforced for free.
-INIT_SCRIPT = 'trap "exit 0" TERM; sleep "$0" & wait $!'
+# PID 1 ($0 = lifetime in seconds). `sleep & wait` keeps the shell in `wait`, which reaps every
+# child it is handed (orphans of exec'd commands are re-parented to PID 1) and returns at once on
+# a trapped signal, so stopping the sandbox is immediate; a bare `sleep infinity` as PID 1
+# ignores SIGTERM and makes `docker stop` wait for its timeout. When the shell exits the kernel
+# kills everything else in the PID namespace, which is how the lifetime is enforced for free.
+# SIGUSR1 freezes then kills every other process (only builtins: nothing to fork), keeping the
+# container and its files.
+INIT_SCRIPT = """
+trap "exit 0" TERM
+reset() {
+  i=0
+  while [ "$i" -lt 10 ]; do
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = "$s" ] || kill -s STOP "$p" 2>/dev/null
+    done
+    i=$((i+1))
+  done
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = "$s" ] || kill -s KILL "$p" 2>/dev/null
+  done
+}
+trap reset USR1
+SANDLOT_INIT=1 sleep "$0" & s=$!
+while kill -0 "$s" 2>/dev/null; do wait "$s"; done
+"""
 
 EXEC_MARKER_ENV = "SANDLOT_EXEC_ID"
 """Environment variable carrying a per-exec random marker, inherited by every descendant."""
 
 SCAN_FUNCTIONS = """
+has() {
+  while IFS= read -r _sl || [ -n "$_sl" ]; do
+    case $_sl in *"$2"*) return 0;; esac
+  done 2>/dev/null <"/proc/$1/environ"
+  return 1
+}
+descendants_only() {
+  since=$$
+}
+newer() {
+  if [ "$_last" -ge "$since" ]; then [ "$1" -gt "$since" ] && [ "$1" -le "$_last" ]
+  else [ "$1" -gt "$since" ] || [ "$1" -le "$_last" ]; fi
+}
 scan() {
   pids=
-  for f in $(grep -lsF -- "$m" /proc/[0-9]*/environ); do
-    p=${f#/proc/}; p=${p%/environ}
-    [ "$p" != "$$" ] && [ -d "/proc/$p" ] && pids="$pids $p"
+  [ -n "$since" ] && read -r _sa _sb _sc _sd _last </proc/loadavg
+  for _sd in /proc/[0-9]*; do
+    _sp=${_sd#/proc/}
+    if [ "$_sp" = "$$" ] || [ "$_sp" = 1 ]; then continue; fi
+    if [ -n "$since" ] && ! newer "$_sp"; then continue; fi
+    IFS= read -r _st 2>/dev/null <"$_sd/stat" || continue
+    set -- ${_st##*) }
+    [ "$1" = Z ] && continue
+    if has "$_sp" "$m"; then
+      pids="$pids $_sp"
+    elif [ -n "$orphans" ] && { [ "$2" = 0 ] || [ "$2" = 1 ]; } \\
+        && ! has "$_sp" SANDLOT_EXEC_ID= && ! has "$_sp" SANDLOT_INIT=; then
+      pids="$pids $_sp"
+    fi
   done
 }
 kill_all() {
-  i=0; scan
-  while [ -n "$pids" ] && [ "$i" -lt 30 ]; do
-    for p in $pids; do kill -s KILL -- "-$p" "$p" 2>/dev/null; done
-    i=$((i+1)); [ "$i" -gt 2 ] && sleep 0.02
-    scan
+  _si=0; scan
+  while [ -n "$pids" ] && [ "$_si" -lt 100 ]; do
+    for _sp in $pids; do kill -s STOP "$_sp" 2>/dev/null; done
+    _sprev=$pids; scan
+    if [ "$pids" = "$_sprev" ]; then
+      for _sp in $pids; do kill -s KILL -- "-$_sp" "$_sp" 2>/dev/null; done
+      scan
+    fi
+    _si=$((_si+1))
   done
 }
 """
-"""Shell functions for scripts that start with them: ``scan`` sets ``$pids`` to the live
-processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), except the calling
-shell; ``kill_all`` sends SIGKILL to those processes and their process groups until none is left,
-or for at most 30 rounds: the first three back to back (a just-forked child shows up in the next
-scan), then 20 ms apart, so a process that cannot be killed (another user's, stuck in the
-kernel) costs about half a second of mostly sleeping, not 50 full ``/proc`` scans in a row on a
-loaded machine.
+"""Shell functions for scripts that start with them (builtins only, no fork): ``has PID TEXT``
+tells whether the process's environment holds ``TEXT``; ``scan`` sets ``$pids`` to the live
+processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), plus the orphans (see
+the module docstring) when ``$orphans`` is non-empty, except the calling shell and PID 1; after
+``descendants_only`` it looks only at PIDs allocated after the calling shell's, where all of its
+descendants are: PIDs are handed out cyclically, so those are the ones between ``$$`` and the
+last PID allocated (``/proc/loadavg``), across the wrap-around if there was one. This spares
+reading the environment of every older process, which ``read`` does a byte at a time (a
+host-wide PID namespace has hundreds);
+``kill_all`` freezes them until the set stops growing, then sends SIGKILL to them and their
+process groups, until none is left. Their own variables start with ``_s``.
 
-A killed process is a zombie whose environ reads empty, so it stops matching; the grep (or
-command-substitution subshell) that matched itself is gone by the time of the ``-d`` test.
+A killed process is a zombie whose environ reads empty, so it stops matching (``read`` drops the
+NUL separators of ``environ``; the marker is random, so no concatenation forges it by chance).
 """
 
-# Every exec runs under this wrapper ($1 = directory, $2 = command line); the exit status is the
-# command's. The command gets bash when the image has it, else sh, decided in the sandbox by a
-# builtin (no extra round trip). `cd` instead of an API's working directory gives the same error
-# for a missing directory on every engine. Once the command exits, what it left running lives on
-# until the sandbox closes (as with `docker exec`), except processes that still hold the exec's
-# output streams: the exec API would keep the exec attached until they end, so they are killed.
+# Every exec runs under this wrapper ($1 = directory, $2 = command line, $3 = non-empty to sweep
+# orphans); the exit status is the command's. The command gets bash when the image has it, else
+# sh, decided in the sandbox by a builtin (no extra round trip). `cd` instead of an API's working
+# directory gives the same error for a missing directory on every engine. Once the command exits,
+# what it left running lives on until the sandbox closes (as with `docker exec`), except the
+# processes that still hold the exec's output streams (`-ef` compares the pipes, a builtin test):
+# the exec API would keep the exec attached until they end, so they are frozen and killed.
 EXEC_WRAPPER = (
     SCAN_FUNCTIONS
     + """
-o=$(ls -l /proc/$$/fd/1 2>/dev/null); o=${o##* }; e=$(ls -l /proc/$$/fd/2 2>/dev/null); e=${e##* }
 attached() {
-  scan; found=
-  for p in $pids; do
-    ls -l "/proc/$p/fd" 2>/dev/null | grep -qF -e " $o" -e " $e" && found="$found $p"
+  scan; _sf=
+  for _sp in $pids; do
+    for _sd in "/proc/$_sp/fd/"*; do
+      if [ "$_sd" -ef "/proc/$$/fd/1" ] || [ "$_sd" -ef "/proc/$$/fd/2" ]; then
+        _sf="$_sf $_sp"; break
+      fi
+    done
   done
-  pids=$found
+  pids=$_sf
 }
 cd -- "$1" || exit
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
 rc=$?
-m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"
-i=0; attached
-while [ -n "$pids" ] && [ "$i" -lt 50 ]; do
-  for p in $pids; do kill -s KILL "$p" 2>/dev/null; done
-  i=$((i+1)); attached
+m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"; orphans=$3; descendants_only
+_si=0; attached
+while [ -n "$pids" ] && [ "$_si" -lt 100 ]; do
+  for _sp in $pids; do kill -s STOP "$_sp" 2>/dev/null; done
+  _sprev=$pids; attached
+  if [ "$pids" = "$_sprev" ]; then
+    for _sp in $pids; do kill -s KILL "$_sp" 2>/dev/null; done
+    attached
+  fi
+  _si=$((_si+1))
 done
 exit "$rc"
 """
 )
 
 # Kills every process that carries the marker ($0 = "SANDLOT_EXEC_ID=<marker>") and its process
-# group: SIGTERM, up to $1 ticks of 0.1 s for them to go, then SIGKILL until none is left.
-# Processes spawned while a round runs are caught by the next round.
+# group ($2 non-empty: and the orphans): SIGTERM, up to $1 ticks of 0.1 s for them to go (checked
+# with `kill -0`, far cheaper than a scan of /proc), then freeze and SIGKILL until none is left.
+# Exits 1 when some survived. Without `sleep` (deleted by the model) the grace is about zero.
 KILL_SCRIPT = (
     SCAN_FUNCTIONS
     + """
-m="$0"
+m="$0"; orphans=$2
 scan
 for p in $pids; do kill -s TERM -- "-$p" "$p" 2>/dev/null; done
-i=0; while [ -n "$pids" ] && [ "$i" -lt "$1" ]; do sleep 0.1; i=$((i+1)); scan; done
+i=0; left=$pids
+while [ -n "$left" ] && [ "$i" -lt "$1" ]; do
+  sleep 0.1 2>/dev/null; i=$((i+1))
+  alive=; for p in $left; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done; left=$alive
+done
 kill_all
+[ -z "$pids" ]
 """
 )
 
@@ -121,23 +197,29 @@ def init_argv(lifetime_s: float) -> list[str]:
     return ["/bin/sh", "-c", INIT_SCRIPT, str(max(1, math.ceil(lifetime_s)))]
 
 
-def exec_argv(command: str, cwd: str) -> list[str]:
+def exec_argv(command: str, cwd: str, *, sweep_orphans: bool = False) -> list[str]:
     """argv running the shell line ``command`` in directory ``cwd`` under the wrapper.
 
-    The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment.
+    The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment. ``sweep_orphans``
+    also kills unmarked orphans when the command ends; only for sandboxes whose PID 1 is
+    :data:`INIT_SCRIPT` and that run nothing else.
     """
     # "sandlot" is $0, the name the shell puts in front of its own error messages.
-    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command]
+    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command, "1" if sweep_orphans else ""]
 
 
-def kill_argv(marker: str, grace_s: float) -> list[str]:
-    """argv killing every process of the exec tagged ``marker``: SIGTERM, ``grace_s`` s, SIGKILL."""
+def kill_argv(marker: str, grace_s: float, *, sweep_orphans: bool = False) -> list[str]:
+    """argv killing every process of the exec tagged ``marker``: SIGTERM, ``grace_s`` s, SIGKILL.
+
+    Exits 0 when none is left, 1 when some survived. ``sweep_orphans`` as in :func:`exec_argv`.
+    """
     return [
         "/bin/sh",
         "-c",
         KILL_SCRIPT,
         f"{EXEC_MARKER_ENV}={marker}",
         str(math.ceil(grace_s * 10)),
+        "1" if sweep_orphans else "",
     ]
 
 
@@ -172,13 +254,22 @@ def tar_extract_argv(archive: str, parent: str) -> list[str]:
     return ["/bin/sh", "-c", script, archive, parent]
 
 
-def tar_create_argv(path: str, archive: str) -> list[str]:
+def tar_create_argv(path: str, archive: str, max_bytes: int, max_file_bytes: int) -> list[str]:
     """argv packing ``path`` (file or tree, symlinks kept) into the tar ``archive``.
 
-    Exits 2 with ``no such file or directory: <path>`` on stderr when ``path`` is missing.
+    A symlink at ``path`` itself is resolved first (``readlink -f``), so the archive holds what
+    it leads to, as docker's archive endpoint does. A file above ``max_file_bytes`` stops it
+    (exit 3, ``... is larger than max_file_bytes=N`` on stderr); the archive is cut at
+    ``max_bytes``, so a sparse file costs at most that much to move (the extractor reports the
+    cut). Exits 2 with ``no such file or directory: <path>`` on stderr when ``path`` is missing.
     """
     script = (
-        '[ -e "$0" ] || [ -L "$0" ] || { echo "no such file or directory: $0" >&2; exit 2; }; '
-        'tar -c -f "$1" -C "$(dirname -- "$0")" -- "$(basename -- "$0")"'
+        'p=$(readlink -f -- "$0") && [ -e "$p" ] '
+        '|| { echo "no such file or directory: $0" >&2; exit 2; }; '
+        'big=$(find "$p" -type f -size +"$3"c -print -quit); '
+        '[ -z "$big" ] || { echo "$big is larger than max_file_bytes=$3" >&2; exit 3; }; '
+        '{ tar -c -f - -C "$(dirname -- "$p")" -- "$(basename -- "$p")"; echo $? >"$1.rc"; } '
+        '| head -c "$2" >"$1"; rc=$(cat -- "$1.rc"); rm -f -- "$1.rc"; '
+        '[ "$rc" = 0 ] || [ "$rc" = 141 ] || exit "$rc"'
     )
-    return ["/bin/sh", "-c", script, path, archive]
+    return ["/bin/sh", "-c", script, path, archive, str(max_bytes), str(max_file_bytes)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.sandboxes.environment import EnvironmentRecipe
@@ -24,9 +26,15 @@ class SandboxSpec(BaseModel):
         memory_mb: memory limit in MiB, or ``None`` for the backend default.
         disk_mb: disk budget in MiB for everything the sandbox writes, or ``None`` for none.
             ``local``: a size-limited tmpfs holding the sandbox's writable directories (needs
-            root or CAP_SYS_ADMIN on the host; its pages count as memory); see each backend.
+            root or CAP_SYS_ADMIN on the host; its pages count as memory). ``docker``: the
+            container's writable layer (``storage_opt size``); an engine whose storage driver
+            cannot enforce it refuses the start with a ``SandboxStartError``.
         timeout_s: lifetime of the sandbox in seconds; backends that support it kill it after.
-        network: allow outbound network. Off by default: model-written code is hostile.
+        network: ``False`` (default; model-written code is hostile): no network at all.
+            ``True``: whatever the backend's network reaches, which may include the host
+            (``local``: the host's own ``127.0.0.1`` services; ``docker``: the host through the
+            bridge gateway). ``"internet"``: outbound only, no host and no private address
+            ranges; backends that cannot enforce it refuse to start rather than allow more.
         labels: free-form labels attached to remote resources (used by ``sandlot gc``).
         environment: the test environment (interpreter, packages, install steps) the backend
             provides before ``post_setup_cmd``; see :mod:`sandlot.sandboxes.environment`.
@@ -45,7 +53,7 @@ class SandboxSpec(BaseModel):
     memory_mb: int | None = Field(default=None, gt=0)
     disk_mb: int | None = Field(default=None, gt=0)
     timeout_s: float = Field(default=3600.0, gt=0)
-    network: bool = False
+    network: bool | Literal["internet"] = False
     labels: dict[str, str] = Field(default_factory=dict)
     environment: EnvironmentRecipe | None = None
     start_limits: StartLimits | None = None

@@ -29,8 +29,19 @@ import anyio
 
 from sandlot.runtimes.observation import Observation
 from sandlot.runtimes.session import BashSession, SessionConfig
+from sandlot.sandboxes.archive import (
+    DEFAULT_DOWNLOAD_MAX_BYTES,
+    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    DEFAULT_READ_MAX_BYTES,
+    DownloadLimitError,
+    DownloadReport,
+)
 from sandlot.sandboxes.base import Command, Sandbox
-from sandlot.sandboxes.errors import SandboxError, SandboxFileError, SandboxStartError
+from sandlot.sandboxes.errors import (
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
 from sandlot.sandboxes.result import ExecResult
 
 
@@ -196,13 +207,17 @@ class SimulatedSandbox(Sandbox):
     async def is_alive(self) -> bool:
         return self._started and not self._closed
 
-    async def read_file(self, path: str) -> bytes:
-        """What :meth:`write_file` stored. Raises ``SandboxFileError`` for an unknown path."""
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
+        """What :meth:`write_file` stored. Raises ``SandboxFileError`` for an unknown path and
+        ``DownloadLimitError`` past ``max_bytes``."""
         self._check_open()
         try:
-            return self._files[self.resolve_path(path)]
+            data = self._files[self.resolve_path(path)]
         except KeyError:
             raise SandboxFileError(f"read_file {path}: no such file (simulated)") from None
+        if len(data) > max_bytes:
+            raise DownloadLimitError(f"read_file {path}: {len(data)} bytes > max_bytes {max_bytes}")
+        return data
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Keep ``data`` in memory under ``path``."""
@@ -212,5 +227,12 @@ class SimulatedSandbox(Sandbox):
     async def upload(self, local_path: str | Path, remote_path: str) -> None:
         raise SandboxError("upload is not simulated")
 
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
+        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    ) -> DownloadReport:
         raise SandboxError("download is not simulated")

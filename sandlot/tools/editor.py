@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandlot.sandboxes.archive import DownloadLimitError
 from sandlot.sandboxes.errors import SandboxFileError
 from sandlot.tools.base import Tool, ToolContext
 from sandlot.tools.result import ToolError, ToolResult
@@ -86,11 +87,16 @@ class EditorConfig(BaseModel):
 
     Attributes:
         max_response_chars: file text shown by one call before it is clipped.
+        max_file_bytes: largest file, in bytes, that ``view`` and the edit commands read
+            (passed to ``Sandbox.read_file`` as ``max_bytes``); a larger one is an error
+            observation pointing the model to ``grep -n``/``sed -n``, never a read that fills
+            the caller's memory (a sparse file can claim gigabytes).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     max_response_chars: int = Field(default=16_000, gt=0)
+    max_file_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
 
 
 def _decode(data: bytes) -> tuple[str, str]:
@@ -137,8 +143,14 @@ class StrReplaceEditor(Tool):
         return r.stdout.strip() or "none"
 
     async def _read(self, path: str) -> bytes:
+        limit = self.config.max_file_bytes
         try:
-            return await self.context.sandbox.read_file(path)
+            return await self.context.sandbox.read_file(path, max_bytes=limit)
+        except DownloadLimitError as exc:
+            raise ToolError(
+                f"The file {path} is larger than {limit} bytes, too large to open with this "
+                "tool. Search it with `grep -n` and show parts with `sed -n 'START,ENDp'`."
+            ) from exc
         except SandboxFileError as exc:
             raise ToolError(f"Ran into {exc} while trying to read {path}") from exc
 

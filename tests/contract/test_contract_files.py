@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from sandlot import Sandbox, SandboxFileError
+from sandlot.sandboxes import DownloadLimitError
+
+MiB = 1024 * 1024
 
 pytestmark = pytest.mark.anyio
 
@@ -156,3 +159,82 @@ async def test_download_of_missing_path_fails(sandbox: Sandbox, tmp_path: Path) 
 async def test_upload_of_missing_local_path_fails(sandbox: Sandbox, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         await sandbox.upload(tmp_path / "missing", _in_workdir(sandbox, "x"))
+
+
+# ----------------------------------------------------------------- hostile trees (issue 13)
+
+
+def _host_bytes(root: Path) -> int:
+    """Bytes of file content under ``root`` on the host (links not followed)."""
+    total = 0
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = Path(dirpath) / name
+            if not path.is_symlink():
+                total += path.stat().st_size
+    return total
+
+
+async def test_a_planted_link_never_makes_a_later_download_write_outside(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    host_dir = tmp_path / "host"
+    host_dir.mkdir()
+    r = await sandbox.exec(
+        "mkdir -p out && echo in > out/inside.txt && ln -s inside.txt out/ok && "
+        f"ln -s {host_dir} out/logs && ln -s ../../../../../../../..{host_dir} out/rel && "
+        "echo result > result.txt"
+    )
+    assert r.ok, r.stderr
+    dest = tmp_path / "d" / "out"
+    report = await sandbox.download(_in_workdir(sandbox, "out"), dest)
+    assert os.readlink(dest / "ok") == "inside.txt"
+    assert not (dest / "logs").is_symlink() and not (dest / "rel").is_symlink()
+    assert not (dest / "logs").exists() and not (dest / "rel").exists()
+    assert sorted(path for path, _ in report.skipped) == ["out/logs", "out/rel"]
+    await sandbox.download(_in_workdir(sandbox, "result.txt"), dest / "logs" / "r.txt")
+    assert list(host_dir.iterdir()) == []
+    assert (dest / "logs" / "r.txt").read_text() == "result\n"
+
+
+async def test_downloading_a_link_gives_what_it_leads_to_in_the_sandbox(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    assert (await sandbox.exec("ln -s /etc/passwd x")).ok
+    report = await sandbox.download(_in_workdir(sandbox, "x"), tmp_path / "x")
+    assert not (tmp_path / "x").is_symlink()
+    assert (tmp_path / "x").read_bytes() == await sandbox.read_file("/etc/passwd")
+    assert (report.files, report.skipped) == (1, [])
+
+
+async def test_read_file_is_capped(sandbox: Sandbox) -> None:
+    # Sparse: 65 MiB that take no disk in the sandbox, above the 64 MiB default cap.
+    r = await sandbox.exec("truncate -s 65M /tmp/bomb && printf 0123456789 > /tmp/ten")
+    assert r.ok, r.stderr
+    with pytest.raises(DownloadLimitError, match="max_bytes"):
+        await sandbox.read_file("/tmp/bomb")
+    with pytest.raises(DownloadLimitError, match="/tmp/ten"):
+        await sandbox.read_file("/tmp/ten", max_bytes=9)
+    assert await sandbox.read_file("/tmp/ten", max_bytes=10) == b"0123456789"
+
+
+async def test_download_refuses_sparse_bombs_before_writing(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    r = await sandbox.exec("mkdir -p bombs && truncate -s 1G bombs/a bombs/b && echo ok > bombs/c")
+    assert r.ok, r.stderr
+    with pytest.raises(SandboxFileError, match="max_file_bytes"):
+        await sandbox.download(_in_workdir(sandbox, "bombs"), tmp_path / "bombs")
+    assert _host_bytes(tmp_path) < MiB
+
+
+async def test_download_total_is_capped(sandbox: Sandbox, tmp_path: Path) -> None:
+    r = await sandbox.exec(
+        "mkdir -p two && head -c 600000 /dev/zero > two/a && head -c 600000 /dev/zero > two/b"
+    )
+    assert r.ok, r.stderr
+    with pytest.raises(DownloadLimitError, match="max_bytes=1000000"):
+        await sandbox.download(_in_workdir(sandbox, "two"), tmp_path / "two", max_bytes=1_000_000)
+    assert _host_bytes(tmp_path) <= 1_000_000
+    report = await sandbox.download(_in_workdir(sandbox, "two"), tmp_path / "ok")
+    assert (report.files, report.bytes) == (2, 1_200_000)

@@ -94,14 +94,16 @@ def _link_tree(source: Path, dest: Path) -> None:
 
 
 def _minimal_rootfs(root: Path) -> None:
-    """bash, cat, mkdir, tar, ls, this machine's Python (which runs the sandbox's init; its
-    standard library found from ``/usr/bin/python3`` as ``/usr/lib/pythonX.Y``) and their
-    shared libraries under ``root``."""
+    """bash and the coreutils the file API uses (cat, head, basename, mkdir, tar, ls), this
+    machine's Python (which runs the sandbox's init; its standard library found from
+    ``/usr/bin/python3`` as ``/usr/lib/pythonX.Y``) and their shared libraries under ``root``."""
     python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     stdlib = Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     _link_tree(stdlib, root / "usr/lib" / stdlib.name)
     _hardlink_or_copy(python, root / "usr/bin/python3")
-    programs = [shutil.which(p) for p in ("bash", "cat", "mkdir", "tar", "ls")] + [python]
+    programs = [
+        shutil.which(p) for p in ("bash", "cat", "head", "basename", "mkdir", "tar", "ls")
+    ] + [python]
     libraries: set[str] = set()
     for program in programs:
         assert program is not None

@@ -161,3 +161,17 @@ async def test_long_files_are_clipped(toolbox: Toolbox, sandbox: Sandbox) -> Non
     await sandbox.write_file(path, "x" * 20_000)
     r = await edit(toolbox, command="view", path=path)
     assert "<response clipped>" in r.output and len(r.output) < 17_000
+
+
+async def test_view_of_a_huge_file_is_refused_not_read(toolbox: Toolbox, sandbox: Sandbox) -> None:
+    # 1 GiB that takes no disk: reading it whole used to take the caller's RSS up by 2 GiB.
+    assert (await sandbox.exec("truncate -s 1G /tmp/sparse")).ok
+    r = await edit(toolbox, command="view", path="/tmp/sparse")
+    assert r.status == "error"
+    assert "larger than 10485760 bytes" in r.output and "sed -n" in r.output
+    small = Toolbox.from_config(
+        [{"name": "str_replace_editor", "max_file_bytes": 5}], context=toolbox.tools["bash"].context
+    )
+    await sandbox.write_file("/tmp/six", b"123456")
+    r = await small.call("str_replace_editor", {"command": "view", "path": "/tmp/six"})
+    assert r.status == "error" and "larger than 5 bytes" in r.output

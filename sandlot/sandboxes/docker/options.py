@@ -40,8 +40,8 @@ class DockerOptions(BaseModel):
             is drained and dropped, and the result says ``truncated=True``.
         stop_grace_s: seconds a timed-out or cancelled command gets between SIGTERM and SIGKILL.
             ``0`` sends SIGKILL at once.
-        pids_limit: cap on the number of processes in the container (fork-bomb guard), or
-            ``None`` for the engine default.
+        pids_limit: cap on the number of processes in the container (fork-bomb guard); always
+            set, since an engine's default may be no limit at all (Docker).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -51,4 +51,4 @@ class DockerOptions(BaseModel):
     registry_auth: RegistryAuth | None = None
     max_output_bytes: int = Field(default=10 * MiB, gt=0)
     stop_grace_s: float = Field(default=1.0, ge=0)
-    pids_limit: int | None = Field(default=4096, gt=0)
+    pids_limit: int = Field(default=4096, gt=0)

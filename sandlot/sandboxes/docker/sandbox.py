@@ -8,9 +8,10 @@ only when a sandbox starts.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import posixpath
-import tarfile
 import tempfile
 import time
 import uuid
@@ -23,9 +24,19 @@ import anyio
 from pydantic import BaseModel
 
 from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.archive import (
+    DEFAULT_DOWNLOAD_MAX_BYTES,
+    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    DEFAULT_READ_MAX_BYTES,
+    DownloadReport,
+    build_archive,
+    check_read_size,
+    extract_archive,
+    file_archive,
+    read_single_file,
+)
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.capped import CappedOutput
-from sandlot.sandboxes.docker.archive import extract_as, file_archive, write_tree_archive
 from sandlot.sandboxes.docker.engine import (
     api_error,
     describe_address,
@@ -59,9 +70,15 @@ T = TypeVar("T")
 _SPOOL_BYTES = 8 * MiB
 # A path that is a symlink to a symlink ... is followed this many times by read_file/download.
 _MAX_LINK_HOPS = 8
+# Go's os.ModeSymlink, in the "mode" of the engine's path stat.
+_MODE_SYMLINK = 1 << 27
 # Beyond the SIGTERM grace, how long the in-container killer may take before we give up.
 _KILL_BUDGET_S = 15.0
 _KILL_ATTEMPTS = 3
+# How Docker and Podman refuse storage_opt size on a driver that cannot enforce it ("--storage-opt
+# is supported only for overlay over xfs with 'pquota' mount option", "... does not support
+# storage options", quota errors).
+_DISK_QUOTA_ERRORS = ("storage-opt", "storage opt", "storage option", "quota")
 # Pull errors that another attempt cannot fix.
 _PERMANENT_PULL_ERRORS = ("not found", "unknown", "unauthorized", "denied", "no such", "invalid")
 
@@ -104,6 +121,7 @@ class DockerSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "docker"
+    enforces_disk_mb: ClassVar[bool] = True
     Options: ClassVar[type[DockerOptions]] = DockerOptions
     options: DockerOptions
 
@@ -231,8 +249,29 @@ class DockerSandbox(Sandbox):
             memswap_limit=memory,  # equal to mem_limit: no swap on top of the limit
             nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
             pids_limit=opts.pids_limit,
+            storage_opt={"size": f"{spec.disk_mb}m"} if spec.disk_mb else None,
         )
-        created = api.create_container(
+        try:
+            created = self._create_container(host_config)
+        except sdk().errors.APIError as exc:
+            if spec.disk_mb and any(
+                e in str(exc.explanation or exc).lower() for e in _DISK_QUOTA_ERRORS
+            ):
+                raise SandboxStartError(
+                    f"disk_mb={spec.disk_mb} needs a storage driver that enforces a size per "
+                    "container (Docker: overlay2 on xfs mounted with pquota, btrfs, zfs, "
+                    "devicemapper; Podman: overlay on xfs with pquota), and the engine at "
+                    f"{describe_address(opts.base_url)} said: {exc.explanation}; "
+                    "use disk_mb=None there",
+                    retryable=False,
+                ) from exc
+            raise
+        # Recorded here, in the worker thread: a cancelled start still removes the container.
+        self._container_id = created["Id"]
+
+    def _create_container(self, host_config: dict[str, Any]) -> dict[str, Any]:
+        spec, api = self.spec, self._client
+        created: dict[str, Any] = api.create_container(
             spec.image,
             entrypoint=remote_shell.init_argv(spec.timeout_s),
             name=self.id,
@@ -242,8 +281,7 @@ class DockerSandbox(Sandbox):
             host_config=host_config,
             detach=True,
         )
-        # Recorded here, in the worker thread: a cancelled start still removes the container.
-        self._container_id = created["Id"]
+        return created
 
     def _pull(self) -> None:
         image, policy = self.spec.image, self.options.pull
@@ -311,7 +349,7 @@ class DockerSandbox(Sandbox):
         self._check_usable()
         began = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        argv = remote_shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir)
+        argv = remote_shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir, sweep_orphans=True)
         handle = _Exec(marker=uuid.uuid4().hex)
         environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: handle.marker}
         out = CappedOutput(self.options.max_output_bytes)
@@ -365,27 +403,67 @@ class DockerSandbox(Sandbox):
         return int(code)
 
     async def _kill(self, handle: _Exec) -> None:
-        argv = remote_shell.kill_argv(handle.marker, self.options.stop_grace_s)
+        """Kill every process of ``handle``'s exec (and escaped orphans), whatever it takes.
+
+        First the in-container killer (shell builtins only, see
+        :mod:`sandlot.sandboxes.remote_shell`); when it cannot run or leaves survivors (no
+        process slot left, ``/bin/sh`` deleted), the engine sends SIGUSR1 to PID 1, which kills
+        every other process of the container; if even that fails the engine kills the container
+        and the sandbox is dead (the next call says why).
+        """
+        argv = remote_shell.kill_argv(handle.marker, self.options.stop_grace_s, sweep_orphans=True)
         with anyio.move_on_after(self.options.stop_grace_s + _KILL_BUDGET_S):
             try:
                 for _ in range(_KILL_ATTEMPTS):
                     # Repeated because a command whose exec was still starting when the first
                     # round scanned /proc can only be found by a later round.
-                    await self._call("kill exec", self._run_quiet, argv)
-                    info = await self._call(
-                        "exec inspect", self._client.exec_inspect, handle.exec_id
-                    )
-                    if not info.get("Running"):
+                    code = await self._call("kill exec", self._run_quiet, argv)
+                    if code == 0 and not await self._exec_running(handle):
                         return
+            except SandboxDeadError:
+                return  # the container went down: nothing left to kill
             except SandboxError as exc:
-                log.warning("sandbox %s: could not kill exec %s: %s", self.id, handle.marker, exc)
-                return
-        log.warning("sandbox %s: exec %s may still be running", self.id, handle.marker)
+                log.warning(
+                    "sandbox %s: in-container kill of %s failed: %s", self.id, handle.marker, exc
+                )
+        await self._reset(handle)
 
-    def _run_quiet(self, argv: list[str]) -> None:
-        """Run ``argv`` in the container to completion, ignoring its output. Blocking."""
-        exec_id = self._client.exec_create(self._cid, argv)["Id"]
+    async def _exec_running(self, handle: _Exec) -> bool:
+        info = await self._call("exec inspect", self._client.exec_inspect, handle.exec_id)
+        return bool(info.get("Running"))
+
+    async def _reset(self, handle: _Exec) -> None:
+        """Empty the container through the engine (SIGUSR1 to PID 1); kill it if that fails."""
+        log.warning("sandbox %s: emptying the container to stop exec %s", self.id, handle.marker)
+        with anyio.move_on_after(_KILL_BUDGET_S):
+            try:
+                await self._call("reset", self._client.kill, self._cid, "SIGUSR1")
+                for _ in range(50):
+                    await anyio.sleep(0.1)
+                    if not await self._exec_running(handle):
+                        return
+            except SandboxDeadError:
+                return
+            except SandboxError as exc:
+                log.warning("sandbox %s: reset failed: %s", self.id, exc)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_KILL_BUDGET_S):
+            try:
+                await run_blocking(self._client.kill, self._cid)
+            except Exception as exc:
+                log.warning("sandbox %s: killing container failed: %s", self.id, exc)
+        if self._dead is None:
+            self._dead = "was killed: a timed-out command could not be stopped inside it"
+
+    def _run_quiet(self, argv: list[str]) -> int:
+        """Run ``argv`` in the container to completion, ignoring its output; its exit code.
+
+        Blocking. The exec carries a marker of its own, so it is never taken for an orphan.
+        """
+        marker = {remote_shell.EXEC_MARKER_ENV: f"internal-{uuid.uuid4().hex}"}
+        exec_id = self._client.exec_create(self._cid, argv, environment=marker)["Id"]
         self._client.exec_start(exec_id)
+        code = self._client.exec_inspect(exec_id).get("ExitCode")
+        return -1 if code is None else int(code)
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         """A session whose ``bash`` is an attached exec (``DockerChannel``); needs bash."""
@@ -416,19 +494,26 @@ class DockerSandbox(Sandbox):
             raise dead
         return self.resolve_path(path)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
         """Return the bytes of the file at ``path`` (relative: to ``spec.workdir``).
 
-        Symlinks are followed.
+        Symlinks are followed. The size is checked from the engine's stat of the file before
+        anything is transferred.
 
         Raises:
+            DownloadLimitError: the file is larger than ``max_bytes``.
             SandboxFileError: ``path`` is missing, a directory, or not a regular file.
             SandboxDeadError: the container was removed or stopped.
         """
         path = await self._live_path(path)
-        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            await self._file_call("read_file", path, self._fetch_archive, path, spool)
-            return await run_blocking(_single_file, spool, path)
+        return await self._file_call("read_file", path, self._read_blocking, path, max_bytes)
+
+    def _read_blocking(self, path: str, max_bytes: int) -> bytes:
+        path, stat = self._stat(path)
+        if stat.get("isDir"):
+            raise SandboxFileError(f"read_file: is a directory: {path}")
+        check_read_size(path, int(stat.get("size") or 0), max_bytes)
+        return self._stream_archive(path, lambda raw: read_single_file(raw, path, max_bytes))
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` to ``path`` (mode 0644, owner root), creating parent directories.
@@ -457,23 +542,37 @@ class DockerSandbox(Sandbox):
         remote_path = await self._live_path(remote_path)
         parent, name = _split(remote_path)
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            await run_blocking(write_tree_archive, Path(local_path), name, spool)
+            await run_blocking(build_archive, Path(local_path), name, spool)
             spool.seek(0)
             await self._file_call("upload", remote_path, self._put_archive, parent, spool)
 
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
+        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    ) -> DownloadReport:
         """Copy a file or directory tree from the sandbox so that it becomes ``local_path``.
 
-        Modes and symlinks are kept; files belong to the calling user.
-
-        Raises:
-            SandboxFileError: ``remote_path`` is missing, or the archive has unsafe members.
-            SandboxDeadError: the container was removed or stopped.
+        The engine's archive is streamed straight into
+        :func:`sandlot.sandboxes.archive.extract_archive` (never stored whole). Behaviour,
+        arguments and errors as in :meth:`Sandbox.download`.
         """
         remote_path = await self._live_path(remote_path)
-        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            await self._file_call("download", remote_path, self._fetch_archive, remote_path, spool)
-            await run_blocking(_extract_spool, spool, Path(local_path))
+        dest = Path(local_path)
+
+        def fetch() -> DownloadReport:
+            path, _ = self._stat(remote_path)
+            return self._stream_archive(
+                path,
+                lambda raw: extract_archive(
+                    raw, dest, max_bytes=max_bytes, max_file_bytes=max_file_bytes
+                ),
+            )
+
+        return await self._file_call("download", remote_path, fetch)
 
     def _put_archive(self, parent: str, archive: bytes | IO[bytes]) -> None:
         """Unpack ``archive`` into the container directory ``parent``. Blocking."""
@@ -486,27 +585,37 @@ class DockerSandbox(Sandbox):
                 archive.seek(0)
             put_archive(self._client, self._cid, parent, archive)
 
-    def _fetch_archive(self, path: str, spool: IO[bytes]) -> None:
-        """Write the archive of ``path`` to ``spool``, following a symlink at ``path`` itself.
+    def _stat(self, path: str) -> tuple[str, dict[str, Any]]:
+        """``(resolved path, engine stat)`` of ``path``, symlinks followed. Blocking.
 
-        Blocking. Docker answers with the link, Podman with its target; the ``linkTarget`` of
-        the stat header gives the resolved path in both.
+        ``HEAD /containers/{id}/archive`` (Engine API v1.41) answers with the base64 JSON
+        ``X-Docker-Container-Path-Stat`` of the path itself (a link's ``mode`` has Go's
+        ``ModeSymlink`` bit; its ``linkTarget`` is where it leads) on Docker and Podman alike.
         """
+        api = self._client
         for _ in range(_MAX_LINK_HOPS):
-            spool.seek(0)
-            spool.truncate()
-            chunks, stat = self._client.get_archive(self._cid, path)
-            for chunk in chunks:
-                spool.write(chunk)
-            spool.seek(0)
-            with tarfile.open(fileobj=spool, mode="r:") as tar:
-                first = tar.next()
-            spool.seek(0)
+            response = api.head(
+                api._url("/containers/{0}/archive", self._cid), params={"path": path}
+            )
+            api._raise_for_status(response)
+            stat = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
             target = stat.get("linkTarget") or ""
-            if first is None or not first.issym() or target in ("", path):
-                return
+            if not int(stat.get("mode") or 0) & _MODE_SYMLINK or target in ("", path):
+                return path, stat
             path = posixpath.join(posixpath.dirname(path), target)
         raise SandboxFileError(f"too many levels of symbolic links: {path}")
+
+    def _stream_archive(self, path: str, consume: Callable[[IO[bytes]], T]) -> T:
+        """Call ``consume`` on the engine's tar stream of ``path`` (read as it arrives, never
+        stored), then drop the connection. Blocking."""
+        api = self._client
+        url = api._url("/containers/{0}/archive", self._cid)
+        response = api._get(url, params={"path": path}, stream=True)
+        try:
+            api._raise_for_status(response)
+            return consume(response.raw)
+        finally:
+            response.close()
 
 
 def put_archive(api: APIClient, container: str, path: str, data: bytes | IO[bytes]) -> None:
@@ -525,24 +634,3 @@ def _split(path: str) -> tuple[str, str]:
     if path == "/":
         raise SandboxFileError("cannot write to the root directory /")
     return posixpath.split(path)
-
-
-def _single_file(spool: IO[bytes], path: str) -> bytes:
-    with tarfile.open(fileobj=spool, mode="r:") as tar:
-        member = tar.next()
-        if member is None:
-            raise SandboxFileError(f"read_file: empty archive for {path}")
-        if member.isdir():
-            raise SandboxFileError(f"read_file: is a directory: {path}")
-        content = tar.extractfile(member) if member.isreg() else None
-        if content is None:
-            raise SandboxFileError(f"read_file: not a regular file: {path}")
-        return content.read()
-
-
-def _extract_spool(spool: IO[bytes], dest: Path) -> None:
-    with tarfile.open(fileobj=spool, mode="r:") as tar:
-        first = tar.next()
-        if first is None:
-            raise SandboxFileError(f"download: empty archive for {dest}")
-        extract_as(tar, first.name.rstrip("/").split("/")[0], dest)

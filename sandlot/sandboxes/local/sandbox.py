@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING, ClassVar
 import anyio
 from pydantic import BaseModel
 
-from sandlot.sandboxes.archive import build_archive, extract_archive
+from sandlot.sandboxes.archive import (
+    ARCHIVE_OVERHEAD_BYTES,
+    DEFAULT_DOWNLOAD_MAX_BYTES,
+    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    DEFAULT_READ_MAX_BYTES,
+    DownloadReport,
+    build_archive,
+    check_read_size,
+    extract_archive,
+)
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.errors import (
@@ -64,6 +73,19 @@ _ERROR_TAIL_CHARS = 2000
 
 _WRITE_SCRIPT = 'mkdir -p -- "$1" && cat >"$2"'
 _UNTAR_SCRIPT = 'mkdir -p -- "$1" && exec tar -x -f - --no-same-owner -C "$1"'
+# $1 = path, $2 = archive byte cap, $3 = file byte cap: a link at the path itself is resolved in
+# the jail (as docker does), a file above the file cap stops the download before any transfer,
+# and the archive is cut at its cap so a sparse file never fills the host's disk while staged.
+_TAR_SCRIPT = """
+t=$(readlink -f -- "$1") && [ -e "$t" ] || { echo "no such file or directory: $1" >&2; exit 2; }
+big=$(find "$t" -type f -size +"$3"c -print -quit)
+[ -z "$big" ] || { echo "$big is larger than max_file_bytes=$3" >&2; exit 3; }
+cd -- "$(dirname -- "$t")" || exit
+tar -c -f - -- "$(basename -- "$t")" | head -c "$2"
+s=("${PIPESTATUS[@]}")
+[ "${s[0]}" = 0 ] || [ "${s[0]}" = 141 ] || exit "${s[0]}"
+exit "${s[1]}"
+"""
 
 
 def _bwrap_missing(path: str) -> BackendUnavailableError:
@@ -152,6 +174,7 @@ class LocalSandbox(Sandbox):
     name: ClassVar[str] = "local"
     Options: ClassVar[type[BaseModel]] = LocalOptions
     on_host: ClassVar[bool] = True
+    enforces_disk_mb: ClassVar[bool] = True  # a size-limited tmpfs (needs root, see _start)
     options: LocalOptions
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
@@ -260,7 +283,7 @@ class LocalSandbox(Sandbox):
                 rootfs=rootfs,
                 workdir=spec.workdir,
                 dirs=dirs,
-                network=spec.network,
+                network=spec.network is True,  # "internet" is refused by start()
                 hidden=home_paths(opts.hidden_paths),
                 sandboxes_dir=parent,
                 cgroup_procs=tuple(c.procs_file for c in self._cgroups),
@@ -579,19 +602,26 @@ class LocalSandbox(Sandbox):
             raise SandboxFileError(f"{what} in sandbox {self.id}: {_tail(done.stderr)}")
         return done.stdout
 
-    async def read_file(self, path: str) -> bytes:
-        """Return the exact bytes of a file, read by ``cat`` inside the jail.
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
+        """Return the exact bytes of a file, read by ``head -c`` inside the jail.
 
         Args:
             path: file in the sandbox; relative paths start at ``spec.workdir``.
+            max_bytes: cap in bytes; at most one byte more is ever read.
 
         Raises:
+            DownloadLimitError: the file is larger than ``max_bytes``.
             SandboxFileError: the file is missing or unreadable (the message names ``path``).
             SandboxDeadError: the sandbox is closed or died.
         """
         self._ensure_usable()
         target = self.resolve_path(path)
-        return await self._file_op(["cat", "--", self._seen(target)], f"cannot read {target!r}")
+        data = await self._file_op(
+            ["head", "-c", str(max_bytes + 1), "--", self._seen(target)],
+            f"cannot read {target!r}",
+        )
+        check_read_size(target, len(data), max_bytes)
+        return data
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write a file from inside the jail, creating parent directories.
@@ -653,32 +683,42 @@ class LocalSandbox(Sandbox):
         finally:
             archive.unlink(missing_ok=True)
 
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
+        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    ) -> DownloadReport:
         """Copy a file or directory tree from the sandbox to the host.
 
-        ``tar -c`` runs inside the jail; the archive is checked member by member before
-        extraction (no absolute paths, no ``..``, nothing written through a symlink that leads
-        outside ``local_path``, no device files). Symbolic links arrive as links.
-
-        Args:
-            remote_path: file or directory in the sandbox (relative to ``spec.workdir``).
-            local_path: host path that becomes that file or directory; parents are created.
-
-        Raises:
-            SandboxFileError: ``remote_path`` does not exist, or the archive is unsafe.
-            SandboxDeadError: the sandbox is closed or died.
+        ``tar -c`` runs inside the jail (a link at ``remote_path`` is resolved there first)
+        into a staging file cut at ``max_bytes`` plus room for headers; the archive is then
+        extracted by :func:`sandlot.sandboxes.archive.extract_archive`. Behaviour, arguments
+        and errors as in :meth:`Sandbox.download`.
         """
         self._ensure_usable()
         target = self.resolve_path(remote_path)
-        parent, base = posixpath.split(target)
-        base = base or "."
         archive = self._staging_file()
+        cap = max_bytes + ARCHIVE_OVERHEAD_BYTES + 1
         try:
             await self._file_op(
-                ["tar", "-c", "-f", "-", "-C", self._seen(parent), "--", base],
+                [
+                    *("bash", "-c", _TAR_SCRIPT, "sandlot-download", self._seen(target)),
+                    *(str(cap), str(max_file_bytes)),
+                ],
                 f"cannot download {target!r}",
                 stdout_path=archive,
             )
-            await anyio.to_thread.run_sync(extract_archive, archive, base, Path(local_path))
+            with archive.open("rb") as stream:
+                return await anyio.to_thread.run_sync(
+                    lambda: extract_archive(
+                        stream,
+                        Path(local_path),
+                        max_bytes=max_bytes,
+                        max_file_bytes=max_file_bytes,
+                    )
+                )
         finally:
             archive.unlink(missing_ok=True)

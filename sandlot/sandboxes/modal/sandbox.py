@@ -35,7 +35,16 @@ from pydantic import BaseModel
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.archive import build_archive, extract_archive
+from sandlot.sandboxes.archive import (
+    ARCHIVE_OVERHEAD_BYTES,
+    DEFAULT_DOWNLOAD_MAX_BYTES,
+    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    DEFAULT_READ_MAX_BYTES,
+    DownloadReport,
+    build_archive,
+    check_read_size,
+    extract_archive,
+)
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.errors import (
@@ -445,7 +454,7 @@ class ModalSandbox(Sandbox):
                 raise SandboxFileError(f"{what} {path}: {cause}") from cause
             raise
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
         """The bytes of the file at ``path`` (relative: to ``spec.workdir``).
 
         Raises:
@@ -455,6 +464,7 @@ class ModalSandbox(Sandbox):
         self._check_usable()
         path = self.resolve_path(path)
         data = await self._fs("read_file", path, self._sb.filesystem.read_bytes.aio, path)
+        check_read_size(path, len(data), max_bytes)
         return bytes(data)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
@@ -491,7 +501,14 @@ class ModalSandbox(Sandbox):
             )
         await self._run_checked("upload to", target, remote_shell.tar_extract_argv(staging, parent))
 
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
+        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    ) -> DownloadReport:
         """Copy a file or tree from the sandbox so that it becomes ``local_path``.
 
         Raises:
@@ -501,7 +518,13 @@ class ModalSandbox(Sandbox):
         self._check_usable()
         source = self.resolve_path(remote_path)
         staging = f"/tmp/sandlot-download-{uuid.uuid4().hex}.tar"
-        await self._run_checked("download", source, remote_shell.tar_create_argv(source, staging))
+        await self._run_checked(
+            "download",
+            source,
+            remote_shell.tar_create_argv(
+                source, staging, max_bytes + ARCHIVE_OVERHEAD_BYTES + 1, max_file_bytes
+            ),
+        )
         try:
             data = await self._fs("download", source, self._sb.filesystem.read_bytes.aio, staging)
         finally:
@@ -509,5 +532,8 @@ class ModalSandbox(Sandbox):
         with tempfile.TemporaryDirectory() as tmp:
             archive = Path(tmp) / "download.tar"
             archive.write_bytes(bytes(data))
-            top = posixpath.basename(source)
-            await anyio.to_thread.run_sync(extract_archive, archive, top, Path(local_path))
+            return await anyio.to_thread.run_sync(
+                lambda: extract_archive(
+                    archive, Path(local_path), max_bytes=max_bytes, max_file_bytes=max_file_bytes
+                )
+            )

@@ -28,7 +28,16 @@ from pydantic import BaseModel
 
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.archive import build_archive, extract_archive
+from sandlot.sandboxes.archive import (
+    ARCHIVE_OVERHEAD_BYTES,
+    DEFAULT_DOWNLOAD_MAX_BYTES,
+    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    DEFAULT_READ_MAX_BYTES,
+    DownloadReport,
+    build_archive,
+    check_read_size,
+    extract_archive,
+)
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.errors import (
     SandboxDeadError,
@@ -420,7 +429,7 @@ class VefaasSandbox(Sandbox):
 
     # ----------------------------------------------------------------- files
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
         """The exact bytes of the file at ``path`` (``base64`` through ``/execute``).
 
         Raises:
@@ -430,9 +439,11 @@ class VefaasSandbox(Sandbox):
         client = self._check_usable()
         path = self.resolve_path(path)
         try:
-            return await self._data(client.read_bytes, path, timeout=_FILE_TIMEOUT_S)
+            data = await self._data(client.read_bytes, path, timeout=_FILE_TIMEOUT_S)
         except FileNotFoundError as exc:
             raise SandboxFileError(f"read_file {path}: {exc}") from exc
+        check_read_size(path, len(data), max_bytes)
+        return data
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` to ``path``, creating parents: uploaded beside, then moved in place.
@@ -472,7 +483,14 @@ class VefaasSandbox(Sandbox):
             )
         await self._run_checked("upload to", target, remote_shell.tar_extract_argv(staging, parent))
 
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
+        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
+    ) -> DownloadReport:
         """Copy a file or tree from the sandbox so that it becomes ``local_path``.
 
         Raises:
@@ -482,7 +500,13 @@ class VefaasSandbox(Sandbox):
         client = self._check_usable()
         source = self.resolve_path(remote_path)
         staging = f"{jobs.JOBS_DIR}/download-{uuid.uuid4().hex}.tar"
-        await self._run_checked("download", source, remote_shell.tar_create_argv(source, staging))
+        await self._run_checked(
+            "download",
+            source,
+            remote_shell.tar_create_argv(
+                source, staging, max_bytes + ARCHIVE_OVERHEAD_BYTES + 1, max_file_bytes
+            ),
+        )
         try:
             data = await self._data(client.read_bytes, staging, timeout=_FILE_TIMEOUT_S)
         except FileNotFoundError as exc:
@@ -492,5 +516,8 @@ class VefaasSandbox(Sandbox):
         with tempfile.TemporaryDirectory() as tmp:
             archive = Path(tmp) / "download.tar"
             archive.write_bytes(data)
-            top = posixpath.basename(source)
-            await anyio.to_thread.run_sync(extract_archive, archive, top, Path(local_path))
+            return await anyio.to_thread.run_sync(
+                lambda: extract_archive(
+                    archive, Path(local_path), max_bytes=max_bytes, max_file_bytes=max_file_bytes
+                )
+            )
