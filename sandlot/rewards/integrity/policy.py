@@ -138,11 +138,10 @@ def _toml_sections(text: str) -> dict[str, Any] | None:
             tool = tomllib.loads(text).get("tool", {})
         except tomllib.TOMLDecodeError:
             return None
-    else:  # no tomllib: any change counts (documented, conservative)
-        return None
-    if not isinstance(tool, dict):
-        return None
-    return {k: v for k, v in tool.items() if k in ("pytest", "tox")}
+        if not isinstance(tool, dict):
+            return None
+        return {k: v for k, v in tool.items() if k in ("pytest", "tox")}
+    return None  # no tomllib: any change counts (documented, conservative)
 
 
 def runner_sections_changed(path: str, before: str | None, after: str | None) -> str | None:
