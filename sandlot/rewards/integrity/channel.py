@@ -153,12 +153,14 @@ def judge_records(text: str, key: bytes) -> ChannelVerdict:
     expected_xfail: set[str] = set()
     phases: dict[str, list[dict[str, Any]]] = {}
     seen: set[tuple[str, str]] = set()
+    tampered: set[tuple[str, ...]] = set()
     for record in records:
         kind = record["k"]
         if kind == "items":
             items = set(record.get("ids", []))
             expected_xfail = set(record.get("xfail", []))
-        elif kind == "tamper":
+        elif kind == "tamper" and tuple(record.get("what", [])) not in tampered:
+            tampered.add(tuple(record.get("what", [])))
             bad.append(
                 f"pytest's machinery was changed ({record.get('where')}): "
                 + "; ".join(record.get("what", []))

@@ -381,7 +381,9 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_logreport(report):
-    if _state is not None and _state.items is not None:
+    if _state is not None and _state.items is None and _state.baseline is not None:
+        _state.channel.send("tamper", where="collection", what=["report of " + report.nodeid])
+    elif _state is not None and _state.items is not None:
         key = (report.nodeid, report.when)
         _state.channel.send(
             "phase",
