@@ -97,13 +97,15 @@ class ChannelVerdict:
         statuses: pytest node id → status (``PASSED``, ``FAILED``, ``ERROR``, ``SKIPPED``,
             ``XFAIL``, ``XPASS``) composed from the test's phases as ``-rA`` reports it.
         violations: reasons not to trust the run (each names the test or record).
-        plugin_files: absolute paths of the files registered as pytest plugins during the run.
+        plugin_files: absolute paths of the files that define the run's pytest plugins.
+        code_files: node id → absolute path of the file defining the test function's code.
         exitstatus: pytest's exit status from the ``end`` record (``None`` without one).
     """
 
     statuses: dict[str, str] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     plugin_files: list[str] = field(default_factory=list)
+    code_files: dict[str, str] = field(default_factory=dict)
     exitstatus: int | None = None
 
 
@@ -159,6 +161,7 @@ def judge_records(text: str, key: bytes) -> ChannelVerdict:
         if kind == "items":
             items = set(record.get("ids", []))
             expected_xfail = set(record.get("xfail", []))
+            verdict.code_files = dict(record.get("code_files", {}))
         elif kind == "tamper" and tuple(record.get("what", [])) not in tampered:
             tampered.add(tuple(record.get("what", [])))
             bad.append(

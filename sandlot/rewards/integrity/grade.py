@@ -56,10 +56,15 @@ def grade_channel(
     """
     violations = list(verdict.violations)
     kept = set(model_files)
-    for path in verdict.plugin_files:
+    for path in dict.fromkeys(verdict.plugin_files):
         rel = posixpath.relpath(path, instance.workdir)
         if rel in kept:
             violations.append(f"{rel}, changed by the model patch, was loaded as a pytest plugin")
+    graded_ids = set(instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
+    for nodeid, path in verdict.code_files.items():
+        rel = posixpath.relpath(path, instance.workdir)
+        if rel in kept and graded_ids & set(as_parser_ids({nodeid: "PASSED"}, parser, instance)):
+            violations.append(f"the code of test {nodeid} comes from {rel}, changed by the model")
     statuses = as_parser_ids(verdict.statuses, parser, instance)
     graded = grade_statuses(instance, statuses)
     consistent = True

@@ -11,11 +11,19 @@ are new), each with the reason below:
   ``[tool.tox]``): the whole file is reverted then, since the sections can also be written in
   forms a section-by-section merge would miss (dotted keys, inline tables);
 * caches that pytest or Python read back: ``.pytest_cache/``, ``__pycache__/``, ``*.pyc``;
-* modules that shadow the runner or the interpreter's start-up: ``pytest.py``, ``_pytest/``,
-  ``pluggy/``, ``sitecustomize.py``, ``usercustomize.py`` and ``*.pth`` anywhere; at the
-  repository root (first on ``sys.path`` under ``python -m pytest``), a new module or package
-  named like a standard-library module (``sys.stdlib_module_names``, e.g. ``unittest.py``,
-  ``inspect.py``, ``json/__init__.py``) or ``py.py``;
+* modules that shadow the runner or the interpreter's start-up: ``*.pth`` anywhere; new
+  ``pytest.py``, ``sitecustomize.py``, ``usercustomize.py``, ``pytest/``, ``_pytest/``,
+  ``pluggy/`` anywhere (changed ones at the root: a repository's own, pytest's ``src/_pytest``,
+  is code under test); at the repository root (first on ``sys.path`` under
+  ``python -m pytest``), a new module or package named like a standard-library module
+  (``sys.stdlib_module_names``: ``unittest.py``, ``argparse.py``, ``json/__init__.py``) or a
+  module pytest imports (``py``, ``iniconfig``, ``packaging``, ``pygments``, ...);
+* package metadata: ``*.egg-info/``, ``*.dist-info/``, ``*.egg-link`` (an ``entry_points.txt``
+  with a ``pytest11`` entry next to the repository is a plugin pytest autoloads);
+* test code and data: anything under a ``test``, ``tests``, ``testing`` or ``e2e`` directory and
+  ``test_*.py``, ``*_test.py``, ``tests.py``, ``test.py`` modules. SWE-bench builds
+  ``test_patch`` from exactly such paths, so a fix never needs them, and test helpers and
+  expected-output files are as much the grader as the test functions;
 * the files the instance's ``test_patch`` touches (reset, then ``test_patch`` applies).
 
 An instance may allow paths its fix legitimately changes: its ``integrity_allow`` field (a
@@ -42,7 +50,9 @@ _CONFTEST = "pytest conftest.py (its hooks and fixtures run inside the test runn
 _RUNNER_CONFIG = "test-runner configuration"
 _CACHE = "cache the test runner or Python reads back"
 _SHADOW = "module that shadows the test runner or Python's start-up"
-_STDLIB = "new top-level module named like a standard-library module (shadows it)"
+_METADATA = "package metadata the import system reads (entry points load pytest plugins)"
+_TOP_LEVEL = "new top-level module named like a standard-library module or a test-runner dependency"
+_TEST_CODE = "test code or test data (the grader's side, which SWE-bench puts in test_patch)"
 _TEST_PATCH = "file of the instance's test_patch"
 _RUNNER_SECTIONS = "test-runner section of {name} changed ({sections}); whole file reverted"
 
@@ -55,15 +65,32 @@ _RUNNER_CONFIG_NAMES = {
     "noxfile.py",
 }
 _SHADOW_NAMES = {"pytest.py", "sitecustomize.py", "usercustomize.py"}
-_SHADOW_DIRS = {"_pytest", "pluggy"}
+_SHADOW_PACKAGES = {"pytest", "_pytest", "pluggy"}
 _CACHE_DIRS = {".pytest_cache", "__pycache__"}
-_TOP_LEVEL_SHADOWS = frozenset(getattr(sys, "stdlib_module_names", ())) | {
+_TEST_DIRS = {"test", "tests", "testing", "e2e"}
+# What pytest imports (at start-up or lazily) besides the standard library, by top-level name.
+_RUNNER_DEPENDENCIES = {
     "py",
     "pytest",
     "_pytest",
     "pluggy",
-    "unittest",
+    "iniconfig",
+    "packaging",
+    "exceptiongroup",
+    "tomli",
+    "colorama",
+    "attr",
+    "attrs",
+    "more_itertools",
+    "six",
+    "atomicwrites",
+    "importlib_metadata",
+    "zipp",
+    "wcwidth",
+    "pygments",
+    "typing_extensions",
 }
+_TOP_LEVEL_SHADOWS = frozenset(getattr(sys, "stdlib_module_names", ())) | _RUNNER_DEPENDENCIES
 SECTIONED_FILES = ("setup.cfg", "pyproject.toml")
 
 
@@ -94,27 +121,41 @@ class RevertPolicy(BaseModel):
 def path_reason(path: str, *, added: bool) -> str | None:
     """Why ``path`` (repository-relative, ``/``-separated) is test infrastructure, or ``None``.
 
-    ``added``: the path does not exist at ``base_commit`` (the standard-library rule applies
-    to new modules only: a repository that already has such a module is not shadowing by the
-    model's hand). ``setup.cfg``/``pyproject.toml`` need their contents: see
-    :func:`runner_sections_changed`.
+    ``added``: the path does not exist at ``base_commit``. The shadowing rules apply to new
+    modules anywhere but to changed ones only at the top level: a repository's own ``_pytest``
+    (pytest's) or ``src/pytest.py`` is code under test. ``setup.cfg``/``pyproject.toml`` need
+    their contents: see :func:`runner_sections_changed`.
     """
     parts = path.split("/")
-    name = parts[-1]
+    name, dirs = parts[-1], parts[:-1]
+    top = parts[0].split(".")[0]
     if name == "conftest.py":
         return _CONFTEST
     if name in _RUNNER_CONFIG_NAMES:
         return _RUNNER_CONFIG
-    if _CACHE_DIRS.intersection(parts[:-1]) or name.endswith((".pyc", ".pyo")):
+    if _CACHE_DIRS.intersection(dirs) or name.endswith((".pyc", ".pyo")):
         return _CACHE
-    if name in _SHADOW_NAMES or name.endswith(".pth") or _SHADOW_DIRS.intersection(parts[:-1]):
+    if name.endswith(".pth"):
         return _SHADOW
-    top = parts[0].split(".")[0]
+    if any(d.endswith((".egg-info", ".dist-info")) for d in dirs) or name.endswith(".egg-link"):
+        return _METADATA
+    if (added or len(parts) == 1) and name in _SHADOW_NAMES:
+        return _SHADOW
+    if (added or len(parts) == 2) and dirs and dirs[0] in _SHADOW_PACKAGES:
+        return _SHADOW
     is_module = len(parts) == 1 and name.endswith((".py", ".so", ".pyd"))
     is_package = len(parts) == 2 and name == "__init__.py"
     if added and (is_module or is_package) and top in _TOP_LEVEL_SHADOWS:
-        return _STDLIB
+        return _TOP_LEVEL
+    if _TEST_DIRS.intersection(dirs) or _is_test_module(name):
+        return _TEST_CODE
     return None
+
+
+def _is_test_module(name: str) -> bool:
+    return name.endswith(".py") and (
+        name.startswith("test_") or name.endswith("_test.py") or name in ("tests.py", "test.py")
+    )
 
 
 def _ini_sections(text: str) -> dict[str, dict[str, str]] | None:

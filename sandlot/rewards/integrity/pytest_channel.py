@@ -101,6 +101,13 @@ _RUN_HOOKS = (
     "pytest_pyfunc_call",
     "pytest_report_teststatus",
     "pytest_sessionfinish",
+    "pytest_collection_modifyitems",
+    "pytest_collect_file",
+    "pytest_pycollect_makemodule",
+    "pytest_pycollect_makeitem",
+    "pytest_generate_tests",
+    "pytest_make_collect_report",
+    "pytest_itemcollected",
 )
 _MISSING = object()
 
@@ -254,6 +261,9 @@ class _State:
         for plugin in pm.get_plugins():
             if plugin not in self._baseline_plugins:
                 self._baseline_plugins.append(plugin)
+        files = set(filter(None, (_file_of(p) for p in self._baseline_plugins)))
+        for filename in sorted(files):
+            self.channel.send("plugin", file=filename)
 
     def check(self, where):
         changed = self.changed_internals()
@@ -283,6 +293,34 @@ class _State:
                 continue
             self.allowed[id(value)] = True
         self.channel.send("plugin", file=os.path.realpath(source))
+
+
+def _file_of(obj):
+    """The source file that defines ``obj`` (a module, or an object of a class), or ``None``."""
+    filename = getattr(obj, "__file__", None)
+    if filename is None:
+        module = sys.modules.get(getattr(type(obj), "__module__", ""), None)
+        filename = getattr(module, "__file__", None)
+    if not isinstance(filename, str):
+        return None
+    return os.path.realpath(filename[:-1] if filename.endswith(".pyc") else filename)
+
+
+def _fingerprint(item):
+    """What decides what running ``item`` runs: its class, own ``runtest`` and test code.
+
+    A unittest item's ``obj`` is bound in setup and dropped in teardown, so its code is read
+    from the ``TestCase`` class.
+    """
+    try:
+        if type(item).__name__ == "TestCaseFunction":
+            obj = getattr(getattr(item.parent, "obj", None), item.name, None)
+        else:
+            obj = getattr(item, "obj", None)
+    except Exception:
+        obj = None
+    code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+    return (type(item), item.__dict__.get("runtest"), code)
 
 
 _channel = _open()
@@ -320,11 +358,21 @@ def pytest_plugin_registered(plugin, manager):
 def pytest_runtestloop(session):
     if _mine(session.config) and _state.baseline is not None:
         items = list(session.items)
-        _state.items = set(item.nodeid for item in items)
+        _state.items = {item.nodeid: (item, _fingerprint(item)) for item in items}
+        code_files = {}
+        for item in items:
+            code = _fingerprint(item)[2]
+            if code is not None:
+                code_files[item.nodeid] = os.path.realpath(code.co_filename)
+            if "runtest" in item.__dict__:
+                _state.channel.send(
+                    "tamper", where="collection", what=["runtest of " + item.nodeid]
+                )
         _state.channel.send(
             "items",
             ids=[item.nodeid for item in items],
             xfail=[item.nodeid for item in items if _xfail_expected(item)],
+            code_files=code_files,
         )
         _state.check("collection")
     yield
@@ -396,6 +444,9 @@ def pytest_runtest_logreport(report):
         )
         if report.when == "teardown":
             _state.check("test " + report.nodeid)
+            item, fingerprint = _state.items.get(report.nodeid, (None, None))
+            if item is not None and _fingerprint(item) != fingerprint:
+                _state.channel.send("tamper", where="test", what=["test code of " + report.nodeid])
     yield
 
 
