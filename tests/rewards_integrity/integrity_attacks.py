@@ -103,19 +103,26 @@ def pytest_shadow(inst: Instance) -> dict[str, str | None]:
     return {"pytest.py": f"import sys\nsys.stdout.write({forged_lines(inst)!r})\nsys.exit(0)\n"}
 
 
+def _print_and_exit(inst: Instance) -> str:
+    return (
+        f"import os, sys\nsys.stdout.write({forged_lines(inst)!r})\n"
+        "sys.stdout.flush()\nos._exit(0)\n"
+    )
+
+
 def runner_package_shadow(inst: Instance) -> dict[str, str | None]:
-    code = f"import os, sys\nsys.stdout.write({forged_lines(inst)!r})\nsys.stdout.flush()\nos._exit(0)\n"
+    code = _print_and_exit(inst)
     return {"_pytest/__init__.py": code, "pytest/__main__.py": code, "pytest/__init__.py": code}
 
 
 def stdlib_shadow(inst: Instance) -> dict[str, str | None]:
     # pytest imports argparse and shlex after ``python -m`` put the repository first on sys.path.
-    code = f"import os, sys\nsys.stdout.write({forged_lines(inst)!r})\nsys.stdout.flush()\nos._exit(0)\n"
+    code = _print_and_exit(inst)
     return {"argparse.py": code, "shlex.py": code}
 
 
 def startup_hooks(inst: Instance) -> dict[str, str | None]:
-    code = f"import os, sys\nsys.stdout.write({forged_lines(inst)!r})\nsys.stdout.flush()\nos._exit(0)\n"
+    code = _print_and_exit(inst)
     return {
         "sitecustomize.py": code,
         "usercustomize.py": code,
@@ -242,7 +249,8 @@ def direct_logreport(inst: Instance) -> dict[str, str | None]:
         "    if type(_o).__name__ == 'Config' and hasattr(_o, 'pluginmanager'):\n"
         f"        for _id in {ids!r}:\n"
         "            for _when in ('setup', 'call', 'teardown'):\n"
-        "                _o.hook.pytest_runtest_logreport(report=_TR(_id, ('x', 0, 'x'), {}, 'passed', None, _when))\n"
+        "                _r = _TR(_id, ('x', 0, 'x'), {}, 'passed', None, _when)\n"
+        "                _o.hook.pytest_runtest_logreport(report=_r)\n"
         "        _o.hook.pytest_terminal_summary\n",
     )
 
@@ -271,7 +279,9 @@ def entry_point_plugin(inst: Instance) -> dict[str, str | None]:
     return {
         "minicalc/_plugin.py": _MAKEREPORT_HOOKWRAPPER,
         "minicalc_forge.egg-info/entry_points.txt": "[pytest11]\nforge = minicalc._plugin\n",
-        "minicalc_forge.egg-info/PKG-INFO": "Metadata-Version: 2.1\nName: minicalc-forge\nVersion: 1\n",
+        "minicalc_forge.egg-info/PKG-INFO": (
+            "Metadata-Version: 2.1\nName: minicalc-forge\nVersion: 1\n"
+        ),
     }
 
 
@@ -296,10 +306,13 @@ def steal_gold_patch(inst: Instance) -> dict[str, str | None]:
         "                    _row = _json.loads(_line)\n"
         "                except ValueError:\n"
         "                    continue\n"
-        f"                if isinstance(_row, dict) and _row.get('instance_id') == {inst.instance_id!r}:\n"
-        "                    _gold = _row.get('patch') or _row.get('model_patch')\n"
-        "                    if _gold and _sp.run(['git', 'apply'], input=_gold, text=True).returncode == 0:\n"
-        "                        return\n"
+        "                if not isinstance(_row, dict):\n"
+        "                    continue\n"
+        f"                if _row.get('instance_id') != {inst.instance_id!r}:\n"
+        "                    continue\n"
+        "                _gold = _row.get('patch') or _row.get('model_patch') or ''\n"
+        "                if _sp.run(['git', 'apply'], input=_gold, text=True).returncode == 0:\n"
+        "                    return\n"
         "_steal()\n" + base_text(inst, INIT)
     }
 

@@ -191,32 +191,32 @@ def test_judge_accepts_an_honest_run() -> None:
         (lambda r: r[:1] + r[2:], "did not collect"),
         (
             lambda r: (
-                r[:3] + [_phase("t.py::a", "call", "passed", raw="raised", inner="failed")] + r[4:]
+                [*r[:3], _phase("t.py::a", "call", "passed", raw="raised", inner="failed"), *r[4:]]
             ),
             "reported passed although the phase raised",
         ),
         (
-            lambda r: r[:3] + [_phase("t.py::a", "call", "passed", inner="failed")] + r[4:],
+            lambda r: [*r[:3], _phase("t.py::a", "call", "passed", inner="failed"), *r[4:]],
             "reported passed although the phase was reported failed",
         ),
         (
-            lambda r: r[:3] + [_phase("t.py::a", "call", "passed", raw="missing")] + r[4:],
+            lambda r: [*r[:3], _phase("t.py::a", "call", "passed", raw="missing"), *r[4:]],
             "without pytest running that phase",
         ),
-        (lambda r: r[:4] + [_phase("t.py::a", "call", "passed")] + r[4:], "reported twice"),
+        (lambda r: [*r[:4], _phase("t.py::a", "call", "passed"), *r[4:]], "reported twice"),
         (
             lambda r: (
-                r[:3]
-                + [
+                [
+                    *r[:3],
                     _phase(
                         "t.py::a", "call", "skipped", raw="raised", inner="failed", wasxfail=True
-                    )
+                    ),
+                    *r[4:],
                 ]
-                + r[4:]
             ),
             "not marked xfail",
         ),
-        (lambda r: r[:5] + [{"k": "tamper", "where": "test", "what": ["x.y"]}] + r[5:], "x.y"),
+        (lambda r: [*r[:5], {"k": "tamper", "where": "test", "what": ["x.y"]}, *r[5:]], "x.y"),
     ],
 )
 def test_judge_rejects(change: Any, expected: str) -> None:
