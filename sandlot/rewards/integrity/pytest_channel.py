@@ -58,6 +58,14 @@ _WATCHED = (
     ("_pytest.runner", "pytest_runtest_makereport"),
     ("_pytest.runner", "pytest_runtest_protocol"),
     ("_pytest.runner", "check_interactive_exception"),
+    ("_pytest.runner", "CallInfo"),
+    ("_pytest.runner", "TestReport"),
+    ("_pytest.runner", "SetupState"),
+    ("_pytest.reports", "TestReport"),
+    ("_pytest.python", "Function"),
+    ("_pytest.python", "Module"),
+    ("_pytest.python", "Class"),
+    ("_pytest.unittest", "TestCaseFunction"),
     ("_pytest.runner.CallInfo", "from_call"),
     ("_pytest.runner.SetupState", "setup"),
     ("_pytest.runner.SetupState", "teardown_exact"),
@@ -112,28 +120,28 @@ _RUN_HOOKS = (
 _MISSING = object()
 
 
-def _resolve(dotted, attr):
-    """The object at ``dotted.attr`` as stored (no descriptor binding), or ``_MISSING``."""
+def _owner(dotted):
+    """The module or class named ``dotted`` (imported if need be), or ``None``."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
-        module = sys.modules.get(".".join(parts[:cut]))
-        if module is None:
-            try:
-                module = __import__(".".join(parts[:cut]), fromlist=["_"])
-            except Exception:
-                continue
-        obj = module
+        try:
+            obj = __import__(".".join(parts[:cut]), fromlist=["_"])
+        except Exception:
+            continue
         for name in parts[cut:]:
-            obj = getattr(obj, name, _MISSING)
-            if obj is _MISSING:
-                return _MISSING
-        if isinstance(obj, type):
-            for klass in obj.__mro__:
-                if attr in vars(klass):
-                    return vars(klass)[attr]
-            return _MISSING
-        return getattr(obj, attr, _MISSING)
-    return _MISSING
+            obj = getattr(obj, name, None)
+        return obj
+    return None
+
+
+def _static(owner, attr):
+    """``owner.attr`` as stored (no descriptor binding: a classmethod stays one object)."""
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attr in vars(klass):
+                return vars(klass)[attr]
+        return _MISSING
+    return getattr(owner, attr, _MISSING)
 
 
 class _Channel:
@@ -201,7 +209,14 @@ def _open():
 
 
 def _snapshot():
-    return dict(((d, a), _resolve(d, a)) for d, a in _WATCHED)
+    """``{label: (owner, attr, value)}`` of the watched internals this pytest has; the owners
+    are looked up once, at import, so a check costs only attribute reads."""
+    out = {}
+    for dotted, attr in _WATCHED:
+        owner = _owner(dotted)
+        if owner is not None:
+            out[dotted + "." + attr] = (owner, attr, _static(owner, attr))
+    return out
 
 
 class _State:
@@ -218,9 +233,10 @@ class _State:
     # -- checks of pytest's own machinery
 
     def changed_internals(self):
-        now = _snapshot()
         changed = [
-            "{}.{}".format(*key) for key, value in now.items() if value is not self.watched[key]
+            label
+            for label, (owner, attr, value) in self.watched.items()
+            if _static(owner, attr) is not value
         ]
         pm = self.config.pluginmanager
         if getattr(pm, "_inner_hookexec", None) is not self.inner_hookexec:
@@ -232,21 +248,26 @@ class _State:
             if caller is not self.callers.get(name):
                 changed.append(f"hook caller {name}")
                 continue
-            for impl in caller.get_hookimpls():
-                if impl.plugin in self.baseline_plugins():
+            impls = caller.get_hookimpls()
+            signature = tuple((id(i), id(i.plugin), id(i.function)) for i in impls)
+            if signature == self.approved.get(name):
+                continue
+            before = len(changed)
+            for impl in impls:
+                if id(impl.plugin) in self.baseline_plugin_ids:
                     if (name, id(impl.function)) not in self.baseline:
                         changed.append(f"{name} implementation added to a plugin")
                 elif id(impl.function) not in self.allowed:
                     changed.append(f"{name} implemented outside plugin registration")
+            if len(changed) == before:
+                self.approved[name] = signature
         return changed
-
-    def baseline_plugins(self):
-        return self._baseline_plugins
 
     def take_baseline(self, config):
         pm = config.pluginmanager
         self.inner_hookexec = getattr(pm, "_inner_hookexec", None)
         self.callers = {}
+        self.approved = {}  # hook name -> implementations already found clean
         self.baseline = set()
         self._baseline_plugins = []
         for name in _RUN_HOOKS:
@@ -261,6 +282,7 @@ class _State:
         for plugin in pm.get_plugins():
             if plugin not in self._baseline_plugins:
                 self._baseline_plugins.append(plugin)
+        self.baseline_plugin_ids = set(id(p) for p in self._baseline_plugins)
         files = set(filter(None, (_file_of(p) for p in self._baseline_plugins)))
         for filename in sorted(files):
             self.channel.send("plugin", file=filename)
