@@ -150,7 +150,9 @@ async def evaluate_in_sandbox(
     timings: dict[str, float] = {}
 
     async def steps() -> EvalResult:
-        return await _test_and_grade(sb, instance, None, base, timings, timeout, integrity_checks)
+        return await _test_and_grade(
+            sb, instance, None, base, timings, timeout, integrity_checks, recorded=model_patch
+        )
 
     return await _guarded(steps, instance, base, timings, started)
 
@@ -191,9 +193,10 @@ async def _test_and_grade(
     timings: dict[str, float],
     timeout: float | None,
     integrity_checks: bool,
+    recorded: str | None = None,
 ) -> EvalResult:
-    """Apply ``model_patch`` (``None``: already in place), revert the model's test
-    infrastructure, prepare the tests, run them (with the pytest channel), grade."""
+    """Apply ``model_patch`` (``None``: already in place, ``recorded`` is its diff), revert the
+    model's test infrastructure, prepare the tests, run them (with the pytest channel), grade."""
     test_cmd = resolve_test_cmd(instance)
     parser = resolve_log_parser(instance)
     t = time.monotonic()
@@ -244,7 +247,8 @@ async def _test_and_grade(
     if channel is not None:
         verdict = judge_records(await _read_records(sb, channel), channel.key)
         reverted_paths = {r.path for r in reverted}
-        kept = [p for p in patch_files(model_patch or "") if p not in reverted_paths]
+        changed = patch_files(model_patch if model_patch is not None else recorded or "")
+        kept = [p for p in changed if p not in reverted_paths]
         checked = grade_channel(
             instance, verdict, parser=parser, log_statuses=graded.tests_status, model_files=kept
         )
