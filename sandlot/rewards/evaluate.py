@@ -27,6 +27,7 @@ from sandlot.rewards.integrity.channel import (
     runs_pytest,
 )
 from sandlot.rewards.integrity.grade import grade_channel
+from sandlot.rewards.integrity.grader_files import changed_grader_files, hash_grader_files
 from sandlot.rewards.integrity.revert import RevertError, revert_test_infrastructure
 from sandlot.rewards.missing_runner import missing_runner
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus, Integrity, RevertedFile
@@ -211,8 +212,11 @@ async def _test_and_grade(
             raise _EvalError(EvalStatus.ERROR, str(exc)) from exc
     await _prepare_tests(sb, instance)
     channel = None
-    if integrity_checks and runs_pytest(test_cmd):
-        channel = await install_channel(sb)
+    grader_hashes: dict[str, str] = {}
+    if integrity_checks:
+        grader_hashes = await hash_grader_files(sb, instance)
+        if runs_pytest(test_cmd):
+            channel = await install_channel(sb)
     timings["apply"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -244,6 +248,9 @@ async def _test_and_grade(
         )
     graded = grade(instance, run.stdout, parser=parser, tests_exit_code=exit_code)
     integrity = Integrity(reverted_files=len(reverted))
+    if integrity_checks:
+        after = await hash_grader_files(sb, instance)
+        integrity.violations = changed_grader_files(grader_hashes, after)
     if channel is not None:
         verdict = judge_records(await _read_records(sb, channel), channel.key)
         reverted_paths = {r.path for r in reverted}
@@ -254,16 +261,14 @@ async def _test_and_grade(
         )
         integrity.channel = ChannelState.VIOLATED if checked.violations else ChannelState.VERIFIED
         integrity.log_consistent = checked.log_consistent
-        integrity.violations = checked.violations
+        integrity.violations += checked.violations
         if verdict.exitstatus not in (None, exit_code) and exit_code is not None:
             graded.warnings.append(
                 f"pytest ended with status {verdict.exitstatus} but the test command "
                 f"exited {exit_code}"
             )
         graded = dataclasses.replace(
-            checked.grade,
-            tests_status=graded.tests_status,
-            warnings=graded.warnings + checked.violations,
+            checked.grade, tests_status=graded.tests_status, warnings=graded.warnings
         )
     elif integrity_checks:
         integrity.channel = ChannelState.UNAVAILABLE
@@ -273,6 +278,7 @@ async def _test_and_grade(
     else:
         integrity.channel = ChannelState.UNAVAILABLE
         integrity.channel_note = "integrity checks were turned off"
+    graded.warnings += integrity.violations
     resolved = graded.resolved and not run.timed_out and not integrity.violations
     status = (
         EvalStatus.TIMED_OUT

@@ -243,3 +243,16 @@ def test_runs_pytest() -> None:
     assert not runs_pytest("bin/test -C --verbose sympy/core/tests/test_basic.py")
     assert not runs_pytest("bash run_tests.sh")
     assert not runs_pytest("/opt/pytest-env/bin/python -m unittest")
+
+
+def test_plugin_source_is_python_3_6() -> None:
+    # The plugin runs on the sandbox's interpreter: SWE-bench images go back to Python 3.6.
+    import ast
+
+    ast.parse(PLUGIN_SOURCE.read_text(), feature_version=(3, 6))
+    assert "from __future__ import annotations" not in PLUGIN_SOURCE.read_text()
+    assert "sandlot" not in {
+        n.module.split(".")[0]
+        for n in ast.walk(ast.parse(PLUGIN_SOURCE.read_text()))
+        if isinstance(n, ast.ImportFrom) and n.module
+    }

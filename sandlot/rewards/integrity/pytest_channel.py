@@ -198,7 +198,8 @@ def _open():
         os.close(KEY_FD)
         import fcntl
 
-        fd = fcntl.fcntl(CHANNEL_FD, fcntl.F_DUPFD_CLOEXEC, 200)
+        fd = fcntl.fcntl(CHANNEL_FD, fcntl.F_DUPFD, 200)
+        fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
         os.close(CHANNEL_FD)
     except OSError:
         return None
@@ -206,6 +207,14 @@ def _open():
     if not key:
         return None
     return _Channel(bytes(bytearray.fromhex(key.decode("ascii"))), fd)
+
+
+def _impls(caller):
+    """A hook caller's implementations (pluggy < 0.7 has no ``get_hookimpls``)."""
+    get = getattr(caller, "get_hookimpls", None)
+    if get is not None:
+        return get()
+    return list(getattr(caller, "_nonwrappers", [])) + list(getattr(caller, "_wrappers", []))
 
 
 def _snapshot():
@@ -248,7 +257,7 @@ class _State:
             if caller is not self.callers.get(name):
                 changed.append(f"hook caller {name}")
                 continue
-            impls = caller.get_hookimpls()
+            impls = _impls(caller)
             signature = tuple((id(i), id(i.plugin), id(i.function)) for i in impls)
             if signature == self.approved.get(name):
                 continue
@@ -275,7 +284,7 @@ class _State:
             if caller is None:
                 continue
             self.callers[name] = caller
-            for impl in caller.get_hookimpls():
+            for impl in _impls(caller):
                 self.baseline.add((name, id(impl.function)))
                 if impl.plugin not in self._baseline_plugins:
                     self._baseline_plugins.append(impl.plugin)

@@ -1,0 +1,53 @@
+"""The grader's files must not change while the tests run.
+
+Code under test runs before pytest has imported every test module (test modules import it), so it
+could rewrite a test file that is collected later, or a conftest of a directory not yet
+visited. The files that grade the instance (those of ``test_patch``, those holding a
+FAIL_TO_PASS or PASS_TO_PASS test, every ``conftest.py``) are hashed right before the test
+command and right after it; a difference is a violation. A rewrite that is undone before the
+command ends is not seen by this check (see ``docs/reward-integrity.md``).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from sandlot.datasets.instance import Instance
+from sandlot.rewards.scripts import patch_files
+from sandlot.sandboxes.base import Sandbox
+
+_TIMEOUT_S = 300.0
+
+
+def grader_paths(instance: Instance) -> list[str]:
+    """Repository-relative paths of the test_patch files and of the graded tests' files."""
+    paths = dict.fromkeys(patch_files(instance.test_patch))
+    for test in instance.FAIL_TO_PASS + instance.PASS_TO_PASS:
+        if "::" in test:
+            paths.setdefault(test.split("::", 1)[0])
+    return list(paths)
+
+
+async def hash_grader_files(sb: Sandbox, instance: Instance) -> dict[str, str]:
+    """``{path: sha256}`` of :func:`grader_paths` that exist and of every ``conftest.py``
+    outside ``.git`` (a missing file is absent from the map)."""
+    listed = " ".join(shlex.quote(p) for p in grader_paths(instance))
+    script = (
+        f'for f in {listed}; do [ -f "$f" ] && sha256sum -- "$f"; done\n' if listed else ""
+    ) + "find . -path ./.git -prune -o -name conftest.py -type f -exec sha256sum -- {} +\n"
+    r = await sb.exec(script, timeout=_TIMEOUT_S, cwd=instance.workdir)
+    out: dict[str, str] = {}
+    for line in r.stdout.splitlines():
+        digest, _, path = line.partition("  ")
+        if path:
+            out[path.removeprefix("./")] = digest
+    return out
+
+
+def changed_grader_files(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """Violations naming each grader file created, deleted or rewritten during the run."""
+    return [
+        f"{path} changed while the tests ran"
+        for path in sorted(set(before) | set(after))
+        if before.get(path) != after.get(path)
+    ]
