@@ -21,13 +21,18 @@ from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.grading import grade
 from sandlot.rewards.integrity.channel import (
+    PLUGIN_SOURCE,
     ChannelRun,
-    install_channel,
     judge_records,
+    new_channel,
     runs_pytest,
 )
 from sandlot.rewards.integrity.grade import grade_channel
-from sandlot.rewards.integrity.grader_files import changed_grader_files, hash_grader_files
+from sandlot.rewards.integrity.grader_files import (
+    GraderFilesError,
+    changed_grader_files,
+    hash_grader_files,
+)
 from sandlot.rewards.integrity.revert import RevertError, revert_test_infrastructure
 from sandlot.rewards.missing_runner import missing_runner
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus, Integrity, RevertedFile
@@ -214,9 +219,16 @@ async def _test_and_grade(
     channel = None
     grader_hashes: dict[str, str] = {}
     if integrity_checks:
-        grader_hashes = await hash_grader_files(sb, instance)
-        if runs_pytest(test_cmd):
-            channel = await install_channel(sb)
+        channel = new_channel() if runs_pytest(test_cmd) else None
+        try:
+            grader_hashes = await hash_grader_files(
+                sb,
+                instance,
+                prelude=channel.install_script if channel else "",
+                stdin=PLUGIN_SOURCE.read_bytes() if channel else None,
+            )
+        except GraderFilesError as exc:
+            raise _EvalError(EvalStatus.ERROR, str(exc)) from exc
     timings["apply"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -249,7 +261,10 @@ async def _test_and_grade(
     graded = grade(instance, run.stdout, parser=parser, tests_exit_code=exit_code)
     integrity = Integrity(reverted_files=len(reverted))
     if integrity_checks:
-        after = await hash_grader_files(sb, instance)
+        try:
+            after = await hash_grader_files(sb, instance)
+        except GraderFilesError as exc:
+            after = {"(grader files)": str(exc)}
         integrity.violations = changed_grader_files(grader_hashes, after)
     if channel is not None:
         verdict = judge_records(await _read_records(sb, channel), channel.key)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.rewards.scripts import EVAL_DIR
-from sandlot.sandboxes.base import Sandbox
 
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_channel.py")
 # A pytest invocation as a word of the command: ``pytest``, ``py.test``, ``python -m pytest``.
@@ -55,6 +54,13 @@ class ChannelRun:
         return f"{self.directory}/records"
 
     @property
+    def install_script(self) -> str:
+        """Shell that writes the plugin, read from standard input, into the sandbox (one
+        ``exec`` with ``stdin=PLUGIN_SOURCE.read_bytes()``; fails with status 97)."""
+        d = shlex.quote(self.directory)
+        return f"{{ mkdir -p {d} && cat > {d}/{self.module}.py; }} || exit 97\n"
+
+    @property
     def stdin(self) -> bytes:
         """What the test command's standard input carries: the key, for the plugin only."""
         return self.key.hex().encode() + b"\n"
@@ -76,17 +82,14 @@ class ChannelRun:
         )
 
 
-async def install_channel(sb: Sandbox) -> ChannelRun:
-    """Write the plugin into ``sb`` under a fresh name; return the run's parameters."""
+def new_channel() -> ChannelRun:
+    """A fresh module name, directory and key for one run."""
     token = secrets.token_hex(8)
-    run = ChannelRun(
+    return ChannelRun(
         module=f"sandlot_channel_{token}",
         directory=f"{EVAL_DIR}/channel-{token}",
         key=secrets.token_bytes(32),
     )
-    await sb.write_file(f"{run.directory}/{run.module}.py", PLUGIN_SOURCE.read_bytes())
-    await sb.write_file(run.records_path, b"")
-    return run
 
 
 @dataclass

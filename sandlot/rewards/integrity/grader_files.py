@@ -14,7 +14,7 @@ import shlex
 
 from sandlot.datasets.instance import Instance
 from sandlot.rewards.scripts import patch_files
-from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.base import Sandbox, output_tail
 
 _TIMEOUT_S = 300.0
 
@@ -28,14 +28,34 @@ def grader_paths(instance: Instance) -> list[str]:
     return list(paths)
 
 
-async def hash_grader_files(sb: Sandbox, instance: Instance) -> dict[str, str]:
+class GraderFilesError(Exception):
+    """The grader's files could not be hashed (the message carries the output)."""
+
+
+async def hash_grader_files(
+    sb: Sandbox, instance: Instance, *, prelude: str = "", stdin: bytes | None = None
+) -> dict[str, str]:
     """``{path: sha256}`` of :func:`grader_paths` that exist and of every ``conftest.py``
-    outside ``.git`` (a missing file is absent from the map)."""
+    outside ``.git`` (a missing file is absent from the map).
+
+    ``prelude`` (with ``stdin``) runs first in the same ``exec``, saving a round trip (the
+    channel plugin's installation).
+
+    Raises:
+        GraderFilesError: the prelude or the hashing failed.
+    """
     listed = " ".join(shlex.quote(p) for p in grader_paths(instance))
     script = (
-        f'for f in {listed}; do [ -f "$f" ] && sha256sum -- "$f"; done\n' if listed else ""
-    ) + "find . -path ./.git -prune -o -name conftest.py -type f -exec sha256sum -- {} +\n"
-    r = await sb.exec(script, timeout=_TIMEOUT_S, cwd=instance.workdir)
+        prelude
+        + (f'for f in {listed}; do [ ! -f "$f" ] || sha256sum -- "$f"; done\n' if listed else "")
+        + "find . -path ./.git -prune -o -name conftest.py -type f -exec sha256sum -- {} +\n"
+    )
+    r = await sb.exec(script, timeout=_TIMEOUT_S, cwd=instance.workdir, stdin=stdin)
+    if not r.ok:
+        raise GraderFilesError(
+            f"hashing the grader's files failed (exit {r.exit_code}):\n"
+            + output_tail(r.stdout + r.stderr)
+        )
     out: dict[str, str] = {}
     for line in r.stdout.splitlines():
         digest, _, path = line.partition("  ")
