@@ -21,7 +21,6 @@ from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.grading import grade
 from sandlot.rewards.integrity.channel import (
-    PLUGIN_SOURCE,
     ChannelRun,
     judge_records,
     new_channel,
@@ -32,6 +31,8 @@ from sandlot.rewards.integrity.grader_files import (
     GraderFilesError,
     changed_grader_files,
     hash_grader_files,
+    hash_script,
+    parse_hashes,
 )
 from sandlot.rewards.integrity.revert import RevertError, revert_test_infrastructure
 from sandlot.rewards.missing_runner import missing_runner
@@ -215,20 +216,11 @@ async def _test_and_grade(
             reverted = await revert_test_infrastructure(sb, instance, model_patch)
         except RevertError as exc:
             raise _EvalError(EvalStatus.ERROR, str(exc)) from exc
-    await _prepare_tests(sb, instance)
-    channel = None
-    grader_hashes: dict[str, str] = {}
-    if integrity_checks:
-        channel = new_channel() if runs_pytest(test_cmd) else None
-        try:
-            grader_hashes = await hash_grader_files(
-                sb,
-                instance,
-                prelude=channel.install_script if channel else "",
-                stdin=PLUGIN_SOURCE.read_bytes() if channel else None,
-            )
-        except GraderFilesError as exc:
-            raise _EvalError(EvalStatus.ERROR, str(exc)) from exc
+    prepared = await _prepare_tests(
+        sb, instance, then=hash_script(instance) if integrity_checks else ""
+    )
+    grader_hashes = parse_hashes(prepared)
+    channel = new_channel() if integrity_checks and runs_pytest(test_cmd) else None
     timings["apply"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -352,21 +344,27 @@ async def _apply_model_patch(sb: Sandbox, instance: Instance, model_patch: str) 
     )
 
 
-async def _prepare_tests(sb: Sandbox, instance: Instance) -> None:
-    """Reset the files ``test_patch`` touches to ``base_commit``, then apply ``test_patch``.
+async def _prepare_tests(sb: Sandbox, instance: Instance, *, then: str = "") -> str:
+    """Reset the files ``test_patch`` touches to ``base_commit``, then apply ``test_patch``;
+    then run the shell ``then`` in the same ``exec`` (saves a round trip). Returns the output.
 
     An empty ``test_patch`` means the graded tests come with the environment (R2E-Gym keeps
     them in its images): there is nothing to reset or apply.
     """
     if not instance.test_patch.strip():
-        return
-    files = patch_files(instance.test_patch)
-    test_patch = (
-        instance.test_patch if instance.test_patch.endswith("\n") else instance.test_patch + "\n"
-    )
-    await sb.write_file(TEST_PATCH_PATH, test_patch)
-    reset = reset_test_files_script(instance.base_commit, files)
-    script = f"set -e\n{reset}{apply_test_patch_script()}\n"
+        if not then:
+            return ""
+        script = f"set -e\n{then}"
+    else:
+        files = patch_files(instance.test_patch)
+        test_patch = (
+            instance.test_patch
+            if instance.test_patch.endswith("\n")
+            else instance.test_patch + "\n"
+        )
+        await sb.write_file(TEST_PATCH_PATH, test_patch)
+        reset = reset_test_files_script(instance.base_commit, files)
+        script = f"set -e\n{reset}{apply_test_patch_script()}\n{then}"
     r = await sb.exec(script, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
     if not r.ok:
         raise _EvalError(
@@ -374,3 +372,4 @@ async def _prepare_tests(sb: Sandbox, instance: Instance) -> None:
             "test_patch failed to apply after resetting the test files (check the "
             f"instance's base_commit and test_patch):\n{output_tail(r.stdout + r.stderr)}",
         )
+    return r.stdout

@@ -29,6 +29,7 @@ PLUGIN_SOURCE = Path(__file__).with_name("pytest_channel.py")
 # A pytest invocation as a word of the command: ``pytest``, ``py.test``, ``python -m pytest``.
 _PYTEST_WORD = re.compile(r"(?:^|[\s;&|(`/])(?:py\.test|pytest)(?=$|[\s;&|)`])")
 # pytest's -rA statuses, worst first (a test with a failing teardown is an ERROR).
+_PLUGIN_EOF = "SANDLOT_CHANNEL_PLUGIN_EOF"
 _SEVERITY = ("ERROR", "FAILED", "SKIPPED", "XPASS", "XFAIL", "PASSED")
 
 
@@ -54,19 +55,13 @@ class ChannelRun:
         return f"{self.directory}/records"
 
     @property
-    def install_script(self) -> str:
-        """Shell that writes the plugin, read from standard input, into the sandbox (one
-        ``exec`` with ``stdin=PLUGIN_SOURCE.read_bytes()``; fails with status 97)."""
-        d = shlex.quote(self.directory)
-        return f"{{ mkdir -p {d} && cat > {d}/{self.module}.py; }} || exit 97\n"
-
-    @property
     def stdin(self) -> bytes:
         """What the test command's standard input carries: the key, for the plugin only."""
         return self.key.hex().encode() + b"\n"
 
     def command(self, test_cmd: str) -> str:
-        """``test_cmd`` behind the preamble that hands the plugin its descriptors.
+        """``test_cmd`` behind the preamble that writes the plugin (a here-document: its
+        source is no secret) and hands it its descriptors.
 
         Standard input of the tests becomes ``/dev/null``; ``PYTEST_ADDOPTS`` and
         ``PYTHONPATH`` keep the values the environment already had, after the plugin's.
@@ -74,6 +69,8 @@ class ChannelRun:
         d, m = shlex.quote(self.directory), shlex.quote(self.module)
         return (
             "exec 2>&1\n"
+            f"mkdir -p {d} && cat > {d}/{m}.py <<'{_PLUGIN_EOF}'\n"
+            f"{PLUGIN_SOURCE.read_text()}{_PLUGIN_EOF}\n"
             f"exec 3<&0 0</dev/null 4>>{shlex.quote(self.records_path)}\n"
             f"export SANDLOT_CHANNEL={m} SANDLOT_CHANNEL_DIR={d}\n"
             f'export PYTEST_ADDOPTS="-p {self.module}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}"\n'

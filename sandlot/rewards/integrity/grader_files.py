@@ -28,40 +28,47 @@ def grader_paths(instance: Instance) -> list[str]:
     return list(paths)
 
 
+_MARKER = "--- sandlot grader files ---"
+
+
 class GraderFilesError(Exception):
     """The grader's files could not be hashed (the message carries the output)."""
 
 
-async def hash_grader_files(
-    sb: Sandbox, instance: Instance, *, prelude: str = "", stdin: bytes | None = None
-) -> dict[str, str]:
-    """``{path: sha256}`` of :func:`grader_paths` that exist and of every ``conftest.py``
-    outside ``.git`` (a missing file is absent from the map).
-
-    ``prelude`` (with ``stdin``) runs first in the same ``exec``, saving a round trip (the
-    channel plugin's installation).
-
-    Raises:
-        GraderFilesError: the prelude or the hashing failed.
-    """
+def hash_script(instance: Instance) -> str:
+    """Shell printing a marker line, then ``<sha256>  <path>`` for the :func:`grader_paths`
+    that exist and every ``conftest.py`` outside ``.git``; run it in ``instance.workdir``."""
     listed = " ".join(shlex.quote(p) for p in grader_paths(instance))
-    script = (
-        prelude
+    return (
+        f"echo '{_MARKER}'\n"
         + (f'for f in {listed}; do [ ! -f "$f" ] || sha256sum -- "$f"; done\n' if listed else "")
         + "find . -path ./.git -prune -o -name conftest.py -type f -exec sha256sum -- {} +\n"
     )
-    r = await sb.exec(script, timeout=_TIMEOUT_S, cwd=instance.workdir, stdin=stdin)
+
+
+def parse_hashes(output: str) -> dict[str, str]:
+    """``{path: sha256}`` from the output of :func:`hash_script` (what follows its marker)."""
+    out: dict[str, str] = {}
+    for line in output.partition(_MARKER + "\n")[2].splitlines():
+        digest, _, path = line.partition("  ")
+        if path:
+            out[path.removeprefix("./")] = digest
+    return out
+
+
+async def hash_grader_files(sb: Sandbox, instance: Instance) -> dict[str, str]:
+    """Run :func:`hash_script` in ``sb``; its parsed output.
+
+    Raises:
+        GraderFilesError: the hashing failed.
+    """
+    r = await sb.exec(hash_script(instance), timeout=_TIMEOUT_S, cwd=instance.workdir)
     if not r.ok:
         raise GraderFilesError(
             f"hashing the grader's files failed (exit {r.exit_code}):\n"
             + output_tail(r.stdout + r.stderr)
         )
-    out: dict[str, str] = {}
-    for line in r.stdout.splitlines():
-        digest, _, path = line.partition("  ")
-        if path:
-            out[path.removeprefix("./")] = digest
-    return out
+    return parse_hashes(r.stdout)
 
 
 def changed_grader_files(before: dict[str, str], after: dict[str, str]) -> list[str]:
