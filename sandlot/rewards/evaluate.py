@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,9 +29,9 @@ from sandlot.rewards.integrity.channel import (
 )
 from sandlot.rewards.integrity.grade import grade_channel
 from sandlot.rewards.integrity.grader_files import (
+    END_MARKER,
     GraderFilesError,
     changed_grader_files,
-    hash_grader_files,
     hash_script,
     parse_hashes,
 )
@@ -252,14 +253,15 @@ async def _test_and_grade(
         )
     graded = grade(instance, run.stdout, parser=parser, tests_exit_code=exit_code)
     integrity = Integrity(reverted_files=len(reverted))
+    records = ""
     if integrity_checks:
         try:
-            after = await hash_grader_files(sb, instance)
+            after, records = await _after_tests(sb, instance, channel)
         except GraderFilesError as exc:
             after = {"(grader files)": str(exc)}
         integrity.violations = changed_grader_files(grader_hashes, after)
     if channel is not None:
-        verdict = judge_records(await _read_records(sb, channel), channel.key)
+        verdict = judge_records(records, channel.key)
         reverted_paths = {r.path for r in reverted}
         changed = patch_files(model_patch if model_patch is not None else recorded or "")
         kept = [p for p in changed if p not in reverted_paths]
@@ -310,12 +312,31 @@ async def _test_and_grade(
     )
 
 
-async def _read_records(sb: Sandbox, channel: ChannelRun) -> str:
-    """The channel's records; an absent or unreadable file reads as empty (a violation)."""
-    try:
-        return (await sb.read_file(channel.records_path)).decode("utf-8", "replace")
-    except SandboxFileError:
-        return ""
+async def _after_tests(
+    sb: Sandbox, instance: Instance, channel: ChannelRun | None
+) -> tuple[dict[str, str], str]:
+    """The grader files' hashes and the channel's records (``""`` without a channel or file),
+    in one ``exec``; records too long for the output cap are read as a file.
+
+    Raises:
+        GraderFilesError: the hashing failed.
+    """
+    script = hash_script(instance)
+    if channel is not None:
+        script += f"cat -- {shlex.quote(channel.records_path)} 2>/dev/null || true\n"
+    r = await sb.exec(script, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
+    if not r.ok:
+        raise GraderFilesError(
+            f"hashing the grader's files failed (exit {r.exit_code}):\n"
+            + output_tail(r.stdout + r.stderr)
+        )
+    records = r.stdout.partition(END_MARKER + "\n")[2]
+    if channel is not None and r.truncated:
+        try:
+            records = (await sb.read_file(channel.records_path)).decode("utf-8", "replace")
+        except SandboxFileError:
+            records = ""
+    return parse_hashes(r.stdout), records
 
 
 def _error(

@@ -14,9 +14,6 @@ import shlex
 
 from sandlot.datasets.instance import Instance
 from sandlot.rewards.scripts import patch_files
-from sandlot.sandboxes.base import Sandbox, output_tail
-
-_TIMEOUT_S = 300.0
 
 
 def grader_paths(instance: Instance) -> list[str]:
@@ -29,6 +26,7 @@ def grader_paths(instance: Instance) -> list[str]:
 
 
 _MARKER = "--- sandlot grader files ---"
+END_MARKER = "--- sandlot grader files end ---"
 
 
 class GraderFilesError(Exception):
@@ -43,32 +41,19 @@ def hash_script(instance: Instance) -> str:
         f"echo '{_MARKER}'\n"
         + (f'for f in {listed}; do [ ! -f "$f" ] || sha256sum -- "$f"; done\n' if listed else "")
         + "find . -path ./.git -prune -o -name conftest.py -type f -exec sha256sum -- {} +\n"
+        + f"echo '{END_MARKER}'\n"
     )
 
 
 def parse_hashes(output: str) -> dict[str, str]:
-    """``{path: sha256}`` from the output of :func:`hash_script` (what follows its marker)."""
+    """``{path: sha256}`` from the output of :func:`hash_script` (between its markers)."""
     out: dict[str, str] = {}
-    for line in output.partition(_MARKER + "\n")[2].splitlines():
+    section = output.partition(_MARKER + "\n")[2].partition(END_MARKER + "\n")[0]
+    for line in section.splitlines():
         digest, _, path = line.partition("  ")
         if path:
             out[path.removeprefix("./")] = digest
     return out
-
-
-async def hash_grader_files(sb: Sandbox, instance: Instance) -> dict[str, str]:
-    """Run :func:`hash_script` in ``sb``; its parsed output.
-
-    Raises:
-        GraderFilesError: the hashing failed.
-    """
-    r = await sb.exec(hash_script(instance), timeout=_TIMEOUT_S, cwd=instance.workdir)
-    if not r.ok:
-        raise GraderFilesError(
-            f"hashing the grader's files failed (exit {r.exit_code}):\n"
-            + output_tail(r.stdout + r.stderr)
-        )
-    return parse_hashes(r.stdout)
 
 
 def changed_grader_files(before: dict[str, str], after: dict[str, str]) -> list[str]:
