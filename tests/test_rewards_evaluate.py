@@ -243,10 +243,16 @@ def test_spoofed_passed_lines_do_not_resolve(
             "    sys.stdout.flush()\n" + ("    os._exit(0)\n" if force_exit_zero else "")
         )
         patch = _make_patch(inst, {"conftest.py": conftest}, tmp_path)
-        result: EvalResult = _run(evaluate, inst, patch, backend="local")
+        # The log's own defences, without the integrity checks (which revert the conftest:
+        # tests/rewards_integrity covers those).
+        result: EvalResult = _run(evaluate, inst, patch, backend="local", integrity_checks=False)
         assert result.status is EvalStatus.UNRESOLVED, result.log
         assert "PASSED " + inst.FAIL_TO_PASS[0] in result.log  # the forgery really ran
         assert result.log_warnings
+        defended: EvalResult = _run(evaluate, inst, patch, backend="local")
+        assert defended.status is EvalStatus.UNRESOLVED, defended.log
+        assert [f.path for f in defended.reverted_files] == ["conftest.py"]
+        assert "PASSED " + inst.FAIL_TO_PASS[0] not in defended.log
     _assert_no_leaks(sandbox_root)
 
 

@@ -186,6 +186,13 @@ def _print_summary(console: Console, outcome: RunOutcome, elapsed: float) -> Non
         "error",
     ):
         table.add_row(key.replace("_", " "), str(report[f"{key}_instances"]))
+    for key, label in (
+        ("triggered", "integrity defences triggered"),
+        ("reverted_files", "  model test-infrastructure reverted"),
+        ("channel_violated", "  pytest channel violated"),
+        ("channel_unavailable", "  no pytest channel (log grading)"),
+    ):
+        table.add_row(label, str(report["integrity"][f"{key}_instances"]))
     table.add_row("resumed from earlier run", str(len(outcome.resumed)))
     table.add_row("wall time", f"{elapsed:.1f} s")
     console.print(table)

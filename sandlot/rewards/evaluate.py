@@ -8,7 +8,9 @@ test command; parse its log with ``swebench``'s parser; grade with ``swebench``'
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,8 +21,23 @@ from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.grading import grade
+from sandlot.rewards.integrity.channel import (
+    ChannelRun,
+    judge_records,
+    new_channel,
+    runs_pytest,
+)
+from sandlot.rewards.integrity.grade import grade_channel
+from sandlot.rewards.integrity.grader_files import (
+    END_MARKER,
+    GraderFilesError,
+    changed_grader_files,
+    hash_script,
+    parse_hashes,
+)
+from sandlot.rewards.integrity.revert import RevertError, revert_test_infrastructure
 from sandlot.rewards.missing_runner import missing_runner
-from sandlot.rewards.result import EvalResult, EvalStatus
+from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus, Integrity, RevertedFile
 from sandlot.rewards.scripts import (
     MODEL_PATCH_PATH,
     PATCH_APPLY_COMMANDS,
@@ -30,7 +47,12 @@ from sandlot.rewards.scripts import (
     reset_test_files_script,
 )
 from sandlot.sandboxes.base import Sandbox, output_tail
-from sandlot.sandboxes.errors import EnvironmentBuildError, SandboxError, SandboxSetupError
+from sandlot.sandboxes.errors import (
+    EnvironmentBuildError,
+    SandboxError,
+    SandboxFileError,
+    SandboxSetupError,
+)
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.registry import resolve_backend_name
 
@@ -55,6 +77,7 @@ async def evaluate(
     model_name_or_path: str = "",
     timeout: float | None = None,
     sandbox_options: BaseModel | dict[str, Any] | None = None,
+    integrity_checks: bool = True,
 ) -> EvalResult:
     """Evaluate ``model_patch`` on ``instance`` in a fresh sandbox and grade it.
 
@@ -69,6 +92,9 @@ async def evaluate(
         model_name_or_path: recorded in the result.
         timeout: seconds allowed for the test command; defaults to ``instance.eval_timeout``.
         sandbox_options: backend-specific options passed to ``sandlot.open``.
+        integrity_checks: revert the model's changes to test infrastructure and grade pytest
+            runs from sandlot's channel (``docs/reward-integrity.md``). ``False`` grades as
+            the SWE-bench harness does; only for measuring what the checks cost.
 
     Returns:
         The ``EvalResult``; ``reward`` is 1.0 exactly when ``resolved``.
@@ -89,7 +115,9 @@ async def evaluate(
             t = time.monotonic()
             await prepare_repo(sb, instance, backend_name)
             timings["setup"] = time.monotonic() - t
-            return await _test_and_grade(sb, instance, model_patch, base, timings, timeout)
+            return await _test_and_grade(
+                sb, instance, model_patch, base, timings, timeout, integrity_checks
+            )
 
     return await _guarded(steps, instance, base, timings, started)
 
@@ -101,6 +129,7 @@ async def evaluate_in_sandbox(
     *,
     model_name_or_path: str = "",
     timeout: float | None = None,
+    integrity_checks: bool = True,
 ) -> EvalResult:
     """Grade the changes already in ``sb``'s repository (the agent's own sandbox).
 
@@ -116,6 +145,8 @@ async def evaluate_in_sandbox(
         model_patch: the diff of the agent's changes (``None``/empty gives ``empty_patch``).
         model_name_or_path: recorded in the result.
         timeout: seconds for the test command; defaults to ``instance.eval_timeout``.
+        integrity_checks: as in :func:`evaluate`; the changes are then everything that differs
+            from ``base_commit`` in the working tree.
     """
     started = time.monotonic()
     base: dict[str, Any] = {
@@ -127,7 +158,9 @@ async def evaluate_in_sandbox(
     timings: dict[str, float] = {}
 
     async def steps() -> EvalResult:
-        return await _test_and_grade(sb, instance, None, base, timings, timeout)
+        return await _test_and_grade(
+            sb, instance, None, base, timings, timeout, integrity_checks, recorded=model_patch
+        )
 
     return await _guarded(steps, instance, base, timings, started)
 
@@ -167,24 +200,46 @@ async def _test_and_grade(
     base: dict[str, Any],
     timings: dict[str, float],
     timeout: float | None,
+    integrity_checks: bool,
+    recorded: str | None = None,
 ) -> EvalResult:
-    """Apply ``model_patch`` (``None``: already in place), prepare the tests, run, grade."""
+    """Apply ``model_patch`` (``None``: already in place, ``recorded`` is its diff), revert the
+    model's test infrastructure, prepare the tests, run them (with the pytest channel), grade."""
     test_cmd = resolve_test_cmd(instance)
     parser = resolve_log_parser(instance)
     t = time.monotonic()
     apply_cmd = None
     if model_patch is not None:
         apply_cmd = await _apply_model_patch(sb, instance, model_patch)
-    await _prepare_tests(sb, instance)
+    reverted: list[RevertedFile] = []
+    if integrity_checks:
+        try:
+            reverted = await revert_test_infrastructure(sb, instance, model_patch)
+        except RevertError as exc:
+            raise _EvalError(EvalStatus.ERROR, str(exc)) from exc
+    prepared = await _prepare_tests(
+        sb, instance, then=hash_script(instance) if integrity_checks else ""
+    )
+    grader_hashes = parse_hashes(prepared)
+    channel = new_channel() if integrity_checks and runs_pytest(test_cmd) else None
     timings["apply"] = time.monotonic() - t
 
     t = time.monotonic()
     limit = timeout if timeout is not None else instance.eval_timeout
     # 2>&1 inside the sandbox keeps the real interleaving of the test runner's output.
-    run = await sb.exec(f"exec 2>&1\n{test_cmd}", timeout=limit, cwd=instance.workdir)
+    run = await sb.exec(
+        channel.command(test_cmd) if channel else f"exec 2>&1\n{test_cmd}",
+        timeout=limit,
+        cwd=instance.workdir,
+        stdin=channel.stdin if channel else None,
+    )
     timings["tests"] = time.monotonic() - t
     exit_code = None if run.timed_out else run.exit_code
-    applied: dict[str, Any] = {"patch_applied": True, "patch_apply_command": apply_cmd}
+    applied: dict[str, Any] = {
+        "patch_applied": True,
+        "patch_apply_command": apply_cmd,
+        "reverted_files": reverted,
+    }
     cannot_start = missing_runner(run.stdout, exit_code)
     if cannot_start is not None:
         return EvalResult(
@@ -197,7 +252,43 @@ async def _test_and_grade(
             log=run.stdout + run.stderr,
         )
     graded = grade(instance, run.stdout, parser=parser, tests_exit_code=exit_code)
-    resolved = graded.resolved and not run.timed_out
+    integrity = Integrity(reverted_files=len(reverted))
+    records = ""
+    if integrity_checks:
+        try:
+            after, records = await _after_tests(sb, instance, channel)
+        except GraderFilesError as exc:
+            after = {"(grader files)": str(exc)}
+        integrity.violations = changed_grader_files(grader_hashes, after)
+    if channel is not None:
+        verdict = judge_records(records, channel.key)
+        reverted_paths = {r.path for r in reverted}
+        changed = patch_files(model_patch if model_patch is not None else recorded or "")
+        kept = [p for p in changed if p not in reverted_paths]
+        checked = grade_channel(
+            instance, verdict, parser=parser, log_statuses=graded.tests_status, model_files=kept
+        )
+        integrity.channel = ChannelState.VIOLATED if checked.violations else ChannelState.VERIFIED
+        integrity.log_consistent = checked.log_consistent
+        integrity.violations += checked.violations
+        if verdict.exitstatus not in (None, exit_code) and exit_code is not None:
+            graded.warnings.append(
+                f"pytest ended with status {verdict.exitstatus} but the test command "
+                f"exited {exit_code}"
+            )
+        graded = dataclasses.replace(
+            checked.grade, tests_status=graded.tests_status, warnings=graded.warnings
+        )
+    elif integrity_checks:
+        integrity.channel = ChannelState.UNAVAILABLE
+        integrity.channel_note = (
+            "the test command does not run pytest; graded from the log and the exit status"
+        )
+    else:
+        integrity.channel = ChannelState.UNAVAILABLE
+        integrity.channel_note = "integrity checks were turned off"
+    graded.warnings += integrity.violations
+    resolved = graded.resolved and not run.timed_out and not integrity.violations
     status = (
         EvalStatus.TIMED_OUT
         if run.timed_out
@@ -215,9 +306,37 @@ async def _test_and_grade(
         tests_exit_code=exit_code,
         tests_timed_out=run.timed_out,
         log_warnings=graded.warnings,
+        integrity=integrity,
         timings_s=timings,
         log=run.stdout + run.stderr,
     )
+
+
+async def _after_tests(
+    sb: Sandbox, instance: Instance, channel: ChannelRun | None
+) -> tuple[dict[str, str], str]:
+    """The grader files' hashes and the channel's records (``""`` without a channel or file),
+    in one ``exec``; records too long for the output cap are read as a file.
+
+    Raises:
+        GraderFilesError: the hashing failed.
+    """
+    script = hash_script(instance)
+    if channel is not None:
+        script += f"cat -- {shlex.quote(channel.records_path)} 2>/dev/null || true\n"
+    r = await sb.exec(script, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
+    if not r.ok:
+        raise GraderFilesError(
+            f"hashing the grader's files failed (exit {r.exit_code}):\n"
+            + output_tail(r.stdout + r.stderr)
+        )
+    records = r.stdout.partition(END_MARKER + "\n")[2]
+    if channel is not None and r.truncated:
+        try:
+            records = (await sb.read_file(channel.records_path)).decode("utf-8", "replace")
+        except SandboxFileError:
+            records = ""
+    return parse_hashes(r.stdout), records
 
 
 def _error(
@@ -246,21 +365,27 @@ async def _apply_model_patch(sb: Sandbox, instance: Instance, model_patch: str) 
     )
 
 
-async def _prepare_tests(sb: Sandbox, instance: Instance) -> None:
-    """Reset the files ``test_patch`` touches to ``base_commit``, then apply ``test_patch``.
+async def _prepare_tests(sb: Sandbox, instance: Instance, *, then: str = "") -> str:
+    """Reset the files ``test_patch`` touches to ``base_commit``, then apply ``test_patch``;
+    then run the shell ``then`` in the same ``exec`` (saves a round trip). Returns the output.
 
     An empty ``test_patch`` means the graded tests come with the environment (R2E-Gym keeps
     them in its images): there is nothing to reset or apply.
     """
     if not instance.test_patch.strip():
-        return
-    files = patch_files(instance.test_patch)
-    test_patch = (
-        instance.test_patch if instance.test_patch.endswith("\n") else instance.test_patch + "\n"
-    )
-    await sb.write_file(TEST_PATCH_PATH, test_patch)
-    reset = reset_test_files_script(instance.base_commit, files)
-    script = f"set -e\n{reset}{apply_test_patch_script()}\n"
+        if not then:
+            return ""
+        script = f"set -e\n{then}"
+    else:
+        files = patch_files(instance.test_patch)
+        test_patch = (
+            instance.test_patch
+            if instance.test_patch.endswith("\n")
+            else instance.test_patch + "\n"
+        )
+        await sb.write_file(TEST_PATCH_PATH, test_patch)
+        reset = reset_test_files_script(instance.base_commit, files)
+        script = f"set -e\n{reset}{apply_test_patch_script()}\n{then}"
     r = await sb.exec(script, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
     if not r.ok:
         raise _EvalError(
@@ -268,3 +393,4 @@ async def _prepare_tests(sb: Sandbox, instance: Instance) -> None:
             "test_patch failed to apply after resetting the test files (check the "
             f"instance's base_commit and test_patch):\n{output_tail(r.stdout + r.stderr)}",
         )
+    return r.stdout

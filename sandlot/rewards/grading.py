@@ -102,9 +102,6 @@ def grade(
     if is_r2e_gym(instance):
         r2e = grade_r2e(instance, log, tests_exit_code=tests_exit_code)
         return Grade(r2e.resolved, r2e.tests_status, r2e.expected_pass, TestOutcome(), r2e.warnings)
-    constants = require("swebench.harness.constants", "eval")
-    grading = require("swebench.harness.grading", "eval")
-
     statuses, warnings = parse_statuses(log, parser, parser_context(instance))
     any_failing = any(s in _FAILING for s in statuses.values())
     trusted = statuses
@@ -114,13 +111,29 @@ def grade(
             "the log is not trusted and no test counts as passed"
         )
         trusted = {}
+    graded = grade_statuses(instance, trusted)
+    graded.tests_status = statuses
+    graded.warnings = warnings
+    return graded
+
+
+def grade_statuses(instance: Instance, statuses: dict[str, str]) -> Grade:
+    """Grade ``statuses`` (test id → swebench ``TestStatus`` value) for ``instance``, with
+    ``swebench``'s own report and resolution rules; the source of the statuses is the
+    caller's (a parsed log, or the pytest channel of ``sandlot.rewards.integrity``).
+
+    Raises:
+        BackendUnavailableError: ``swebench`` is not installed (extra ``sandlot[eval]``).
+    """
+    constants = require("swebench.harness.constants", "eval")
+    grading = require("swebench.harness.grading", "eval")
     eval_type = (
         constants.EvalType.FAIL_ONLY
         if instance.repo in constants.FAIL_ONLY_REPOS
         else constants.EvalType.PASS_AND_FAIL
     )
     report = grading.get_eval_tests_report(
-        trusted,
+        statuses,
         {
             constants.FAIL_TO_PASS: instance.FAIL_TO_PASS,
             constants.PASS_TO_PASS: instance.PASS_TO_PASS,
@@ -130,8 +143,7 @@ def grade(
     resolved = grading.get_resolution_status(report) == constants.ResolvedStatus.FULL.value
     return Grade(
         resolved=resolved,
-        tests_status=statuses,
+        tests_status=dict(statuses),
         fail_to_pass=TestOutcome(**report[constants.FAIL_TO_PASS]),
         pass_to_pass=TestOutcome(**report[constants.PASS_TO_PASS]),
-        warnings=warnings,
     )

@@ -3,8 +3,10 @@
 Per instance: ``report.json`` = ``{instance_id: {patch_is_None, patch_exists,
 patch_successfully_applied, resolved, tests_status}}`` as
 ``swebench.harness.grading.get_eval_report`` writes it, plus sandlot's own keys
-(``status``, ``tests_exit_code``, ...). Per run: the keys of
-``swebench.harness.reporting.make_run_report`` (schema_version 2).
+(``status``, ``tests_exit_code``, ``reverted_files``, ``integrity``, ...). Per run: the keys of
+``swebench.harness.reporting.make_run_report`` (schema_version 2), plus ``integrity``: how
+many completed instances each defence against forged results triggered on (see
+:func:`integrity_counts`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sandlot.rewards.predictions import Prediction
-from sandlot.rewards.result import EvalResult
+from sandlot.rewards.result import ChannelState, EvalResult
 
 RUN_REPORT_SCHEMA_VERSION = 2
 
@@ -36,6 +38,8 @@ def instance_report(result: EvalResult, prediction: Prediction) -> dict[str, Any
             "tests_exit_code": result.tests_exit_code,
             "tests_timed_out": result.tests_timed_out,
             "log_warnings": result.log_warnings,
+            "reverted_files": [f.model_dump() for f in result.reverted_files],
+            "integrity": result.integrity.model_dump(mode="json"),
             "timings_s": result.timings_s,
         }
     }
@@ -83,4 +87,37 @@ def run_report(
         "unresolved_ids": sorted(unresolved),
         "error_ids": sorted(error),
         "schema_version": RUN_REPORT_SCHEMA_VERSION,
+        "integrity": integrity_counts(results[i] for i in sorted(completed)),
+    }
+
+
+def integrity_counts(results: Iterable[EvalResult]) -> dict[str, Any]:
+    """How often the defences triggered among ``results``.
+
+    Keys: ``triggered_instances``/``triggered_ids`` (any defence changed or rejected
+    something), ``reverted_files_instances`` (model files reverted),
+    ``channel_violated_instances`` (pytest channel records missing, forged or contradicting),
+    ``log_inconsistent_instances`` (the log disagreed with the channel),
+    ``channel_unavailable_instances`` (test command without pytest: log grading only).
+    """
+    triggered, reverted, violated, inconsistent, unavailable = ([] for _ in range(5))
+    for r in results:
+        state = r.integrity
+        if state.triggered:
+            triggered.append(r.instance_id)
+        if state.reverted_files:
+            reverted.append(r.instance_id)
+        if state.channel is ChannelState.VIOLATED:
+            violated.append(r.instance_id)
+        if state.log_consistent is False:
+            inconsistent.append(r.instance_id)
+        if state.channel is ChannelState.UNAVAILABLE:
+            unavailable.append(r.instance_id)
+    return {
+        "triggered_instances": len(triggered),
+        "reverted_files_instances": len(reverted),
+        "channel_violated_instances": len(violated),
+        "log_inconsistent_instances": len(inconsistent),
+        "channel_unavailable_instances": len(unavailable),
+        "triggered_ids": triggered,
     }

@@ -35,6 +35,52 @@ class TestOutcome(BaseModel):
     failure: list[str] = Field(default_factory=list)
 
 
+class RevertedFile(BaseModel):
+    """A path of the model's changes undone before the tests ran, and why (see
+    ``sandlot.rewards.integrity.policy``)."""
+
+    path: str
+    reason: str
+
+
+class ChannelState(str, Enum):
+    """What the pytest channel (``sandlot.rewards.integrity.channel``) said about the run."""
+
+    VERIFIED = "verified"  # records complete and consistent: statuses graded from them
+    VIOLATED = "violated"  # records missing, forged or contradicting: not resolved
+    UNAVAILABLE = "unavailable"  # the test command does not run pytest (or checks were off)
+
+
+class Integrity(BaseModel):
+    """Which defences against forged results ran for one evaluation, and what they found.
+
+    Attributes:
+        channel: the pytest channel's state; ``None`` when the tests did not run.
+        channel_note: why the channel was unavailable.
+        reverted_files: how many of the model's files were reverted (listed in
+            ``EvalResult.reverted_files``).
+        log_consistent: the test log agrees with the channel on every FAIL_TO_PASS and
+            PASS_TO_PASS test it mentions (``None`` without a channel).
+        violations: reasons the run was not trusted; any makes the instance unresolved.
+    """
+
+    channel: ChannelState | None = None
+    channel_note: str = ""
+    reverted_files: int = 0
+    log_consistent: bool | None = None
+    violations: list[str] = Field(default_factory=list)
+
+    @property
+    def triggered(self) -> bool:
+        """A defence changed or rejected something (files reverted, run distrusted)."""
+        return bool(
+            self.reverted_files
+            or self.violations
+            or self.log_consistent is False
+            or self.channel is ChannelState.VIOLATED
+        )
+
+
 class EvalResult(BaseModel):
     """Everything known about one evaluation.
 
@@ -51,6 +97,8 @@ class EvalResult(BaseModel):
         tests_exit_code: exit status of the test command (``None`` when it did not run).
         tests_timed_out: the test command hit ``eval_timeout``.
         log_warnings: reasons the log was distrusted (conflicting or spoofed statuses).
+        reverted_files: the model's changes to test infrastructure undone before the tests.
+        integrity: which defences ran and what they found (see ``Integrity``).
         error: what went wrong for error statuses, naming the step and what to do.
         timings_s: seconds spent per step (``setup``, ``apply``, ``tests``, ``total``).
         log: the test command's output (combined stdout and stderr).
@@ -69,6 +117,8 @@ class EvalResult(BaseModel):
     tests_exit_code: int | None = None
     tests_timed_out: bool = False
     log_warnings: list[str] = Field(default_factory=list)
+    reverted_files: list[RevertedFile] = Field(default_factory=list)
+    integrity: Integrity = Field(default_factory=Integrity)
     error: str | None = None
     timings_s: dict[str, float] = Field(default_factory=dict)
     log: str = ""

@@ -86,6 +86,8 @@ def _write_artifacts(
     if result.patch_apply_command:
         lines.append(f"patch applied with: {result.patch_apply_command}")
     lines.append(f"tests_exit_code: {result.tests_exit_code}")
+    lines += [f"reverted: {f.path} ({f.reason})" for f in result.reverted_files]
+    lines.append("integrity: " + result.integrity.model_dump_json())
     lines += [f"warning: {w}" for w in result.log_warnings]
     lines.append("timings_s: " + json.dumps({k: round(v, 3) for k, v in result.timings_s.items()}))
     if result.error:

@@ -1,0 +1,4 @@
+"""Defences of test-patch grading against patches written to fool it.
+
+See docs/reward-integrity.md.
+"""

@@ -1,0 +1,221 @@
+"""The runner's side of the pytest channel: install the plugin, start the tests, judge the records.
+
+:mod:`sandlot.rewards.integrity.pytest_channel` (see its docstring for the record format and the
+threat model) is written into the sandbox under a fresh random module name for every run, so a
+file of the repository cannot shadow it. The test command runs behind a preamble that moves the
+command's standard input (a pipe carrying the per-run key, hex, one line) to fd 3, opens the
+records file on fd 4, and loads the plugin through ``PYTEST_ADDOPTS``; the plugin reads the key,
+closes both descriptors and takes its variables out of the environment before any test code
+runs. The records file is read back after the command and checked with the key, which never
+entered the sandbox in any other way.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import secrets
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+from sandlot.rewards.scripts import EVAL_DIR
+
+PLUGIN_SOURCE = Path(__file__).with_name("pytest_channel.py")
+# A pytest invocation as a word of the command: ``pytest``, ``py.test``, ``python -m pytest``.
+_PYTEST_WORD = re.compile(r"(?:^|[\s;&|(`/])(?:py\.test|pytest)(?=$|[\s;&|)`])")
+# pytest's -rA statuses, worst first (a test with a failing teardown is an ERROR).
+_PLUGIN_EOF = "SANDLOT_CHANNEL_PLUGIN_EOF"
+_SEVERITY = ("ERROR", "FAILED", "SKIPPED", "XPASS", "XFAIL", "PASSED")
+
+
+def runs_pytest(test_cmd: str) -> bool:
+    """``True`` when ``test_cmd`` invokes pytest itself (so the channel plugin can be loaded).
+
+    Django's ``runtests.py``, sympy's ``bin/test``, ``tox`` and R2E-Gym's ``run_tests.sh`` do
+    not: they keep the log and exit-status grading.
+    """
+    return any(_PYTEST_WORD.search(line) for line in test_cmd.splitlines())
+
+
+@dataclass(frozen=True)
+class ChannelRun:
+    """One run's plugin module name, directory in the sandbox and key (32 random bytes)."""
+
+    module: str
+    directory: str
+    key: bytes
+
+    @property
+    def records_path(self) -> str:
+        return f"{self.directory}/records"
+
+    @property
+    def stdin(self) -> bytes:
+        """What the test command's standard input carries: the key, for the plugin only."""
+        return self.key.hex().encode() + b"\n"
+
+    def command(self, test_cmd: str) -> str:
+        """``test_cmd`` behind the preamble that writes the plugin (a here-document: its
+        source is no secret) and hands it its descriptors.
+
+        Standard input of the tests becomes ``/dev/null``; ``PYTEST_ADDOPTS`` and
+        ``PYTHONPATH`` keep the values the environment already had, after the plugin's.
+        """
+        d, m = shlex.quote(self.directory), shlex.quote(self.module)
+        return (
+            "exec 2>&1\n"
+            f"mkdir -p {d} && cat > {d}/{m}.py <<'{_PLUGIN_EOF}'\n"
+            f"{PLUGIN_SOURCE.read_text()}{_PLUGIN_EOF}\n"
+            f"exec 3<&0 0</dev/null 4>>{shlex.quote(self.records_path)}\n"
+            f"export SANDLOT_CHANNEL={m} SANDLOT_CHANNEL_DIR={d}\n"
+            f'export PYTEST_ADDOPTS="-p {self.module}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}"\n'
+            f'export PYTHONPATH={d}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+            f"{test_cmd}"
+        )
+
+
+def new_channel() -> ChannelRun:
+    """A fresh module name, directory and key for one run."""
+    token = secrets.token_hex(8)
+    return ChannelRun(
+        module=f"sandlot_channel_{token}",
+        directory=f"{EVAL_DIR}/channel-{token}",
+        key=secrets.token_bytes(32),
+    )
+
+
+@dataclass
+class ChannelVerdict:
+    """What the records say.
+
+    Attributes:
+        statuses: pytest node id → status (``PASSED``, ``FAILED``, ``ERROR``, ``SKIPPED``,
+            ``XFAIL``, ``XPASS``) composed from the test's phases as ``-rA`` reports it.
+        violations: reasons not to trust the run (each names the test or record).
+        plugin_files: absolute paths of the files that define the run's pytest plugins.
+        code_files: node id → absolute path of the file defining the test function's code.
+        exitstatus: pytest's exit status from the ``end`` record (``None`` without one).
+    """
+
+    statuses: dict[str, str] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    plugin_files: list[str] = field(default_factory=list)
+    code_files: dict[str, str] = field(default_factory=dict)
+    exitstatus: int | None = None
+
+
+def _signed_records(text: str, key: bytes, violations: list[str]) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    forged = 0
+    for line in text.splitlines():
+        body, _, mac = line.rpartition("\t")
+        good = hmac.new(key, body.encode(), sha256).hexdigest()
+        if not body or not hmac.compare_digest(mac, good):
+            forged += 1
+            continue
+        record = json.loads(body)
+        if record.get("n") != len(records):
+            violations.append(f"channel record {len(records)} is missing or out of order")
+            break
+        records.append(record)
+    if forged:
+        violations.append(f"the channel holds {forged} line(s) the plugin did not write")
+    return records
+
+
+def judge_records(text: str, key: bytes) -> ChannelVerdict:
+    """Check the records of one run (``text``, the records file) against ``key``.
+
+    Violations: a line without a valid signature or out of sequence; no ``start``, ``items``
+    or ``end`` record (the plugin never loaded, or the run ended early, e.g. ``os._exit``);
+    a ``tamper`` record; an outcome for a node id pytest did not collect; a phase reported
+    twice, or reported without the phase having run; a report that says ``passed`` while the
+    phase raised or pytest built a report that did not pass; an expected failure (``XFAIL``)
+    of a test that was not marked as one.
+    """
+    verdict = ChannelVerdict()
+    bad = verdict.violations
+    records = _signed_records(text, key, bad)
+    kinds = [r["k"] for r in records]
+    if not records or kinds[0] != "start":
+        bad.append("the channel has no start record: the sandlot pytest plugin did not run")
+        return verdict
+    if "items" not in kinds:
+        bad.append("the channel has no record of the collected tests")
+    if kinds[-1] != "end":
+        bad.append("the channel has no end-of-session record: pytest did not finish")
+    else:
+        verdict.exitstatus = records[-1].get("exitstatus")
+    items: set[str] = set()
+    expected_xfail: set[str] = set()
+    phases: dict[str, list[dict[str, Any]]] = {}
+    seen: set[tuple[str, str]] = set()
+    tampered: set[tuple[str, ...]] = set()
+    for record in records:
+        kind = record["k"]
+        if kind == "items":
+            items = set(record.get("ids", []))
+            expected_xfail = set(record.get("xfail", []))
+            verdict.code_files = dict(record.get("code_files", {}))
+        elif kind == "tamper" and tuple(record.get("what", [])) not in tampered:
+            tampered.add(tuple(record.get("what", [])))
+            bad.append(
+                f"pytest's machinery was changed ({record.get('where')}): "
+                + "; ".join(record.get("what", []))
+            )
+        elif kind == "plugin":
+            verdict.plugin_files.append(str(record.get("file")))
+        elif kind == "phase":
+            bad.extend(_phase_violations(record, items, expected_xfail, seen))
+            phases.setdefault(record["id"], []).append(record)
+    verdict.statuses = {
+        nodeid: status for nodeid, recs in phases.items() if (status := _status(recs))
+    }
+    return verdict
+
+
+def _phase_violations(
+    record: Mapping[str, Any],
+    items: set[str],
+    expected_xfail: set[str],
+    seen: set[tuple[str, str]],
+) -> Iterable[str]:
+    nodeid, when = record["id"], record["when"]
+    where = f"{nodeid} ({when})"
+    if nodeid not in items:
+        yield f"outcome reported for {nodeid}, which pytest did not collect"
+    if (nodeid, when) in seen:
+        yield f"{where} was reported twice"
+    seen.add((nodeid, when))
+    if record["raw"] == "missing" or record["inner"] == "missing":
+        yield f"{where} was reported without pytest running that phase"
+    if record["outer"] == "passed" and (record["raw"] is not None or record["inner"] != "passed"):
+        yield (
+            f"{where} was reported passed although the phase "
+            + ("raised" if record["raw"] is not None else f"was reported {record['inner']}")
+        )
+    if (
+        record["outer"] == "skipped"
+        and record["wasxfail"]
+        and nodeid not in expected_xfail
+        and record["raw"] != "xfail"
+    ):
+        yield f"{where} was reported as an expected failure but is not marked xfail"
+
+
+def _status(phases: list[dict[str, Any]]) -> str | None:
+    found = []
+    for p in phases:
+        outer, when, xf = p["outer"], p["when"], p["wasxfail"]
+        if outer == "failed":
+            found.append("FAILED" if when == "call" else "ERROR")
+        elif outer == "skipped" and when != "teardown":
+            found.append("XFAIL" if xf else "SKIPPED")
+        elif outer == "passed" and when == "call":
+            found.append("XPASS" if xf else "PASSED")
+    return min(found, key=_SEVERITY.index) if found else None

@@ -1,0 +1,79 @@
+"""Grade a run from its pytest channel, and check that the log tells the same story."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sandlot.datasets.instance import Instance
+from sandlot.rewards.grading import Grade, LogParser, grade_statuses, parser_context
+from sandlot.rewards.integrity.channel import ChannelVerdict
+
+
+@dataclass
+class ChannelGrade:
+    """The grade from the channel's statuses, whether the log agrees, and why not."""
+
+    grade: Grade
+    log_consistent: bool
+    violations: list[str]
+
+
+def as_parser_ids(
+    statuses: dict[str, str], parser: LogParser, instance: Instance
+) -> dict[str, str]:
+    """Channel statuses keyed as the instance's log parser keys them (the ids of
+    ``FAIL_TO_PASS``/``PASS_TO_PASS``): each is written as the ``-rA`` line pytest would print
+    (``PASSED <node id>``) and parsed with that parser."""
+    context = parser_context(instance)
+    out: dict[str, str] = {}
+    for nodeid, status in statuses.items():
+        try:
+            out.update(parser(f"{status} {nodeid}", context))
+        except Exception:  # a parser that needs more context than one line: id kept as is
+            out[nodeid] = status
+    return out
+
+
+def grade_channel(
+    instance: Instance,
+    verdict: ChannelVerdict,
+    *,
+    parser: LogParser,
+    log_statuses: dict[str, str],
+    model_files: Iterable[str],
+) -> ChannelGrade:
+    """Grade ``instance`` from ``verdict``; compare with the log's statuses.
+
+    Args:
+        instance: the task (FAIL_TO_PASS, PASS_TO_PASS, workdir).
+        verdict: the checked channel records of the run.
+        parser: the instance's swebench log parser.
+        log_statuses: the statuses parsed from the test log.
+        model_files: repository-relative paths the model changed that were kept; one of them
+            registered as a pytest plugin is a violation (the model wrote test machinery).
+    """
+    violations = list(verdict.violations)
+    kept = set(model_files)
+    for path in dict.fromkeys(verdict.plugin_files):
+        rel = posixpath.relpath(path, instance.workdir)
+        if rel in kept:
+            violations.append(f"{rel}, changed by the model patch, was loaded as a pytest plugin")
+    graded_ids = set(instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
+    for nodeid, path in verdict.code_files.items():
+        rel = posixpath.relpath(path, instance.workdir)
+        if rel in kept and graded_ids & set(as_parser_ids({nodeid: "PASSED"}, parser, instance)):
+            violations.append(f"the code of test {nodeid} comes from {rel}, changed by the model")
+    statuses = as_parser_ids(verdict.statuses, parser, instance)
+    graded = grade_statuses(instance, statuses)
+    consistent = True
+    for test in dict.fromkeys(instance.FAIL_TO_PASS + instance.PASS_TO_PASS):
+        logged = log_statuses.get(test)
+        if logged is not None and logged != statuses.get(test):
+            consistent = False
+            violations.append(
+                f"the log reports {test} as {logged} but the channel as "
+                f"{statuses.get(test, 'not run')}"
+            )
+    return ChannelGrade(grade=graded, log_consistent=consistent, violations=violations)

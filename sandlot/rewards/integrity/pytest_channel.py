@@ -1,0 +1,490 @@
+# mypy: ignore-errors
+# (runs on the sandbox's interpreter, Python >= 3.6 and any pytest >= 3.6: untyped on purpose)
+"""sandlot's pytest plugin: per-test outcomes on a channel the code under test does not share.
+
+This file is copied into the evaluation sandbox under a random module name and loaded with
+``-p <name>`` (through ``PYTEST_ADDOPTS``), so pytest imports it before any conftest and before
+any module of the repository. It runs on the sandbox's interpreter: standard library only,
+Python >= 3.6, pytest >= 3.6 (old-style ``hookwrapper`` hooks, as every pytest and pluggy
+release since then supports).
+
+The runner starts the test command with two extra file descriptors:
+
+* fd 3: a pipe holding one line, the per-run key (hex). It is read here, at import, and closed;
+  the pipe is then empty, so nothing run later (the tests, a child, a sibling reading
+  ``/proc/<ppid>/fd/3``) can read it. The key is never in the environment, argv or a file.
+* fd 4: the channel, a file outside the repository. It is moved to a close-on-exec descriptor
+  >= 200 and fd 4 closed.
+
+Each record is one line, ``<json>\\t<hex HMAC-SHA256(key, json)>``, with a sequence number
+``n`` counting from 0: ``start``, ``items`` (the ids pytest collected, right before the run
+loop), one ``phase`` record per setup/call/teardown report, ``plugin`` for every plugin
+registered after the session started, ``tamper`` when pytest's own machinery was found changed,
+and ``end`` from the outermost ``pytest_sessionfinish`` position. A ``phase`` record puts
+together what three positions saw: ``raw``, the exception the phase's hook really raised (from
+the innermost ``pytest_runtest_<when>`` wrapper); ``inner``, the report outcome pytest built
+(innermost ``pytest_runtest_makereport`` wrapper); ``outer``, the outcome of the report as it
+reached ``pytest_runtest_logreport`` (outermost wrapper, before any other implementation).
+
+Threat model: the code under test runs in this process and could, knowing this plugin, find
+its state in memory. What it cannot do without targeting sandlot by name is forge a record:
+hook wrappers, rewritten reports, shadowed runners, printed lines, monkeypatched pytest or
+pluggy internals, direct hook calls and early exits all leave records that disagree, or no
+``end`` record. The runner (``sandlot.rewards.integrity.channel``) decides.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import sys
+
+import pytest
+
+KEY_FD = 3
+CHANNEL_FD = 4
+ENV_NAME = "SANDLOT_CHANNEL"
+ENV_DIR = "SANDLOT_CHANNEL_DIR"
+
+# pytest and pluggy internals whose replacement would change what a test run reports; checked
+# after collection, after every test and at the end of the session.
+_WATCHED = (
+    ("_pytest.runner", "runtestprotocol"),
+    ("_pytest.runner", "call_and_report"),
+    ("_pytest.runner", "call_runtest_hook"),
+    ("_pytest.runner", "pytest_runtest_setup"),
+    ("_pytest.runner", "pytest_runtest_call"),
+    ("_pytest.runner", "pytest_runtest_teardown"),
+    ("_pytest.runner", "pytest_runtest_makereport"),
+    ("_pytest.runner", "pytest_runtest_protocol"),
+    ("_pytest.runner", "check_interactive_exception"),
+    ("_pytest.runner", "CallInfo"),
+    ("_pytest.runner", "TestReport"),
+    ("_pytest.runner", "SetupState"),
+    ("_pytest.reports", "TestReport"),
+    ("_pytest.python", "Function"),
+    ("_pytest.python", "Module"),
+    ("_pytest.python", "Class"),
+    ("_pytest.unittest", "TestCaseFunction"),
+    ("_pytest.runner.CallInfo", "from_call"),
+    ("_pytest.runner.SetupState", "setup"),
+    ("_pytest.runner.SetupState", "teardown_exact"),
+    ("_pytest.reports.TestReport", "from_item_and_call"),
+    ("_pytest.reports.BaseReport", "passed"),
+    ("_pytest.reports.BaseReport", "failed"),
+    ("_pytest.python.Function", "runtest"),
+    ("_pytest.python.Function", "setup"),
+    ("_pytest.python", "pytest_pyfunc_call"),
+    ("_pytest.python", "async_warn_and_skip"),
+    ("_pytest.unittest.TestCaseFunction", "runtest"),
+    ("_pytest.skipping", "pytest_runtest_makereport"),
+    ("_pytest.skipping", "evaluate_xfail_marks"),
+    ("_pytest.main", "pytest_runtestloop"),
+    ("_pytest.main.Session", "perform_collect"),
+    ("_pytest.outcomes", "fail"),
+    ("_pytest.outcomes", "skip"),
+    ("_pytest.outcomes", "xfail"),
+    ("pluggy._callers", "_multicall"),
+    ("pluggy.callers", "_multicall"),
+    ("pluggy._hooks._HookCaller", "__call__"),
+    ("pluggy._hooks.HookCaller", "__call__"),
+    ("pluggy.hooks._HookCaller", "__call__"),
+    ("pluggy._manager.PluginManager", "_hookexec"),
+    ("pluggy.manager.PluginManager", "_hookexec"),
+    ("builtins", "AssertionError"),
+    ("builtins", "Exception"),
+    ("builtins", "BaseException"),
+    ("builtins", "isinstance"),
+    ("builtins", "issubclass"),
+)
+# Hooks whose implementations decide or carry a test's outcome.
+_RUN_HOOKS = (
+    "pytest_runtestloop",
+    "pytest_runtest_protocol",
+    "pytest_runtest_setup",
+    "pytest_runtest_call",
+    "pytest_runtest_teardown",
+    "pytest_runtest_makereport",
+    "pytest_runtest_logreport",
+    "pytest_pyfunc_call",
+    "pytest_report_teststatus",
+    "pytest_sessionfinish",
+    "pytest_collection_modifyitems",
+    "pytest_collect_file",
+    "pytest_pycollect_makemodule",
+    "pytest_pycollect_makeitem",
+    "pytest_generate_tests",
+    "pytest_make_collect_report",
+    "pytest_itemcollected",
+)
+_MISSING = object()
+
+
+def _owner(dotted):
+    """The module or class named ``dotted`` (imported if need be), or ``None``."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = __import__(".".join(parts[:cut]), fromlist=["_"])
+        except Exception:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name, None)
+        return obj
+    return None
+
+
+def _static(owner, attr):
+    """``owner.attr`` as stored (no descriptor binding: a classmethod stays one object)."""
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attr in vars(klass):
+                return vars(klass)[attr]
+        return _MISSING
+    return getattr(owner, attr, _MISSING)
+
+
+class _Channel:
+    """Signed, numbered records written to a private descriptor."""
+
+    def __init__(self, key, fd):
+        self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        self._fd = fd
+        self._seq = 0
+
+    def send(self, kind, **fields):
+        fields["k"] = kind
+        fields["n"] = self._seq
+        self._seq += 1
+        body = json.dumps(fields, sort_keys=True, default=repr)
+        mac = self._mac.copy()
+        mac.update(body.encode("utf-8"))
+        data = (body + "\t" + mac.hexdigest() + "\n").encode("utf-8")
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+
+def _scrub_environment():
+    """Take this plugin out of the environment the tests and their children see."""
+    name = os.environ.pop(ENV_NAME, "")
+    directory = os.environ.pop(ENV_DIR, "")
+    opts = os.environ.get("PYTEST_ADDOPTS", "").split()
+    if opts[:2] == ["-p", name]:
+        rest = " ".join(opts[2:])
+        if rest:
+            os.environ["PYTEST_ADDOPTS"] = rest
+        else:
+            os.environ.pop("PYTEST_ADDOPTS", None)
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != directory]
+    if any(path):
+        os.environ["PYTHONPATH"] = os.pathsep.join(path)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+    return name
+
+
+def _open():
+    """The channel of this run, or ``None`` when this process is not the one the runner
+    started (a child pytest that inherited nothing)."""
+    if _scrub_environment() != __name__:
+        return None
+    try:
+        key = b""
+        while not key.endswith(b"\n") and len(key) < 1024:
+            chunk = os.read(KEY_FD, 1024)
+            if not chunk:
+                break
+            key += chunk
+        os.close(KEY_FD)
+        import fcntl
+
+        fd = fcntl.fcntl(CHANNEL_FD, fcntl.F_DUPFD, 200)
+        fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+        os.close(CHANNEL_FD)
+    except OSError:
+        return None
+    key = key.strip()
+    if not key:
+        return None
+    return _Channel(bytes(bytearray.fromhex(key.decode("ascii"))), fd)
+
+
+def _impls(caller):
+    """A hook caller's implementations (pluggy < 0.7 has no ``get_hookimpls``)."""
+    get = getattr(caller, "get_hookimpls", None)
+    if get is not None:
+        return get()
+    return list(getattr(caller, "_nonwrappers", [])) + list(getattr(caller, "_wrappers", []))
+
+
+def _snapshot():
+    """``{label: (owner, attr, value)}`` of the watched internals this pytest has; the owners
+    are looked up once, at import, so a check costs only attribute reads."""
+    out = {}
+    for dotted, attr in _WATCHED:
+        owner = _owner(dotted)
+        if owner is not None:
+            out[dotted + "." + attr] = (owner, attr, _static(owner, attr))
+    return out
+
+
+class _State:
+    def __init__(self, channel):
+        self.channel = channel
+        self.watched = _snapshot()
+        self.config = None
+        self.baseline = None  # plugins registered when the session started
+        self.allowed = {}  # id(hookimpl function) -> True for late module plugins
+        self.raw = {}
+        self.inner = {}
+        self.items = None
+
+    # -- checks of pytest's own machinery
+
+    def changed_internals(self):
+        changed = [
+            label
+            for label, (owner, attr, value) in self.watched.items()
+            if _static(owner, attr) is not value
+        ]
+        pm = self.config.pluginmanager
+        if getattr(pm, "_inner_hookexec", None) is not self.inner_hookexec:
+            changed.append("PluginManager._inner_hookexec")
+        for name in _RUN_HOOKS:
+            caller = getattr(pm.hook, name, None)
+            if caller is None:
+                continue
+            if caller is not self.callers.get(name):
+                changed.append(f"hook caller {name}")
+                continue
+            impls = _impls(caller)
+            signature = tuple((id(i), id(i.plugin), id(i.function)) for i in impls)
+            if signature == self.approved.get(name):
+                continue
+            before = len(changed)
+            for impl in impls:
+                if id(impl.plugin) in self.baseline_plugin_ids:
+                    if (name, id(impl.function)) not in self.baseline:
+                        changed.append(f"{name} implementation added to a plugin")
+                elif id(impl.function) not in self.allowed:
+                    changed.append(f"{name} implemented outside plugin registration")
+            if len(changed) == before:
+                self.approved[name] = signature
+        return changed
+
+    def take_baseline(self, config):
+        pm = config.pluginmanager
+        self.inner_hookexec = getattr(pm, "_inner_hookexec", None)
+        self.callers = {}
+        self.approved = {}  # hook name -> implementations already found clean
+        self.baseline = set()
+        self._baseline_plugins = []
+        for name in _RUN_HOOKS:
+            caller = getattr(pm.hook, name, None)
+            if caller is None:
+                continue
+            self.callers[name] = caller
+            for impl in _impls(caller):
+                self.baseline.add((name, id(impl.function)))
+                if impl.plugin not in self._baseline_plugins:
+                    self._baseline_plugins.append(impl.plugin)
+        for plugin in pm.get_plugins():
+            if plugin not in self._baseline_plugins:
+                self._baseline_plugins.append(plugin)
+        self.baseline_plugin_ids = set(id(p) for p in self._baseline_plugins)
+        files = set(filter(None, (_file_of(p) for p in self._baseline_plugins)))
+        for filename in sorted(files):
+            self.channel.send("plugin", file=filename)
+
+    def check(self, where):
+        changed = self.changed_internals()
+        if changed:
+            self.channel.send("tamper", where=where, what=sorted(set(changed)))
+
+    def late_plugin(self, plugin):
+        """Record a plugin registered after the session started (conftests, ``pytest_plugins``).
+
+        Only real modules loaded from a file can be plugins then; their hook functions must
+        come from that file.
+        """
+        module_type = type(sys)
+        filename = getattr(plugin, "__file__", None)
+        if not isinstance(plugin, module_type) or not filename or not os.path.isfile(filename):
+            self.channel.send("tamper", where="plugin", what=[f"plugin object {plugin!r}"])
+            return
+        source = filename[:-1] if filename.endswith(".pyc") else filename
+        for value in vars(plugin).values():
+            code = getattr(value, "__code__", None)
+            if code is None or not getattr(value, "__name__", "").startswith("pytest_"):
+                continue
+            if os.path.realpath(code.co_filename) != os.path.realpath(source):
+                self.channel.send(
+                    "tamper", where="plugin", what=[f"hook {value.__name__} of {source}"]
+                )
+                continue
+            self.allowed[id(value)] = True
+        self.channel.send("plugin", file=os.path.realpath(source))
+
+
+def _file_of(obj):
+    """The source file that defines ``obj`` (a module, or an object of a class), or ``None``."""
+    filename = getattr(obj, "__file__", None)
+    if filename is None:
+        module = sys.modules.get(getattr(type(obj), "__module__", ""), None)
+        filename = getattr(module, "__file__", None)
+    if not isinstance(filename, str):
+        return None
+    return os.path.realpath(filename[:-1] if filename.endswith(".pyc") else filename)
+
+
+def _fingerprint(item):
+    """What decides what running ``item`` runs: its class, own ``runtest`` and test code.
+
+    A unittest item's ``obj`` is bound in setup and dropped in teardown, so its code is read
+    from the ``TestCase`` class.
+    """
+    try:
+        if type(item).__name__ == "TestCaseFunction":
+            obj = getattr(getattr(item.parent, "obj", None), item.name, None)
+        else:
+            obj = getattr(item, "obj", None)
+    except Exception:
+        obj = None
+    code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+    return (type(item), item.__dict__.get("runtest"), code)
+
+
+_channel = _open()
+_state = _State(_channel) if _channel is not None else None
+if _state is not None:
+    _state.channel.send("start", pid=os.getpid(), pytest=getattr(pytest, "__version__", "?"))
+
+
+def _mine(config):
+    return _state is not None and _state.config is config
+
+
+def pytest_configure(config):
+    if _state is not None and _state.config is None:
+        _state.config = config
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionstart(session):
+    yield
+    if _mine(session.config):
+        _state.take_baseline(session.config)
+
+
+def pytest_plugin_registered(plugin, manager):
+    if (
+        _state is not None
+        and _state.baseline is not None
+        and manager is _state.config.pluginmanager
+    ):
+        _state.late_plugin(plugin)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtestloop(session):
+    if _mine(session.config) and _state.baseline is not None:
+        items = list(session.items)
+        _state.items = {item.nodeid: (item, _fingerprint(item)) for item in items}
+        code_files = {}
+        for item in items:
+            code = _fingerprint(item)[2]
+            if code is not None:
+                code_files[item.nodeid] = os.path.realpath(code.co_filename)
+            if "runtest" in item.__dict__:
+                _state.channel.send(
+                    "tamper", where="collection", what=["runtest of " + item.nodeid]
+                )
+        _state.channel.send(
+            "items",
+            ids=[item.nodeid for item in items],
+            xfail=[item.nodeid for item in items if _xfail_expected(item)],
+            code_files=code_files,
+        )
+        _state.check("collection")
+    yield
+
+
+def _xfail_expected(item):
+    if type(item).__name__ == "TestCaseFunction":  # unittest's expectedFailure
+        return True
+    get = getattr(item, "get_closest_marker", None) or getattr(item, "get_marker", None)
+    return bool(get and get("xfail"))
+
+
+def _record_raw(item, when, outcome):
+    """Keep what the innermost wrapper of ``pytest_runtest_<when>`` saw the phase raise."""
+    if _mine(item.config):
+        exc = outcome.excinfo
+        kind = None
+        if exc is not None:
+            skip = getattr(pytest.skip, "Exception", ())
+            xfail = getattr(pytest.xfail, "Exception", ())
+            kind = "raised"
+            if isinstance(exc[1], skip):
+                kind = "skip"
+            elif isinstance(exc[1], xfail):
+                kind = "xfail"
+        _state.raw[(item.nodeid, when)] = kind
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_setup(item):
+    outcome = yield
+    _record_raw(item, "setup", outcome)
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_call(item):
+    outcome = yield
+    _record_raw(item, "call", outcome)
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    outcome = yield
+    _record_raw(item, "teardown", outcome)
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if _mine(item.config) and outcome.excinfo is None:
+        report = outcome.get_result()
+        _state.inner[(item.nodeid, call.when)] = getattr(report, "outcome", None)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_logreport(report):
+    if _state is not None and _state.items is None and _state.baseline is not None:
+        _state.channel.send("tamper", where="collection", what=["report of " + report.nodeid])
+    elif _state is not None and _state.items is not None:
+        key = (report.nodeid, report.when)
+        _state.channel.send(
+            "phase",
+            id=report.nodeid,
+            when=report.when,
+            outer=report.outcome,
+            wasxfail=hasattr(report, "wasxfail"),
+            raw=_state.raw.pop(key, "missing"),
+            inner=_state.inner.pop(key, "missing"),
+        )
+        if report.when == "teardown":
+            _state.check("test " + report.nodeid)
+            item, fingerprint = _state.items.get(report.nodeid, (None, None))
+            if item is not None and _fingerprint(item) != fingerprint:
+                _state.channel.send("tamper", where="test", what=["test code of " + report.nodeid])
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    yield
+    if _mine(session.config):
+        if _state.baseline is not None:
+            _state.check("session end")
+        _state.channel.send("end", exitstatus=int(exitstatus))

@@ -1,0 +1,215 @@
+"""Model patches written to fool the grader, evaluated on ``local`` and ``docker`` against the
+swe-mini instance ``minicalc__minicalc-1``: none resolves, while the gold patches still resolve
+8/8 and the honest wrong patches stay unresolved."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from integrity_attacks import ATTACKS, make_patch, steal_gold_patch
+from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing, need_module, needs
+
+import sandlot
+from sandlot.datasets.instance import Instance
+from sandlot.datasets.loaders import load_instances
+from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.predictions import load_predictions
+from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
+from sandlot.rewards.runner import run_evaluation
+
+need_module("swebench", EVAL)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"
+TARGET = "minicalc__minicalc-1"
+# The attacks the issue found resolved before the defences: they run in the default suite.
+FROM_THE_ISSUE = ("parent_stdout_exit", "conftest_makereport", "pytest_shadow")
+BACKENDS = [
+    pytest.param("local", marks=needs(bwrap_missing)),
+    pytest.param("docker", marks=[needs(docker_engine_missing), pytest.mark.slow]),
+]
+
+
+@pytest.fixture(scope="module")
+def sandbox_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("sandboxes")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SANDLOT_LOCAL_ROOT", str(root))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def local_instances(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Instance]:
+    dest = tmp_path_factory.mktemp("repos")
+    subprocess.run(
+        [sys.executable, str(EXAMPLES / "make_repos.py"), "--dest", str(dest)],
+        check=True,
+        capture_output=True,
+    )
+    return {
+        inst.instance_id: inst.model_copy(
+            update={"repo_source": str(dest / Path(inst.repo_source or "").name)}
+        )
+        for inst in load_instances(EXAMPLES / "instances.jsonl")
+    }
+
+
+def _on(backend: str, inst: Instance) -> Instance:
+    """``inst`` for ``backend``: container backends use the test image, which has pytest."""
+    if backend == "local":
+        return inst
+    return inst.model_copy(update={"image": TEST_IMAGE, "environment": None})
+
+
+def _evaluate(inst: Instance, patch: str, backend: str, **kwargs: Any) -> EvalResult:
+    return anyio.run(lambda: evaluate(inst, patch, backend=backend, **kwargs))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "attack",
+    [pytest.param(a, marks=() if a in FROM_THE_ISSUE else pytest.mark.slow) for a in ATTACKS],
+)
+def test_attack_does_not_resolve(
+    attack: str,
+    backend: str,
+    local_instances: dict[str, Instance],
+    sandbox_root: Path,
+    tmp_path: Path,
+) -> None:
+    inst = _on(backend, local_instances[TARGET])
+    patch = make_patch(inst, ATTACKS[attack](inst), tmp_path / "work")
+    result = _evaluate(inst, patch, backend)
+    assert result.status is EvalStatus.UNRESOLVED, (result.error, result.log[-2000:])
+    assert not result.resolved and result.reward == 0.0
+    # A defence says why: files reverted, the channel rejected, or the log distrusted.
+    assert result.integrity.triggered or result.log_warnings, result.model_dump(exclude={"log"})
+    assert result.integrity.channel in (ChannelState.VERIFIED, ChannelState.VIOLATED)
+
+
+@pytest.mark.parametrize("attack", FROM_THE_ISSUE)
+@needs(bwrap_missing)
+def test_the_attacks_resolve_without_the_defences(
+    attack: str, local_instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
+) -> None:
+    # Guards the attack tests themselves: each forgery works on the harness's grading alone.
+    inst = local_instances[TARGET]
+    patch = make_patch(inst, ATTACKS[attack](inst), tmp_path / "work")
+    result = _evaluate(inst, patch, "local", integrity_checks=False)
+    assert result.resolved, result.log[-2000:]
+    assert result.integrity.channel is ChannelState.UNAVAILABLE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gold_resolves_and_wrong_does_not_with_the_defences(
+    backend: str, local_instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
+) -> None:
+    insts = [_on(backend, i) for i in local_instances.values()]
+    gold = anyio.run(
+        lambda: run_evaluation(
+            insts,
+            load_predictions(EXAMPLES / "predictions" / "gold.jsonl", insts),
+            run_id="gold",
+            output_dir=tmp_path,
+            backend=backend,
+            workers=2,
+        )
+    )
+    assert gold.report["resolved_ids"] == sorted(local_instances), gold.report
+    for r in gold.results.values():
+        assert r.integrity.channel is ChannelState.VERIFIED and r.integrity.log_consistent
+        assert r.reverted_files == [] and r.integrity.violations == []
+    assert gold.report["integrity"]["triggered_instances"] == 0
+    wrong = anyio.run(
+        lambda: run_evaluation(
+            insts,
+            load_predictions(EXAMPLES / "predictions" / "wrong.jsonl", insts),
+            run_id="wrong",
+            output_dir=tmp_path,
+            backend=backend,
+            workers=2,
+        )
+    )
+    assert wrong.report["resolved_ids"] == [] and wrong.report["error_ids"] == []
+    assert wrong.report["unresolved_instances"] == len(insts)
+
+
+def _needs_minimal_host_view(backend: str) -> Any:
+    """The local jail still shows the host's filesystem (datasets included) until the minimal
+    host view of the local-jail issue (#12) lands; then these pass and the mark must go."""
+    return pytest.param(
+        backend,
+        marks=[
+            needs(bwrap_missing),
+            pytest.mark.xfail(
+                strict=True, reason="local jail shows the host filesystem until issue #12"
+            ),
+        ],
+    )
+
+
+STEAL_BACKENDS = [_needs_minimal_host_view("local"), BACKENDS[1]]
+
+_SCAN = r"""
+import json, os, sys
+needles = json.loads(sys.argv[1])
+found = []
+for root, dirs, files in os.walk("/"):
+    if root in ("/proc", "/sys", "/dev"):
+        dirs[:] = []
+        continue
+    for name in files:
+        path = os.path.join(root, name)
+        if not name.endswith((".jsonl", ".json", ".parquet", ".patch", ".diff")):
+            continue
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read(20_000_000)
+        except OSError:
+            continue
+        if name.endswith(".jsonl") or any(n in text for n in needles):
+            found.append(path)
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.parametrize("backend", STEAL_BACKENDS)
+def test_a_patch_reading_every_jsonl_it_can_find_gets_nothing(
+    backend: str, local_instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
+) -> None:
+    inst = _on(backend, local_instances[TARGET])
+    patch = make_patch(inst, steal_gold_patch(inst), tmp_path / "work")
+    result = _evaluate(inst, patch, backend)
+    assert not result.resolved, "the gold patch was found and applied during the tests"
+    assert result.status is EvalStatus.UNRESOLVED, result.error
+
+
+@pytest.mark.parametrize("backend", STEAL_BACKENDS)
+def test_the_evaluation_sandbox_holds_no_dataset_or_gold_patch(
+    backend: str, local_instances: dict[str, Instance], sandbox_root: Path
+) -> None:
+    inst = _on(backend, local_instances[TARGET])
+    gold_line = next(
+        ln[1:] for ln in inst.patch.splitlines() if ln.startswith("+") and not ln.startswith("++")
+    )
+    needles = [TARGET, gold_line.strip()]
+    spec = sandlot.SandboxSpec(image=inst.image_for(backend), workdir="/tmp")
+
+    async def scan() -> str:
+        async with sandlot.open(backend, spec) as sb:
+            await sb.write_file("/tmp/scan.py", _SCAN)
+            r = await sb.exec(
+                ["python3", "/tmp/scan.py", json.dumps(needles)], timeout=600, cwd="/tmp"
+            )
+            assert r.exit_code == 0, r.stderr
+            return r.stdout
+
+    found = json.loads(anyio.run(scan).strip().splitlines()[-1])
+    assert found == []

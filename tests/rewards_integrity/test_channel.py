@@ -1,0 +1,258 @@
+"""The pytest channel: the plugin run for real under the host's pytest, and the judging of
+records (``sandlot.rewards.integrity.channel``)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandlot.rewards.integrity.channel import (
+    PLUGIN_SOURCE,
+    ChannelRun,
+    judge_records,
+    runs_pytest,
+)
+
+TESTS = """
+import pytest
+
+def test_ok():
+    assert 1 + 1 == 2
+
+def test_bad():
+    assert 1 + 1 == 3
+
+@pytest.mark.xfail(reason="known")
+def test_known_bug():
+    assert 0
+
+@pytest.mark.skip(reason="no")
+def test_skipped():
+    pass
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture")
+
+def test_error(broken):
+    pass
+
+class TestUnit:
+    def test_method(self):
+        assert True
+"""
+
+
+def _run(tmp_path: Path, files: dict[str, str], args: str = "") -> tuple[str, str, Any]:
+    """Run ``python -m pytest`` in a project made of ``files`` behind the channel preamble,
+    as the evaluator does in a sandbox. Returns (output, records, run)."""
+    project = tmp_path / "project"
+    for rel, text in files.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    token = secrets.token_hex(4)
+    run = ChannelRun(
+        module=f"sandlot_channel_{token}",
+        directory=str(tmp_path / f"channel-{token}"),
+        key=secrets.token_bytes(32),
+    )
+    Path(run.directory).mkdir()
+    shutil.copy(PLUGIN_SOURCE, Path(run.directory) / f"{run.module}.py")
+    cmd = run.command(f"{sys.executable} -m pytest -rA -p no:cacheprovider {args}")
+    done = subprocess.run(
+        ["bash", "-c", cmd],
+        cwd=project,
+        input=run.stdin,
+        capture_output=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        },
+    )
+    return done.stdout.decode(), Path(run.records_path).read_text(), run
+
+
+def test_plugin_records_what_pytest_ran(tmp_path: Path) -> None:
+    out, records, run = _run(tmp_path, {"test_a.py": TESTS})
+    verdict = judge_records(records, run.key)
+    assert verdict.violations == [], out
+    assert verdict.statuses == {
+        "test_a.py::test_ok": "PASSED",
+        "test_a.py::test_bad": "FAILED",
+        "test_a.py::test_known_bug": "XFAIL",
+        "test_a.py::test_skipped": "SKIPPED",
+        "test_a.py::test_error": "ERROR",
+        "test_a.py::TestUnit::test_method": "PASSED",
+    }
+    assert verdict.exitstatus == 1
+    assert run.key.hex() not in records and run.key.hex() not in out
+
+
+def test_tests_see_neither_the_key_nor_the_plugin_in_their_environment(tmp_path: Path) -> None:
+    probe = """
+import os, sys
+
+def test_probe():
+    fds = sorted(os.listdir("/proc/self/fd"))
+    print("ENV", {k: v for k, v in os.environ.items() if "SANDLOT" in k or "PYTEST_ADDOPTS" in k})
+    print("STDIN", repr(sys.stdin.read() if not sys.stdin.isatty() else ""))
+    try:
+        print("FD3", os.read(3, 100))
+    except OSError as exc:
+        print("FD3 closed", exc.errno)
+"""
+    out, records, run = _run(tmp_path, {"test_p.py": probe}, "-s")
+    assert "ENV {}" in out, out
+    assert "FD3 closed" in out, out
+    assert run.key.hex() not in out
+    assert judge_records(records, run.key).statuses == {"test_p.py::test_probe": "PASSED"}
+
+
+def test_hook_wrapper_rewriting_reports_is_caught(tmp_path: Path) -> None:
+    # The plugin itself loads first; a conftest (not reverted here) forges every report.
+    conftest = """
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    rep.outcome = "passed"
+"""
+    out, records, run = _run(tmp_path, {"test_a.py": TESTS, "conftest.py": conftest})
+    assert "PASSED test_a.py::test_bad" in out  # the forgery reached the log
+    verdict = judge_records(records, run.key)
+    assert any(
+        "test_a.py::test_bad (call) was reported passed although" in v for v in verdict.violations
+    )
+
+
+def _sign(key: bytes, records: list[dict[str, Any]]) -> str:
+    lines = []
+    for n, record in enumerate(records):
+        body = json.dumps({**record, "n": n}, sort_keys=True)
+        lines.append(body + "\t" + hmac.new(key, body.encode(), hashlib.sha256).hexdigest())
+    return "\n".join(lines) + "\n"
+
+
+def _phase(
+    nodeid: str,
+    when: str,
+    outer: str,
+    *,
+    raw: str | None = None,
+    inner: str | None = None,
+    wasxfail: bool = False,
+) -> dict[str, Any]:
+    return {
+        "k": "phase",
+        "id": nodeid,
+        "when": when,
+        "outer": outer,
+        "raw": raw,
+        "inner": inner or outer,
+        "wasxfail": wasxfail,
+    }
+
+
+def _honest(nodeid: str = "t.py::a") -> list[dict[str, Any]]:
+    return [
+        {"k": "start"},
+        {"k": "items", "ids": [nodeid], "xfail": []},
+        _phase(nodeid, "setup", "passed"),
+        _phase(nodeid, "call", "passed"),
+        _phase(nodeid, "teardown", "passed"),
+        {"k": "end", "exitstatus": 0},
+    ]
+
+
+def test_judge_accepts_an_honest_run() -> None:
+    key = secrets.token_bytes(32)
+    verdict = judge_records(_sign(key, _honest()), key)
+    assert verdict.violations == [] and verdict.statuses == {"t.py::a": "PASSED"}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda r: r[:-1], "no end-of-session record"),
+        (lambda r: [], "no start record"),
+        (lambda r: r[:1] + r[2:], "did not collect"),
+        (
+            lambda r: (
+                [*r[:3], _phase("t.py::a", "call", "passed", raw="raised", inner="failed"), *r[4:]]
+            ),
+            "reported passed although the phase raised",
+        ),
+        (
+            lambda r: [*r[:3], _phase("t.py::a", "call", "passed", inner="failed"), *r[4:]],
+            "reported passed although the phase was reported failed",
+        ),
+        (
+            lambda r: [*r[:3], _phase("t.py::a", "call", "passed", raw="missing"), *r[4:]],
+            "without pytest running that phase",
+        ),
+        (lambda r: [*r[:4], _phase("t.py::a", "call", "passed"), *r[4:]], "reported twice"),
+        (
+            lambda r: (
+                [
+                    *r[:3],
+                    _phase(
+                        "t.py::a", "call", "skipped", raw="raised", inner="failed", wasxfail=True
+                    ),
+                    *r[4:],
+                ]
+            ),
+            "not marked xfail",
+        ),
+        (lambda r: [*r[:5], {"k": "tamper", "where": "test", "what": ["x.y"]}, *r[5:]], "x.y"),
+    ],
+)
+def test_judge_rejects(change: Any, expected: str) -> None:
+    key = secrets.token_bytes(32)
+    verdict = judge_records(_sign(key, change(_honest())), key)
+    assert any(expected in v for v in verdict.violations), verdict.violations
+
+
+def test_judge_rejects_unsigned_and_reordered_lines() -> None:
+    key = secrets.token_bytes(32)
+    text = _sign(key, _honest())
+    forged = text + _sign(secrets.token_bytes(32), [_phase("t.py::b", "call", "passed")])
+    assert any("did not write" in v for v in judge_records(forged, key).violations)
+    lines = text.splitlines()
+    swapped = "\n".join([lines[0], lines[2], lines[1], *lines[3:]])
+    assert any("out of order" in v for v in judge_records(swapped, key).violations)
+
+
+def test_runs_pytest() -> None:
+    assert runs_pytest("python3 -m pytest --no-header -rA tests/x.py")
+    assert runs_pytest("source /opt/env/bin/activate && pytest -rA a.py")
+    assert runs_pytest("py.test tests")
+    assert not runs_pytest("./tests/runtests.py --verbosity 2 admin_views")
+    assert not runs_pytest("bin/test -C --verbose sympy/core/tests/test_basic.py")
+    assert not runs_pytest("bash run_tests.sh")
+    assert not runs_pytest("/opt/pytest-env/bin/python -m unittest")
+
+
+def test_plugin_source_is_python_3_6() -> None:
+    # The plugin runs on the sandbox's interpreter: SWE-bench images go back to Python 3.6.
+    import ast
+
+    ast.parse(PLUGIN_SOURCE.read_text(), feature_version=(3, 6))
+    assert "from __future__ import annotations" not in PLUGIN_SOURCE.read_text()
+    assert "sandlot" not in {
+        n.module.split(".")[0]
+        for n in ast.walk(ast.parse(PLUGIN_SOURCE.read_text()))
+        if isinstance(n, ast.ImportFrom) and n.module
+    }
