@@ -141,21 +141,7 @@ def test_gold_resolves_and_wrong_does_not_with_the_defences(
     assert wrong.report["unresolved_instances"] == len(insts)
 
 
-def _needs_minimal_host_view(backend: str) -> Any:
-    """The local jail still shows the host's filesystem (datasets included) until the minimal
-    host view of the local-jail issue (#12) lands; then these pass and the mark must go."""
-    return pytest.param(
-        backend,
-        marks=[
-            needs(bwrap_missing),
-            pytest.mark.xfail(
-                strict=True, reason="local jail shows the host filesystem until issue #12"
-            ),
-        ],
-    )
-
-
-STEAL_BACKENDS = [_needs_minimal_host_view("local"), BACKENDS[1]]
+STEAL_BACKENDS = BACKENDS  # on local, the jail's minimal host view hides the datasets
 
 _SCAN = r"""
 import json, os, sys
