@@ -48,6 +48,7 @@ from rollout.scripted_server import ScriptedServer  # noqa: E402  (tests/ helper
 
 from sandlot.cli.env_cmd import distinct_recipes  # noqa: E402
 from sandlot.datasets.rows import TaskRow  # noqa: E402
+from sandlot.result import ExecResult  # noqa: E402
 from sandlot.rollout.config import AgentConfig, parse_agent_config  # noqa: E402
 from sandlot.rollout.episodes import Gauges, InProcessEpisodes  # noqa: E402
 from sandlot.rollout.llm import OpenAIChatPolicy  # noqa: E402
@@ -61,7 +62,6 @@ from sandlot.runtimes.observation import Observation  # noqa: E402
 from sandlot.runtimes.session import BashSession  # noqa: E402
 from sandlot.sandboxes.base import Command, Sandbox  # noqa: E402
 from sandlot.sandboxes.registry import get_backend, register_backend  # noqa: E402
-from sandlot.sandboxes.result import ExecResult  # noqa: E402
 from sandlot.tools.parsers import ToolCall  # noqa: E402
 
 SWE_MINI = ROOT / "examples" / "swe-mini"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from sandlot.sandboxes.errors import BackendUnavailableError
+from sandlot.errors import BackendUnavailableError
 
 
 def require(module: str, extra: str) -> ModuleType:

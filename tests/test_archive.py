@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sandlot.errors import SandboxFileError
 from sandlot.sandboxes.archive import (
     DownloadLimitError,
     UnsafeArchiveError,
@@ -19,7 +20,6 @@ from sandlot.sandboxes.archive import (
     link_stays_inside,
     read_single_file,
 )
-from sandlot.sandboxes.errors import SandboxFileError
 
 MiB = 1024 * 1024
 

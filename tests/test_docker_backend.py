@@ -25,15 +25,15 @@ import pytest
 from requirements import DOCKER, TEST_IMAGE, docker_engine, need_module
 
 import sandlot
-from sandlot.sandboxes.capped import CappedOutput
-from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
-from sandlot.sandboxes.docker.stream import pump
-from sandlot.sandboxes.errors import (
+from sandlot.errors import (
     BackendUnavailableError,
     SandboxDeadError,
     SandboxFileError,
     SandboxStartError,
 )
+from sandlot.sandboxes.capped import CappedOutput
+from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
+from sandlot.sandboxes.docker.stream import pump
 from sandlot.sandboxes.spec import SandboxSpec
 
 MiB = 1024 * 1024
@@ -100,7 +100,7 @@ def test_import_without_sdk_names_the_extra() -> None:
     code = (
         "import sys; sys.modules['docker'] = None\n"
         "import anyio, sandlot\n"
-        "from sandlot.sandboxes.errors import BackendUnavailableError\n"
+        "from sandlot.errors import BackendUnavailableError\n"
         "async def main():\n"
         "    try:\n"
         "        await sandlot.open('docker', image='x').start()\n"

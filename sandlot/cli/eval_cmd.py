@@ -14,10 +14,10 @@ from rich.table import Table
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
+from sandlot.errors import BackendNotFoundError
 from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import RunOutcome, run_evaluation
-from sandlot.sandboxes.errors import BackendNotFoundError
 from sandlot.sandboxes.labels import use_run_id
 from sandlot.sandboxes.registry import get_backend, resolve_backend_name
 

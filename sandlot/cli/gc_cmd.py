@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from sandlot.sandboxes.errors import SandboxError
+from sandlot.errors import SandboxError
 from sandlot.sandboxes.reaper import GcReport, RemoteSandbox, get_reaper, reap
 from sandlot.sandboxes.registry import resolve_backend_name
 

@@ -31,6 +31,7 @@ from rich.table import Table
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.cli.eval_cmd import split_ids
 from sandlot.datasets.rows import TaskRow
+from sandlot.errors import BackendNotFoundError, SandboxError
 from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config
 from sandlot.rollout.display import LiveDisplay
 from sandlot.rollout.episodes import InProcessEpisodes
@@ -43,7 +44,6 @@ from sandlot.rollout.scheduler import run_rollout, run_until_signalled
 from sandlot.rollout.stats import RolloutStats
 from sandlot.rollout.store import TRAJECTORIES_FILE, TrajectoryLog, atomic_write, write_predictions
 from sandlot.rollout.summary import RolloutSummary, summarize
-from sandlot.sandboxes.errors import BackendNotFoundError, SandboxError
 from sandlot.sandboxes.labels import pin_run_id, use_run_id
 from sandlot.sandboxes.registry import get_backend
 

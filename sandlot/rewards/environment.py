@@ -14,10 +14,10 @@ import anyio
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import spec_environment
+from sandlot.errors import SandboxSetupError
 from sandlot.rewards.scripts import EVAL_DIR, fetch_repo_script
 from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe
-from sandlot.sandboxes.errors import SandboxSetupError
 from sandlot.sandboxes.registry import get_backend
 from sandlot.sandboxes.spec import SandboxSpec
 

@@ -19,6 +19,12 @@ from pydantic import BaseModel
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
+from sandlot.errors import (
+    EnvironmentBuildError,
+    SandboxError,
+    SandboxFileError,
+    SandboxSetupError,
+)
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.grading import grade
 from sandlot.rewards.integrity.channel import (
@@ -47,12 +53,6 @@ from sandlot.rewards.scripts import (
     reset_test_files_script,
 )
 from sandlot.sandboxes.base import Sandbox, output_tail
-from sandlot.sandboxes.errors import (
-    EnvironmentBuildError,
-    SandboxError,
-    SandboxFileError,
-    SandboxSetupError,
-)
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.registry import resolve_backend_name
 

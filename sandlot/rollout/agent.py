@@ -35,13 +35,13 @@ from pydantic import BaseModel
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.prompts import PROMPT_FIELDS, PromptLeakError, find_leak
 from sandlot.datasets.rows import TaskRow
+from sandlot.errors import SandboxError
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.evaluate import evaluate, evaluate_in_sandbox
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError
 from sandlot.rollout.trajectory import ExitReason, Observation, Step, Trajectory
 from sandlot.sandboxes.base import Sandbox
-from sandlot.sandboxes.errors import SandboxError
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.tools import Toolbox, ToolCall, ToolContext, ToolError, get_parser

@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from sandlot.errors import SandboxDeadError, SandboxError
+from sandlot.result import TIMEOUT_EXIT_CODE
 from sandlot.runtimes.channel import Channel
 from sandlot.runtimes.observation import INTERRUPTED_EXIT_CODE, SYNTAX_ERROR_EXIT_CODE, Observation
 from sandlot.runtimes.output import OutputBuffer
@@ -40,8 +42,6 @@ from sandlot.runtimes.protocol import (
     new_nonce,
 )
 from sandlot.runtimes.session import BashSession, SessionClosedError, SessionConfig
-from sandlot.sandboxes.errors import SandboxDeadError, SandboxError
-from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE
 
 log = logging.getLogger("sandlot.runtimes")
 

@@ -22,10 +22,12 @@ import contextlib
 import shlex
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 
+from sandlot.errors import SandboxError
+from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.runtimes.observation import INTERRUPTED_EXIT_CODE, SYNTAX_ERROR_EXIT_CODE, Observation
 from sandlot.runtimes.output import OutputBuffer
 from sandlot.runtimes.protocol import (
@@ -36,11 +38,20 @@ from sandlot.runtimes.protocol import (
     new_nonce,
 )
 from sandlot.runtimes.session import BashSession, SessionConfig
-from sandlot.sandboxes.errors import SandboxError
-from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE
 
-if TYPE_CHECKING:
-    from sandlot.sandboxes.base import Sandbox
+
+class OneShotExec(Protocol):
+    """What an :class:`ExecSession` needs of its sandbox (a ``Sandbox`` is one): one-shot
+    ``exec`` and whether the sandbox is closed. Typed here so that ``runtimes/`` knows nothing
+    of ``sandboxes/``."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def exec(
+        self, cmd: str, *, timeout: float | None = ..., cwd: str | None = ...
+    ) -> ExecResult: ...
+
 
 _STATE_ROOT = '"${TMPDIR:-/tmp}/.sandlot-sessions"'
 
@@ -66,11 +77,15 @@ class ExecSession(BashSession):
         name: session name.
         config: session settings (``interrupt_grace_s`` and ``start_timeout_s`` are unused).
         sandbox: the sandbox whose ``exec`` runs the commands.
+        workdir: absolute directory in the sandbox where commands start unless ``config.cwd``.
     """
 
-    def __init__(self, name: str, config: SessionConfig, sandbox: Sandbox) -> None:
+    def __init__(
+        self, name: str, config: SessionConfig, sandbox: OneShotExec, workdir: str
+    ) -> None:
         super().__init__(name, config)
         self._sandbox = sandbox
+        self._workdir = workdir
         self._state_id = uuid.uuid4().hex
         self._stale_state: str | None = None
         self._scope: anyio.CancelScope | None = None
@@ -104,7 +119,7 @@ class ExecSession(BashSession):
         result = None
         with anyio.CancelScope() as self._scope:
             result = await self._sandbox.exec(
-                script, timeout=timeout, cwd=self.config.cwd or self._sandbox.spec.workdir
+                script, timeout=timeout, cwd=self.config.cwd or self._workdir
             )
         self._scope = None
         if result is None:  # interrupted

@@ -20,9 +20,9 @@ from types import TracebackType
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandlot.errors import SandboxError
 from sandlot.runtimes.observation import Observation
 from sandlot.runtimes.output import DEFAULT_MAX_OUTPUT_CHARS
-from sandlot.sandboxes.errors import SandboxError
 
 
 class SessionClosedError(SandboxError):

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from sandlot.sandboxes.errors import SandboxError
+from sandlot.errors import SandboxError
 
 log = logging.getLogger("sandlot.runtimes.swerex")
 

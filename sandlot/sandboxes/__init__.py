@@ -1,9 +1,6 @@
 """The sandbox protocol and its backends."""
 
-from sandlot.sandboxes.archive import DownloadLimitError, DownloadReport
-from sandlot.sandboxes.base import Command, Sandbox
-from sandlot.sandboxes.environment import EnvironmentRecipe
-from sandlot.sandboxes.errors import (
+from sandlot.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
     EnvironmentBuildError,
@@ -13,9 +10,12 @@ from sandlot.sandboxes.errors import (
     SandboxSetupError,
     SandboxStartError,
 )
+from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.sandboxes.archive import DownloadLimitError, DownloadReport
+from sandlot.sandboxes.base import Command, Sandbox
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.open import open
 from sandlot.sandboxes.registry import available_backends, get_backend, register_backend
-from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 
 __all__ = [

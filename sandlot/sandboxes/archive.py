@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from sandlot.sandboxes.errors import SandboxFileError
+from sandlot.errors import SandboxFileError
 
 log = logging.getLogger("sandlot.sandboxes.archive")
 

@@ -16,11 +16,20 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from sandlot.errors import (
+    SandboxDeadError,
+    SandboxError,
+    SandboxSetupError,
+    SandboxStartError,
+)
+from sandlot.result import ExecResult
+from sandlot.runtimes.exec_session import ExecSession
+from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes.archive import (
     DEFAULT_DOWNLOAD_MAX_BYTES,
     DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
@@ -28,19 +37,9 @@ from sandlot.sandboxes.archive import (
     DownloadReport,
 )
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
-from sandlot.sandboxes.errors import (
-    SandboxDeadError,
-    SandboxError,
-    SandboxSetupError,
-    SandboxStartError,
-)
 from sandlot.sandboxes.labels import run_id
 from sandlot.sandboxes.limits import StartClock, StartLimits, starting_gate, starting_slot
-from sandlot.sandboxes.result import ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
-
-if TYPE_CHECKING:  # runtimes/ sits above sandboxes/: imported lazily where used
-    from sandlot.runtimes.session import BashSession, SessionConfig
 
 log = logging.getLogger("sandlot.sandboxes")
 
@@ -366,8 +365,6 @@ class Sandbox(abc.ABC):
         self._check_open()
         session = self._sessions.get(name)
         if session is None or session.closed:
-            from sandlot.runtimes.session import SessionConfig
-
             session = await self._open_shell(name, config or SessionConfig())
             self._sessions[name] = session
         return session
@@ -380,9 +377,7 @@ class Sandbox(abc.ABC):
         backends with a streaming channel return a
         :class:`~sandlot.runtimes.channel_session.ChannelSession`.
         """
-        from sandlot.runtimes.exec_session import ExecSession
-
-        return ExecSession(name, config, self)
+        return ExecSession(name, config, self, self.spec.workdir)
 
     # ----------------------------------------------------------------- files
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from sandlot.sandboxes.errors import BackendNotFoundError
+from sandlot.errors import BackendNotFoundError
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID
 
 log = logging.getLogger("sandlot.sandboxes.gc")

@@ -15,8 +15,8 @@ import importlib
 import os
 from importlib.metadata import entry_points
 
+from sandlot.errors import BackendNotFoundError
 from sandlot.sandboxes.base import Sandbox
-from sandlot.sandboxes.errors import BackendNotFoundError
 
 ENTRY_POINT_GROUP = "sandlot.backends"
 DEFAULT_BACKEND = "local"

@@ -27,6 +27,12 @@ from typing import Any, ClassVar
 
 import anyio
 
+from sandlot.errors import (
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.result import ExecResult
 from sandlot.runtimes.observation import Observation
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes.archive import (
@@ -37,12 +43,6 @@ from sandlot.sandboxes.archive import (
     DownloadReport,
 )
 from sandlot.sandboxes.base import Command, Sandbox
-from sandlot.sandboxes.errors import (
-    SandboxError,
-    SandboxFileError,
-    SandboxStartError,
-)
-from sandlot.sandboxes.result import ExecResult
 
 
 class SimulatedCloud:

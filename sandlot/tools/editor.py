@@ -21,8 +21,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandlot.errors import SandboxFileError
 from sandlot.sandboxes.archive import DownloadLimitError
-from sandlot.sandboxes.errors import SandboxFileError
 from sandlot.tools.base import Tool, ToolContext
 from sandlot.tools.result import ToolError, ToolResult
 

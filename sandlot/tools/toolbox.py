@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sandlot.sandboxes.errors import SandboxDeadError, SandboxError
+from sandlot.errors import SandboxDeadError, SandboxError
 from sandlot.tools.base import Tool, ToolContext
 from sandlot.tools.bash import BashTool, ExecuteBashTool
 from sandlot.tools.editor import StrReplaceEditor

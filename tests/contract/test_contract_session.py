@@ -15,9 +15,9 @@ import anyio
 import pytest
 
 from sandlot import Sandbox
+from sandlot.result import TIMEOUT_EXIT_CODE
 from sandlot.runtimes import BashSession, ExecSession, SessionClosedError, SessionConfig
 from sandlot.runtimes.observation import INTERRUPTED_EXIT_CODE
-from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE
 
 if TYPE_CHECKING:
     from conftest import ContractTarget, TickProbe
@@ -36,7 +36,7 @@ async def any_session(
     if request.param == "native":
         session = await sandbox.shell("contract", config=CONFIG)
     else:
-        session = ExecSession("contract-exec", CONFIG, sandbox)
+        session = ExecSession("contract-exec", CONFIG, sandbox, sandbox.spec.workdir)
     async with session:
         yield session
 

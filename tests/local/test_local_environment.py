@@ -19,8 +19,8 @@ import pytest
 from local_helpers import needs_bwrap
 
 import sandlot
+from sandlot.errors import EnvironmentBuildError
 from sandlot.sandboxes.environment import EnvironmentRecipe
-from sandlot.sandboxes.errors import EnvironmentBuildError
 from sandlot.sandboxes.local import venv
 from sandlot.sandboxes.local.venv import (
     MARKER,

@@ -24,6 +24,8 @@ from requirements import EVAL, TRAIN, need_module
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow, build_row
+from sandlot.errors import SandboxStartError
+from sandlot.result import ExecResult
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rollout.config import AgentConfig, parse_agent_config
 from sandlot.rollout.episodes import Gauges, InProcessEpisodes
@@ -40,9 +42,7 @@ from sandlot.rollout.trajectory import ExitReason, Trajectory
 from sandlot.runtimes.observation import Observation
 from sandlot.runtimes.session import BashSession
 from sandlot.sandboxes.base import Command, Sandbox
-from sandlot.sandboxes.errors import SandboxStartError
 from sandlot.sandboxes.registry import get_backend, register_backend
-from sandlot.sandboxes.result import ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 async def session() -> AsyncIterator[ExecSession]:
     async with sandlot.open("local", isolation=local_isolation()) as sb:
-        yield ExecSession("fallback", SessionConfig(), sb)
+        yield ExecSession("fallback", SessionConfig(), sb, sb.spec.workdir)
 
 
 async def test_unset_variables_stay_unset(session: ExecSession) -> None:

@@ -22,7 +22,7 @@ import anyio
 from anyio.lowlevel import RunVar
 
 from sandlot._optional import require
-from sandlot.sandboxes.errors import BackendUnavailableError, SandboxError, SandboxStartError
+from sandlot.errors import BackendUnavailableError, SandboxError, SandboxStartError
 
 if TYPE_CHECKING:
     from docker import DockerClient

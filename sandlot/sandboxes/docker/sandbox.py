@@ -23,6 +23,15 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar, TypeVar
 import anyio
 from pydantic import BaseModel
 
+from sandlot.errors import (
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.runtimes.channel_session import ChannelSession
+from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import (
     DEFAULT_DOWNLOAD_MAX_BYTES,
@@ -37,6 +46,7 @@ from sandlot.sandboxes.archive import (
 )
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.capped import CappedOutput
+from sandlot.sandboxes.docker.channel import DockerChannel
 from sandlot.sandboxes.docker.engine import (
     api_error,
     describe_address,
@@ -48,20 +58,11 @@ from sandlot.sandboxes.docker.engine import (
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
 from sandlot.sandboxes.docker.stream import pump, raw_socket
-from sandlot.sandboxes.errors import (
-    SandboxDeadError,
-    SandboxError,
-    SandboxFileError,
-    SandboxStartError,
-)
 from sandlot.sandboxes.labels import sandbox_labels
-from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 
 if TYPE_CHECKING:
     from docker import APIClient
-
-    from sandlot.runtimes.session import BashSession, SessionConfig
 
 log = logging.getLogger("sandlot.sandboxes.docker")
 T = TypeVar("T")
@@ -467,9 +468,6 @@ class DockerSandbox(Sandbox):
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         """A session whose ``bash`` is an attached exec (``DockerChannel``); needs bash."""
-        from sandlot.runtimes.channel_session import ChannelSession
-        from sandlot.runtimes.docker_channel import DockerChannel
-
         cwd = posixpath.join(self.spec.workdir, config.cwd or "")
 
         async def open_channel() -> DockerChannel:

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from sandlot.sandboxes.errors import SandboxStartError
+from sandlot.errors import SandboxStartError
 
 _IMAGE_PYTHONS = ("usr/local/bin/python3", "usr/bin/python3", "bin/python3")
 

@@ -13,11 +13,21 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import anyio
 from pydantic import BaseModel
 
+from sandlot.errors import (
+    BackendUnavailableError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.runtimes.channel_session import ChannelSession
+from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes.archive import (
     ARCHIVE_OVERHEAD_BYTES,
     DEFAULT_DOWNLOAD_MAX_BYTES,
@@ -30,15 +40,9 @@ from sandlot.sandboxes.archive import (
 )
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.environment import EnvironmentRecipe
-from sandlot.sandboxes.errors import (
-    BackendUnavailableError,
-    SandboxDeadError,
-    SandboxError,
-    SandboxFileError,
-    SandboxStartError,
-)
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
+from sandlot.sandboxes.local.channel import LocalChannel
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
 from sandlot.sandboxes.local.init_client import InitDied, InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
@@ -59,11 +63,7 @@ from sandlot.sandboxes.local.limits import Limits, init_limits
 from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
 from sandlot.sandboxes.local.process import Completed, run_command
 from sandlot.sandboxes.local.venv import OVERLAY_ENV, BuiltEnvironment, ensure_environment
-from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
-
-if TYPE_CHECKING:
-    from sandlot.runtimes.session import BashSession, SessionConfig
 
 log = logging.getLogger("sandlot.sandboxes.local")
 
@@ -562,9 +562,6 @@ class LocalSandbox(Sandbox):
         The shell shares the jail's files and processes with ``exec``; closing the session kills
         its process tree, closing the sandbox kills everything.
         """
-        from sandlot.runtimes.channel_session import ChannelSession
-        from sandlot.sandboxes.local.channel import LocalChannel
-
         cwd = self.resolve_path(config.cwd) if config.cwd is not None else self.spec.workdir
 
         async def open_channel() -> LocalChannel:

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandlot.errors import EnvironmentBuildError
 from sandlot.sandboxes.environment import EnvironmentRecipe
-from sandlot.sandboxes.errors import EnvironmentBuildError
 from sandlot.sandboxes.local.hostdirs import remove_tree
 
 log = logging.getLogger("sandlot.sandboxes.local.venv")

@@ -32,6 +32,13 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 from pydantic import BaseModel
 
+from sandlot.errors import (
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
@@ -47,18 +54,11 @@ from sandlot.sandboxes.archive import (
 )
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
-from sandlot.sandboxes.errors import (
-    SandboxDeadError,
-    SandboxError,
-    SandboxFileError,
-    SandboxStartError,
-)
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.modal.channel import ModalChannel
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
-from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 
 log = logging.getLogger("sandlot.sandboxes.modal")

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 from sandlot._optional import require
-from sandlot.sandboxes.errors import BackendUnavailableError, SandboxError
+from sandlot.errors import BackendUnavailableError, SandboxError
 
 TOKEN_ENV = ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET")
 

@@ -20,7 +20,7 @@ import os
 import random
 from dataclasses import dataclass
 
-from sandlot.sandboxes.errors import BackendUnavailableError
+from sandlot.errors import BackendUnavailableError
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
 ACCESS_KEY_ENV = ("VOLCE_ACCESS_KEY", "VOLCENGINE_ACCESS_KEY")

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import anyio
 
 from sandlot._optional import require
-from sandlot.sandboxes.errors import SandboxError, SandboxStartError
+from sandlot.errors import SandboxError, SandboxStartError
 from sandlot.sandboxes.vefaas.config import Credentials
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 

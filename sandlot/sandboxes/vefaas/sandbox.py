@@ -26,6 +26,13 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 from pydantic import BaseModel
 
+from sandlot.errors import (
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+)
+from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import (
@@ -39,15 +46,8 @@ from sandlot.sandboxes.archive import (
     extract_archive,
 )
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
-from sandlot.sandboxes.errors import (
-    SandboxDeadError,
-    SandboxError,
-    SandboxFileError,
-    SandboxStartError,
-)
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import SANDBOX_ID, sandbox_labels
-from sandlot.sandboxes.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.vefaas import jobs
 from sandlot.sandboxes.vefaas.bootstrap import bootstrap_command

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from sandlot.result import ExecResult
 from sandlot.runtimes.channel import Channel
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
@@ -35,7 +36,6 @@ from sandlot.sandboxes.docker.stream import (
     wait_readable,
     wait_writable,
 )
-from sandlot.sandboxes.result import ExecResult
 
 if TYPE_CHECKING:
     from docker import APIClient
