@@ -93,15 +93,35 @@ def test_attack_does_not_resolve(
     assert result.integrity.channel in (ChannelState.VERIFIED, ChannelState.VIOLATED)
 
 
-@pytest.mark.parametrize("attack", FROM_THE_ISSUE)
-@needs(bwrap_missing)
+# Where each forgery works on the harness's grading alone. On local, a command's parent is the
+# jail's init (bash execs the last command of its script), whose stdout is /dev/null: attack (a)
+# has no stream to forge there, so it is shown on docker.
+FORGERY_BACKENDS = [
+    pytest.param(
+        "parent_stdout_exit",
+        "docker",
+        marks=[needs(docker_engine_missing), pytest.mark.slow],
+        id="parent_stdout_exit-docker",
+    ),
+    *(
+        pytest.param(a, "local", marks=needs(bwrap_missing), id=f"{a}-local")
+        for a in FROM_THE_ISSUE[1:]
+    ),
+]
+
+
+@pytest.mark.parametrize(("attack", "backend"), FORGERY_BACKENDS)
 def test_the_attacks_resolve_without_the_defences(
-    attack: str, local_instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
+    attack: str,
+    backend: str,
+    local_instances: dict[str, Instance],
+    sandbox_root: Path,
+    tmp_path: Path,
 ) -> None:
     # Guards the attack tests themselves: each forgery works on the harness's grading alone.
-    inst = local_instances[TARGET]
+    inst = _on(backend, local_instances[TARGET])
     patch = make_patch(inst, ATTACKS[attack](inst), tmp_path / "work")
-    result = _evaluate(inst, patch, "local", integrity_checks=False)
+    result = _evaluate(inst, patch, backend, integrity_checks=False)
     assert result.resolved, result.log[-2000:]
     assert result.integrity.channel is ChannelState.UNAVAILABLE
 
