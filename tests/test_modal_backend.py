@@ -6,6 +6,7 @@ No test reaches Modal: the backend's ``sdk()`` returns :class:`fakes.fake_modal.
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import logging
 import math
 import sys
@@ -96,6 +97,28 @@ async def test_create_passes_exactly_these_arguments(fake: FakeModal) -> None:
         assert exec_kw["timeout"] == math.ceil(400 + 1.0) + 30
 
 
+async def test_network_internet_is_an_egress_allowlist_without_private_ranges(
+    fake: FakeModal,
+) -> None:
+    async with make(SandboxSpec(image="python:3.12", network="internet")) as sb:
+        assert await sb.is_alive()
+    ((_, kwargs),) = fake.calls_of("Sandbox.create")
+    assert kwargs["block_network"] is False
+    allowed = [ipaddress.ip_network(c) for c in kwargs["outbound_cidr_allowlist"]]
+    reachable = {
+        a: any(ipaddress.ip_address(a) in n for n in allowed)
+        for a in ("8.8.8.8", "1.1.1.1", "127.0.0.1", "10.0.0.1", "169.254.169.254", "192.168.1.1")
+    }
+    assert reachable == {
+        "8.8.8.8": True,
+        "1.1.1.1": True,
+        "127.0.0.1": False,
+        "10.0.0.1": False,
+        "169.254.169.254": False,
+        "192.168.1.1": False,
+    }
+
+
 def test_arguments_are_accepted_by_the_installed_sdk() -> None:
     modal = need_module("modal", MODAL)
     create = inspect.signature(modal.Sandbox.create)
@@ -114,7 +137,8 @@ def test_arguments_are_accepted_by_the_installed_sdk() -> None:
         workdir="/",
         cpu=1.0,
         memory=1,
-        block_network=True,
+        block_network=False,
+        outbound_cidr_allowlist=["8.0.0.0/7"],
     )
     inspect.signature(modal.Sandbox.exec).bind(None, "sh", timeout=1, env={}, text=False)
     inspect.signature(modal.App.lookup).bind("app", create_if_missing=True)

@@ -258,7 +258,11 @@ class FakeSandbox:
         self.tags = dict(kwargs.get("tags") or {})
         self.env = dict(kwargs.get("env") or {})
         self.workdir = kwargs.get("workdir") or "/"
-        self.block_network = bool(kwargs.get("block_network"))
+        # The fake cannot route by destination: an egress allowlist gets no network at all,
+        # which keeps what the allowlist forbids (the host, private ranges) unreachable.
+        self.block_network = bool(kwargs.get("block_network")) or (
+            kwargs.get("outbound_cidr_allowlist") is not None
+        )
         self.entrypoint = args
         self.returncode: int | None = None
         self.frozen = False

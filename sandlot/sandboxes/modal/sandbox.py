@@ -59,6 +59,7 @@ from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.modal.channel import ModalChannel
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
+from sandlot.sandboxes.network import public_cidrs
 from sandlot.sandboxes.spec import SandboxSpec
 
 log = logging.getLogger("sandlot.sandboxes.modal")
@@ -93,7 +94,9 @@ class ModalSandbox(Sandbox):
         spec: ``image`` is a registry name (canonical SWE-bench names are mapped by
             :func:`sandlot.sandboxes.images.backend_image`); ``cpu`` (cores) and ``memory_mb``
             (MiB) are Modal's requests; ``timeout_s`` (seconds, rounded up) is the sandbox
-            lifetime; ``network=False`` sets ``block_network``; ``env`` and ``workdir`` go to
+            lifetime; ``network=False`` sets ``block_network``, ``network="internet"`` an
+            ``outbound_cidr_allowlist`` of the public IPv4 blocks
+            (:func:`sandlot.sandboxes.network.public_cidrs`); ``env`` and ``workdir`` go to
             the sandbox; ``labels`` plus the ``sandlot.*`` labels become Modal tags.
         options: :class:`ModalOptions`.
 
@@ -106,6 +109,7 @@ class ModalSandbox(Sandbox):
 
     name: ClassVar[str] = "modal"
     Options: ClassVar[type[ModalOptions]] = ModalOptions
+    network_modes: ClassVar[tuple[bool | str, ...]] = (False, True, "internet")
     options: ModalOptions
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
@@ -155,8 +159,10 @@ class ModalSandbox(Sandbox):
             "workdir": spec.workdir,
             "cpu": spec.cpu,
             "memory": spec.memory_mb,
-            "block_network": not spec.network,
+            "block_network": spec.network is False,
         }
+        if spec.network == "internet":
+            kwargs["outbound_cidr_allowlist"] = list(public_cidrs())
         # PID 1 exits on SIGTERM at once (a bare `sleep` would ignore it) and outlives the
         # lifetime Modal enforces.
         init = remote_shell.init_argv(lifetime + 60)
