@@ -119,6 +119,30 @@ def test_probe():
     assert judge_records(records, run.key).statuses == {"test_p.py::test_probe": "PASSED"}
 
 
+@pytest.mark.parametrize("where", ["", "sub/"], ids=["root-conftest", "nested-conftest"])
+def test_hooks_a_conftest_imports_from_another_file_are_reported_not_rejected(
+    tmp_path: Path, where: str
+) -> None:
+    # As matplotlib's lib/matplotlib/conftest.py re-exports pytest_configure from
+    # matplotlib/testing/conftest.py: a repository's own layout, not tampering; the grader
+    # learns the file and rejects the run only if the model changed it.
+    helper = "def pytest_configure(config):\n    config.addinivalue_line('markers', 'slowish')\n"
+    files = {
+        f"{where}test_a.py": TESTS,
+        "helpers/hooks.py": helper,
+        f"{where}conftest.py": "import sys\nsys.path.insert(0, '.')\n"
+        "from helpers.hooks import pytest_configure  # noqa: F401\n",
+    }
+    out, records, run = _run(tmp_path, files)
+    verdict = judge_records(records, run.key)
+    assert verdict.violations == [], out
+    assert verdict.statuses[f"{where}test_a.py::test_ok"] == "PASSED"
+    project = (tmp_path / "project").resolve()
+    assert {str(project / f"{where}conftest.py"), str(project / "helpers/hooks.py")} <= set(
+        verdict.plugin_files
+    )
+
+
 def test_hook_wrapper_rewriting_reports_is_caught(tmp_path: Path) -> None:
     # The plugin itself loads first; a conftest (not reverted here) forges every report.
     conftest = """

@@ -293,6 +293,8 @@ class _State:
                 self._baseline_plugins.append(plugin)
         self.baseline_plugin_ids = set(id(p) for p in self._baseline_plugins)
         files = set(filter(None, (_file_of(p) for p in self._baseline_plugins)))
+        for plugin in self._baseline_plugins:
+            files.update(_hook_files(plugin))
         for filename in sorted(files):
             self.channel.send("plugin", file=filename)
 
@@ -305,7 +307,9 @@ class _State:
         """Record a plugin registered after the session started (conftests, ``pytest_plugins``).
 
         Only real modules loaded from a file can be plugins then; their hook functions must
-        come from that file.
+        come from a file too: that module's, or one it imports them from (matplotlib's
+        conftest re-exports ``pytest_configure`` from ``matplotlib/testing/conftest.py``).
+        Every such file is reported, and the grader rejects the run if the model changed one.
         """
         module_type = type(sys)
         filename = getattr(plugin, "__file__", None)
@@ -313,17 +317,20 @@ class _State:
             self.channel.send("tamper", where="plugin", what=[f"plugin object {plugin!r}"])
             return
         source = filename[:-1] if filename.endswith(".pyc") else filename
+        files = {os.path.realpath(source)}
         for value in vars(plugin).values():
             code = getattr(value, "__code__", None)
             if code is None or not getattr(value, "__name__", "").startswith("pytest_"):
                 continue
-            if os.path.realpath(code.co_filename) != os.path.realpath(source):
+            if not os.path.isfile(code.co_filename):
                 self.channel.send(
                     "tamper", where="plugin", what=[f"hook {value.__name__} of {source}"]
                 )
                 continue
+            files.add(os.path.realpath(code.co_filename))
             self.allowed[id(value)] = True
-        self.channel.send("plugin", file=os.path.realpath(source))
+        for path in sorted(files):
+            self.channel.send("plugin", file=path)
 
 
 def _file_of(obj):
@@ -335,6 +342,22 @@ def _file_of(obj):
     if not isinstance(filename, str):
         return None
     return os.path.realpath(filename[:-1] if filename.endswith(".pyc") else filename)
+
+
+def _hook_files(plugin):
+    """The files defining the ``pytest_*`` functions of ``plugin`` (a conftest may import its
+    hooks from another module of the repository)."""
+    found = set()
+    for name in dir(plugin):
+        if not name.startswith("pytest_"):
+            continue
+        try:
+            code = getattr(getattr(plugin, name), "__code__", None)
+        except Exception:
+            continue
+        if code is not None and os.path.isfile(code.co_filename):
+            found.add(os.path.realpath(code.co_filename))
+    return found
 
 
 def _fingerprint(item):
