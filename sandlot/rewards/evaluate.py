@@ -29,9 +29,9 @@ from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.grading import grade
 from sandlot.rewards.integrity.channel import (
     ChannelRun,
+    channel_unavailable,
     judge_records,
     new_channel,
-    runs_pytest,
 )
 from sandlot.rewards.integrity.grade import grade_channel
 from sandlot.rewards.integrity.grader_files import (
@@ -221,7 +221,8 @@ async def _test_and_grade(
         sb, instance, then=hash_script(instance) if integrity_checks else ""
     )
     grader_hashes = parse_hashes(prepared)
-    channel = new_channel() if integrity_checks and runs_pytest(test_cmd) else None
+    no_channel = channel_unavailable(test_cmd)
+    channel = new_channel() if integrity_checks and no_channel is None else None
     timings["apply"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -279,11 +280,9 @@ async def _test_and_grade(
         graded = dataclasses.replace(
             checked.grade, tests_status=graded.tests_status, warnings=graded.warnings
         )
-    elif integrity_checks:
+    elif integrity_checks and no_channel is not None:
         integrity.channel = ChannelState.UNAVAILABLE
-        integrity.channel_note = (
-            "the test command does not run pytest; graded from the log and the exit status"
-        )
+        integrity.channel_note = no_channel
     else:
         integrity.channel = ChannelState.UNAVAILABLE
         integrity.channel_note = "integrity checks were turned off"

@@ -18,6 +18,7 @@ import pytest
 from sandlot.rewards.integrity.channel import (
     PLUGIN_SOURCE,
     ChannelRun,
+    channel_unavailable,
     judge_records,
     runs_pytest,
 )
@@ -267,6 +268,23 @@ def test_runs_pytest() -> None:
     assert not runs_pytest("bin/test -C --verbose sympy/core/tests/test_basic.py")
     assert not runs_pytest("bash run_tests.sh")
     assert not runs_pytest("/opt/pytest-env/bin/python -m unittest")
+
+
+@pytest.mark.parametrize(
+    ("test_cmd", "why"),
+    [
+        ("pytest -rA -n 4 tests", "xdist"),
+        ("python -m pytest -nauto -rA", "xdist"),
+        ("pytest --numprocesses=2 -rA", "xdist"),
+        ("pytest -rA --dist loadfile -n 2", "xdist"),
+        ("bin/test sympy/core", "does not run pytest"),
+        ("head -n 5 x.txt; pytest -rA tests", None),
+        ("pytest -rA tests/test_ns.py", None),
+    ],
+)
+def test_channel_unavailable_names_why(test_cmd: str, why: str | None) -> None:
+    reason = channel_unavailable(test_cmd)
+    assert reason is None if why is None else why in str(reason)
 
 
 def test_plugin_source_is_python_3_6() -> None:

@@ -28,6 +28,8 @@ from sandlot.rewards.scripts import EVAL_DIR
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_channel.py")
 # A pytest invocation as a word of the command: ``pytest``, ``py.test``, ``python -m pytest``.
 _PYTEST_WORD = re.compile(r"(?:^|[\s;&|(`/])(?:py\.test|pytest)(?=$|[\s;&|)`])")
+# pytest-xdist's options that start workers: -n 4, -nauto, --numprocesses=2, --dist load.
+_XDIST_OPTION = re.compile(r"\s(?:-n\s*\S|--numprocesses\b|--dist\b)")
 # pytest's -rA statuses, worst first (a test with a failing teardown is an ERROR).
 _PLUGIN_EOF = "SANDLOT_CHANNEL_PLUGIN_EOF"
 _SEVERITY = ("ERROR", "FAILED", "SKIPPED", "XPASS", "XFAIL", "PASSED")
@@ -40,6 +42,25 @@ def runs_pytest(test_cmd: str) -> bool:
     not: they keep the log and exit-status grading.
     """
     return any(_PYTEST_WORD.search(line) for line in test_cmd.splitlines())
+
+
+def channel_unavailable(test_cmd: str) -> str | None:
+    """Why the channel cannot grade ``test_cmd``, or ``None`` when it can.
+
+    Besides commands without pytest, a pytest run with pytest-xdist workers (``-n``,
+    ``--numprocesses``, ``--dist``) reports from processes the plugin does not follow; an
+    honest run would look forged, so it is graded from the log and the exit status.
+    """
+    if not runs_pytest(test_cmd):
+        return "the test command does not run pytest; graded from the log and the exit status"
+    for line in test_cmd.splitlines():
+        found = _PYTEST_WORD.search(line)
+        if found and _XDIST_OPTION.search(line, found.end()):
+            return (
+                "the test command runs pytest-xdist workers (-n/--dist), which the channel "
+                "does not follow; graded from the log and the exit status"
+            )
+    return None
 
 
 @dataclass(frozen=True)
