@@ -144,6 +144,75 @@ def test_hooks_a_conftest_imports_from_another_file_are_reported_not_rejected(
     )
 
 
+_SWAPPING_PLUGIN = """
+import _pytest.runner as runner
+import pytest
+{import_line}
+
+class Swapper:
+    def call_and_report(self, item, when, log=True, **kwargs):
+        return self.original(item, when, log, **kwargs)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        self.original = runner.call_and_report
+        runner.call_and_report = {replacement}
+        yield
+        runner.call_and_report = self.original
+
+def pytest_configure(config):
+    global swapper
+    swapper = Swapper()
+    config.pluginmanager.register(swapper, "swapper")
+"""
+
+
+@pytest.mark.parametrize(
+    ("import_line", "replacement", "accepted"),
+    [
+        # flaky's way: the registered plugin's own method, from the plugin's file
+        ("", "self.call_and_report", True),
+        # a function of a module that is no plugin (here: standing in for the model's code)
+        ("from helper import forged", "forged", False),
+    ],
+    ids=["plugin-method", "foreign-function"],
+)
+def test_internals_swapped_by_a_registered_plugin_are_reported_not_rejected(
+    tmp_path: Path, import_line: str, replacement: str, accepted: bool
+) -> None:
+    helper = (
+        "import _pytest.runner\n\n"
+        "original = _pytest.runner.call_and_report\n\n"
+        "def forged(item, when, log=True, **kwargs):\n"
+        "    return original(item, when, log, **kwargs)\n"
+    )
+    plugin = _SWAPPING_PLUGIN.format(import_line=import_line, replacement=replacement)
+    files = {"test_a.py": "def test_ok():\n    pass\n", "swapping.py": plugin, "helper.py": helper}
+    out, records, run = _run(tmp_path, files, "-p swapping")
+    verdict = judge_records(records, run.key)
+    if accepted:
+        assert verdict.violations == [], out
+        assert verdict.statuses == {"test_a.py::test_ok": "PASSED"}
+        assert str((tmp_path / "project/swapping.py").resolve()) in verdict.plugin_files
+    else:
+        assert any("_pytest.runner.call_and_report" in v for v in verdict.violations), out
+
+
+def test_unittest_subtests_are_graded_by_the_test_report_as_the_log_is(tmp_path: Path) -> None:
+    tests = (
+        "import unittest\n\n"
+        "class U(unittest.TestCase):\n"
+        "    def test_sub(self):\n"
+        "        for i in range(3):\n"
+        "            with self.subTest(i=i):\n"
+        "                self.assertTrue(True)\n"
+    )
+    out, records, run = _run(tmp_path, {"test_u.py": tests})
+    verdict = judge_records(records, run.key)
+    assert verdict.violations == [], out
+    assert verdict.statuses == {"test_u.py::U::test_sub": "PASSED"}
+
+
 def test_hook_wrapper_rewriting_reports_is_caught(tmp_path: Path) -> None:
     # The plugin itself loads first; a conftest (not reverted here) forges every report.
     conftest = """

@@ -48,6 +48,9 @@ ENV_DIR = "SANDLOT_CHANNEL_DIR"
 
 # pytest and pluggy internals whose replacement would change what a test run reports; checked
 # after collection, after every test and at the end of the session.
+# Report classes of subtests: pytest >= 9 (_pytest.subtests) and the pytest-subtests plugin.
+_SUBTEST_REPORTS = ("SubtestReport", "SubTestReport")
+
 _WATCHED = (
     ("_pytest.runner", "runtestprotocol"),
     ("_pytest.runner", "call_and_report"),
@@ -235,6 +238,7 @@ class _State:
         self.config = None
         self.baseline = None  # plugins registered when the session started
         self.allowed = {}  # id(hookimpl function) -> True for late module plugins
+        self.replacers = set()  # files of plugins that swap pytest internals (flaky)
         self.raw = {}
         self.inner = {}
         self.items = None
@@ -242,12 +246,18 @@ class _State:
     # -- checks of pytest's own machinery
 
     def changed_internals(self):
-        changed = [
-            label
-            for label, (owner, attr, value) in self.watched.items()
-            if _static(owner, attr) is not value
-        ]
         pm = self.config.pluginmanager
+        changed = []
+        for label, (owner, attr, value) in self.watched.items():
+            now = _static(owner, attr)
+            if now is value:
+                continue
+            source = _plugin_replacement(now, pm)
+            if source is None:
+                changed.append(label)
+            elif source not in self.replacers:
+                self.replacers.add(source)
+                self.channel.send("plugin", file=source)
         if getattr(pm, "_inner_hookexec", None) is not self.inner_hookexec:
             changed.append("PluginManager._inner_hookexec")
         for name in _RUN_HOOKS:
@@ -342,6 +352,46 @@ def _file_of(obj):
     if not isinstance(filename, str):
         return None
     return os.path.realpath(filename[:-1] if filename.endswith(".pyc") else filename)
+
+
+def _plugin_replacement(obj, pm):
+    """The file of the registered plugin that defines ``obj``, a replacement of a watched
+    internal, or ``None`` when ``obj`` comes from anywhere else.
+
+    ``flaky`` swaps ``_pytest.runner.call_and_report`` for its plugin's method while a test
+    runs: a plugin the image installed, whose file the grader checks against the model's
+    changes. A replacement must be a function (or method, or class) of a module that is, or
+    defines the class of, a registered plugin, must be reachable from that module's namespace
+    (one class deep) and its code must come from that module's file.
+    """
+    func = getattr(obj, "__func__", obj)
+    code = getattr(func, "__code__", None)
+    name = getattr(func, "__module__", None)
+    if code is None and not isinstance(obj, type):
+        return None
+    plugin_modules = set()
+    for plugin in pm.get_plugins():
+        plugin_modules.add(
+            plugin.__name__ if isinstance(plugin, type(sys)) else type(plugin).__module__
+        )
+    module = sys.modules.get(name or "")
+    if name not in plugin_modules or module is None:
+        return None
+    filename = getattr(module, "__file__", None)
+    if not isinstance(filename, str):
+        return None
+    source = os.path.realpath(filename[:-1] if filename.endswith(".pyc") else filename)
+    if not os.path.isfile(source):
+        return None
+    if code is not None and os.path.realpath(code.co_filename) != source:
+        return None
+    namespace = list(vars(module).values())
+    for value in list(namespace):
+        if isinstance(value, type):
+            namespace.extend(vars(value).values())
+    if not any(value is func or value is obj for value in namespace):
+        return None
+    return source
 
 
 def _hook_files(plugin):
@@ -483,7 +533,11 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_logreport(report):
-    if _state is not None and _state.items is None and _state.baseline is not None:
+    if type(report).__name__ in _SUBTEST_REPORTS:
+        # A subtest's extra "call" report (pytest >= 9, pytest-subtests). Graded, like the
+        # log, by the test's own reports: a unittest test passes with a failed subTest.
+        pass
+    elif _state is not None and _state.items is None and _state.baseline is not None:
         _state.channel.send("tamper", where="collection", what=["report of " + report.nodeid])
     elif _state is not None and _state.items is not None:
         key = (report.nodeid, report.when)
