@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,7 +25,6 @@ from requirements import EVAL, TRAIN, need_module
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow, build_row
 from sandlot.errors import SandboxStartError
-from sandlot.result import ExecResult
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rollout.config import AgentConfig, parse_agent_config
 from sandlot.rollout.episodes import Gauges, InProcessEpisodes
@@ -39,11 +38,9 @@ from sandlot.rollout.store import TrajectoryLog, iter_trajectories, write_predic
 from sandlot.rollout.summary import pass_at_k, summarize
 from sandlot.rollout.tally import tracked_backend
 from sandlot.rollout.trajectory import ExitReason, Trajectory
-from sandlot.runtimes.observation import Observation
-from sandlot.runtimes.session import BashSession
-from sandlot.sandboxes.base import Command, Sandbox
 from sandlot.sandboxes.registry import get_backend, register_backend
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.testing.simulated import SimulatedSandbox
 
 pytestmark = pytest.mark.anyio
 
@@ -137,20 +134,7 @@ def keys_of(path: Path) -> list[tuple[str, int]]:
     return [(d["instance_id"], d["sample"]) for d in lines_of(path)]
 
 
-class FakeSession(BashSession):
-    """A shell whose commands all succeed at once, printing nothing."""
-
-    async def _run(self, command: str, timeout: float | None, idle_timeout: float | None) -> Any:
-        return Observation(output="", exit_code=0)
-
-    async def _interrupt(self) -> None:
-        return None
-
-    async def _close(self) -> None:
-        return None
-
-
-class FakeSandbox(Sandbox):
+class FakeSandbox(SimulatedSandbox):
     """A sandbox that exists only as an entry in :attr:`open_ids`; every command succeeds."""
 
     name: ClassVar[str] = FAKE
@@ -166,35 +150,8 @@ class FakeSandbox(Sandbox):
     async def _close(self) -> None:
         FakeSandbox.open_ids.discard(self.id)
 
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-    ) -> ExecResult:
-        self._check_open()
-        return ExecResult(exit_code=0)
-
-    async def _open_shell(self, name: str, config: Any) -> BashSession:
-        return FakeSession(name, config)
-
     async def is_alive(self) -> bool:
         return self.id in FakeSandbox.open_ids
-
-    async def read_file(self, path: str) -> bytes:
-        return b""
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        return None
-
-    async def upload(self, local_path: str | Path, remote_path: str) -> None:
-        return None
-
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
-        return None
 
 
 register_backend(FAKE, FakeSandbox)
