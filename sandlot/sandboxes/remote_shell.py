@@ -124,7 +124,9 @@ NUL separators of ``environ``; the marker is random, so no concatenation forges 
 # directory gives the same error for a missing directory on every engine. Once the command exits,
 # what it left running lives on until the sandbox closes (as with `docker exec`), except the
 # processes that still hold the exec's output streams (`-ef` compares the pipes, a builtin test):
-# the exec API would keep the exec attached until they end, so they are frozen and killed.
+# the exec API would keep the exec attached until they end, so they are frozen and killed. A
+# child forked by `cmd >/dev/null &` holds them until it applies its redirection, so holders
+# get about 0.1 s to let go first, and whatever was frozen but not killed is resumed.
 EXEC_WRAPPER = (
     SCAN_FUNCTIONS
     + """
@@ -144,15 +146,20 @@ if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
 rc=$?
 m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"; orphans=$3; descendants_only
 _si=0; attached
+while [ -n "$pids" ] && [ "$_si" -lt 5 ]; do
+  sleep 0.02 2>/dev/null; _si=$((_si+1)); attached
+done
+_si=0; _sstopped=
 while [ -n "$pids" ] && [ "$_si" -lt 100 ]; do
   for _sp in $pids; do kill -s STOP "$_sp" 2>/dev/null; done
-  _sprev=$pids; attached
+  _sstopped="$_sstopped $pids"; _sprev=$pids; attached
   if [ "$pids" = "$_sprev" ]; then
     for _sp in $pids; do kill -s KILL "$_sp" 2>/dev/null; done
     attached
   fi
   _si=$((_si+1))
 done
+for _sp in $_sstopped; do kill -s CONT "$_sp" 2>/dev/null; done
 exit "$rc"
 """
 )

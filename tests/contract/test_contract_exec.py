@@ -140,6 +140,21 @@ async def test_concurrent_execs_in_one_sandbox(sandbox: Sandbox) -> None:
         assert (r.exit_code, r.stdout, r.stderr) == (0, f"{i}\n", f"e{i}\n")
 
 
+async def test_background_job_that_soon_lets_go_of_the_output_lives_on(sandbox: Sandbox) -> None:
+    # `cmd >/dev/null &` holds the exec's output until the child applies its redirection; a
+    # loaded machine can make that late. Such a job must not be frozen or killed for it.
+    r = await sandbox.exec(
+        "(sleep 0.05; exec >/dev/null 2>&1; while :; do printf . >> .late; sleep 0.05; done) &"
+    )
+    assert r.exit_code == 0, r
+    await anyio.sleep(0.6)
+    first = await sandbox.exec("wc -c < .late")
+    await anyio.sleep(0.3)
+    second = await sandbox.exec("wc -c < .late")
+    assert first.exit_code == 0 and second.exit_code == 0, (first, second)
+    assert 0 < int(first.stdout) < int(second.stdout), "the job was stopped when its exec ended"
+
+
 async def test_background_process_lives_on_until_close(sandbox: Sandbox) -> None:
     # As with `docker exec`: what one exec leaves running, later execs see running.
     r = await sandbox.exec(
