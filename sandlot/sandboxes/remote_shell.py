@@ -186,14 +186,16 @@ kill_all
 
 
 # $0 = marker (NAME=value), $1 = signal name, $2 = fence pid: signal the marked processes
-# newer than the fence, except this script (a session channel's `signal_newer`).
-SIGNAL_NEWER_SCRIPT = """
-for f in $(grep -lsF -- "$0" /proc/[0-9]*/environ); do
-  p=${f#/proc/}; p=${p%/environ}
-  [ "$p" != "$$" ] && [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null
-done
+# newer than the fence, except this script (a session channel's `signal_newer`); builtins
+# only, like the killer.
+SIGNAL_NEWER_SCRIPT = (
+    SCAN_FUNCTIONS
+    + """
+m=$0; scan
+for p in $pids; do [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null; done
 exit 0
 """
+)
 
 # $1 = directory: the shell of a session channel, stderr merged into stdout.
 SHELL_SCRIPT = 'cd -- "$1" || exit; exec bash --noprofile --norc 2>&1'

@@ -47,15 +47,6 @@ _SIGNAL_TIMEOUT_S = 30.0
 
 # $0 = marker (NAME=value), $1 = signal name, $2 = fence pid: signal the marked processes
 # newer than the fence, except this script. Shell builtins only (the model may delete grep).
-_SIGNAL_NEWER = (
-    remote_shell.SCAN_FUNCTIONS
-    + """
-m=$0; scan
-for p in $pids; do [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null; done
-exit 0
-"""
-)
-
 Runner = Callable[[list[str]], Awaitable[ExecResult]]
 """Runs a one-shot command in the same container (the sandbox's ``exec``)."""
 
@@ -156,8 +147,7 @@ class DockerChannel(Channel):
 
     async def signal_newer(self, sig: int, newer_than: int) -> None:
         name = signal.Signals(sig).name[3:]
-        marker = f"{remote_shell.EXEC_MARKER_ENV}={self._marker}"
-        await self._signal(["sh", "-c", _SIGNAL_NEWER, marker, name, str(newer_than)])
+        await self._signal(remote_shell.signal_newer_argv(self._marker, name, newer_than))
 
     async def exit_status(self) -> int | None:
         with contextlib.suppress(Exception):
