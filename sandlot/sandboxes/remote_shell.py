@@ -18,10 +18,10 @@ bomb cannot outgrow the killing.
 
 A process that wiped its environment (``setsid env -i daemon``) carries no marker. Where PID 1
 is the sandbox's own init (``docker``), such *orphans* (unmarked, parent PID 1 or outside the
-container) are escaped daemons and are killed too (``sweep_orphans``); on backends whose
-container runs other services the sweep is off. The ``docker`` init also empties the container
-(every process but itself) on ``SIGUSR1``, which the engine can deliver when even the in-sandbox
-killer cannot run.
+container) are escaped daemons and are killed too on a timeout or cancellation
+(``sweep_orphans``); on backends whose container runs other services the sweep is off. The
+``docker`` init also empties the container (every process but itself) on ``SIGUSR1``, which the
+engine can deliver when even the in-sandbox killer cannot run.
 """
 
 from __future__ import annotations
@@ -71,91 +71,103 @@ newer() {
   if [ "$_last" -ge "$since" ]; then [ "$1" -gt "$since" ] && [ "$1" -le "$_last" ]
   else [ "$1" -gt "$since" ] || [ "$1" -le "$_last" ]; fi
 }
+marked() {
+  has "$1" "$m" && return 0
+  [ -n "$orphans" ] && { [ "$3" = 0 ] || [ "$3" = 1 ]; } \\
+    && ! has "$1" SANDLOT_EXEC_ID= && ! has "$1" SANDLOT_INIT=
+}
+holder() {
+  for _sf in "/proc/$1/fd/"*; do
+    if [ "$_sf" -ef "/proc/$$/fd/1" ] || [ "$_sf" -ef "/proc/$$/fd/2" ]; then return 0; fi
+  done
+  return 1
+}
 scan() {
-  pids=
-  [ -n "$since" ] && read -r _sa _sb _sc _sd _last </proc/loadavg
-  for _sd in /proc/[0-9]*; do
-    _sp=${_sd#/proc/}
-    if [ "$_sp" = "$$" ] || [ "$_sp" = 1 ]; then continue; fi
-    if [ -n "$since" ] && ! newer "$_sp"; then continue; fi
-    IFS= read -r _st 2>/dev/null <"$_sd/stat" || continue
-    set -- ${_st##*) }
-    [ "$1" = Z ] && continue
-    if has "$_sp" "$m"; then
-      pids="$pids $_sp"
-    elif [ -n "$orphans" ] && { [ "$2" = 0 ] || [ "$2" = 1 ]; } \\
-        && ! has "$_sp" SANDLOT_EXEC_ID= && ! has "$_sp" SANDLOT_INIT=; then
-      pids="$pids $_sp"
-    fi
+  _stest=$1; _sn=0
+  while [ "$_sn" -le 50 ]; do
+    pids=; read -r _sa _sb _sc _sd _last </proc/loadavg
+    for _sd in /proc/[0-9]*; do
+      _sp=${_sd#/proc/}
+      if [ "$_sp" = "$$" ] || [ "$_sp" = 1 ]; then continue; fi
+      if [ -n "$since" ] && ! newer "$_sp"; then continue; fi
+      IFS= read -r _st 2>/dev/null <"$_sd/stat" || continue
+      set -- ${_st##*) }
+      [ "$1" = Z ] && continue
+      "$_stest" "$_sp" "$1" "$2" && pids="$pids $_sp"
+    done
+    [ -n "$pids" ] && return
+    read -r _sa _sb _sc _sd _snew </proc/loadavg
+    [ "$_snew" = "$_last" ] && return
+    _sn=$((_sn+1))
   done
 }
+clock() {
+  read -r _su _sx </proc/uptime
+  _snow=$(( ${_su%%.*} * 100 + 1${_su#*.} - 100 ))
+}
 kill_all() {
-  _si=0; scan
+  _si=0; scan marked
   while [ -n "$pids" ] && [ "$_si" -lt 100 ]; do
     for _sp in $pids; do kill -s STOP "$_sp" 2>/dev/null; done
-    _sprev=$pids; scan
+    _sprev=$pids; scan marked
     if [ "$pids" = "$_sprev" ]; then
       for _sp in $pids; do kill -s KILL -- "-$_sp" "$_sp" 2>/dev/null; done
-      scan
+      scan marked
     fi
     _si=$((_si+1))
   done
 }
 """
 """Shell functions for scripts that start with them (builtins only, no fork): ``has PID TEXT``
-tells whether the process's environment holds ``TEXT``; ``scan`` sets ``$pids`` to the live
-processes whose environment holds ``"$m"`` (``SANDLOT_EXEC_ID=<marker>``), plus the orphans (see
-the module docstring) when ``$orphans`` is non-empty, except the calling shell and PID 1; after
-``descendants_only`` it looks only at PIDs allocated after the calling shell's, where all of its
-descendants are: PIDs are handed out cyclically, so those are the ones between ``$$`` and the
-last PID allocated (``/proc/loadavg``), across the wrap-around if there was one. This spares
-reading the environment of every older process, which ``read`` does a byte at a time (a
-host-wide PID namespace has hundreds);
-``kill_all`` freezes them until the set stops growing, then sends SIGKILL to them and their
-process groups, until none is left. Their own variables start with ``_s``.
+tells whether the process's environment holds ``TEXT``; ``scan TEST`` sets ``$pids`` to the live
+processes (not the calling shell, not PID 1) for which ``TEST PID STATE PPID`` succeeds:
+``marked`` (the environment holds ``"$m"``, i.e. ``SANDLOT_EXEC_ID=<marker>``, or the process is
+an orphan, see the module docstring, when ``$orphans`` is non-empty) or ``holder`` (it has the
+calling shell's stdout or stderr open). After ``descendants_only`` a scan looks only at PIDs
+allocated after the calling shell's, where all of its descendants are: PIDs are handed out
+cyclically, so those are the ones between ``$$`` and the last PID allocated (``/proc/loadavg``),
+across the wrap-around if there was one. This spares reading the environment of every older
+process, which ``read`` does a byte at a time (a host-wide PID namespace has hundreds). A scan
+is not one instant: a fork bomb's generations can all exit between the listing and the test
+while their children, born after the listing, go unseen, so an empty scan counts only when no
+PID was allocated while it ran (else it is repeated, up to 50 times).
+``kill_all`` freezes the ``marked`` processes until the set stops growing, then sends SIGKILL to
+them and their process groups, until none is left; ``clock`` sets ``$_snow`` to the uptime in
+hundredths of a second (``/proc/uptime`` prints two decimals; the ``1`` prefix keeps ``08`` from
+reading as octal). Their own variables start with ``_s``.
 
 A killed process is a zombie whose environ reads empty, so it stops matching (``read`` drops the
 NUL separators of ``environ``; the marker is random, so no concatenation forges it by chance).
 """
 
-# Every exec runs under this wrapper ($1 = directory, $2 = command line, $3 = non-empty to sweep
-# orphans); the exit status is the command's. The command gets bash when the image has it, else
-# sh, decided in the sandbox by a builtin (no extra round trip). `cd` instead of an API's working
-# directory gives the same error for a missing directory on every engine. Once the command exits,
-# what it left running lives on until the sandbox closes (as with `docker exec`), except the
-# processes that still hold the exec's output streams (`-ef` compares the pipes, a builtin test):
-# the exec API would keep the exec attached until they end, so they are frozen and killed. A
-# child forked by `cmd >/dev/null &` holds them until it applies its redirection, so holders
-# get about 0.1 s to let go first, and whatever was frozen but not killed is resumed.
+# Every exec runs under this wrapper ($1 = directory, $2 = command line); the exit status is the
+# command's. The command gets bash when the image has it, else sh, decided in the sandbox by a
+# builtin (no extra round trip). `cd` instead of an API's working directory gives the same error
+# for a missing directory on every engine. Once the command exits, what it left running lives on
+# until the sandbox closes (as with `docker exec`), except the processes that still hold the
+# exec's output streams (`-ef` compares the pipes, a builtin test): the exec API would keep the
+# exec attached until they end, so they are frozen and killed. Holding the exec's own pipes is
+# what makes them its descendants, whatever their environment or parent: a daemon that wiped its
+# environment, or the child of one that is dying (not yet re-parented, already without fds), is
+# found all the same. A child forked by `cmd >/dev/null &` holds them until it applies its
+# redirection, so holders get about 0.1 s to let go first, and whatever was frozen but not
+# killed is resumed.
 EXEC_WRAPPER = (
     SCAN_FUNCTIONS
     + """
-attached() {
-  scan; _sf=
-  for _sp in $pids; do
-    for _sd in "/proc/$_sp/fd/"*; do
-      if [ "$_sd" -ef "/proc/$$/fd/1" ] || [ "$_sd" -ef "/proc/$$/fd/2" ]; then
-        _sf="$_sf $_sp"; break
-      fi
-    done
-  done
-  pids=$_sf
-}
 cd -- "$1" || exit
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
 rc=$?
-m="SANDLOT_EXEC_ID=$SANDLOT_EXEC_ID"; orphans=$3; descendants_only
-_si=0; attached
-while [ -n "$pids" ] && [ "$_si" -lt 5 ]; do
-  sleep 0.02 2>/dev/null; _si=$((_si+1)); attached
-done
+descendants_only
+scan holder; clock; _send=$((_snow + 10))
+while [ -n "$pids" ] && clock && [ "$_snow" -lt "$_send" ]; do scan holder; done
 _si=0; _sstopped=
 while [ -n "$pids" ] && [ "$_si" -lt 100 ]; do
   for _sp in $pids; do kill -s STOP "$_sp" 2>/dev/null; done
-  _sstopped="$_sstopped $pids"; _sprev=$pids; attached
+  _sstopped="$_sstopped $pids"; _sprev=$pids; scan holder
   if [ "$pids" = "$_sprev" ]; then
     for _sp in $pids; do kill -s KILL "$_sp" 2>/dev/null; done
-    attached
+    scan holder
   fi
   _si=$((_si+1))
 done
@@ -167,16 +179,16 @@ exit "$rc"
 # Kills every process that carries the marker ($0 = "SANDLOT_EXEC_ID=<marker>") and its process
 # group ($2 non-empty: and the orphans): SIGTERM, up to $1 ticks of 0.1 s for them to go (checked
 # with `kill -0`, far cheaper than a scan of /proc), then freeze and SIGKILL until none is left.
-# Exits 1 when some survived. Without `sleep` (deleted by the model) the grace is about zero.
+# Exits 1 when some survived. The grace is a spin on `clock`, not `sleep`: when a fork bomb has
+# taken every process slot, dash exits on a failed fork.
 KILL_SCRIPT = (
     SCAN_FUNCTIONS
     + """
 m="$0"; orphans=$2
-scan
+scan marked
 for p in $pids; do kill -s TERM -- "-$p" "$p" 2>/dev/null; done
-i=0; left=$pids
-while [ -n "$left" ] && [ "$i" -lt "$1" ]; do
-  sleep 0.1 2>/dev/null; i=$((i+1))
+left=$pids; clock; _send=$((_snow + $1 * 10))
+while [ -n "$left" ] && clock && [ "$_snow" -lt "$_send" ]; do
   alive=; for p in $left; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done; left=$alive
 done
 kill_all
@@ -191,7 +203,7 @@ kill_all
 SIGNAL_NEWER_SCRIPT = (
     SCAN_FUNCTIONS
     + """
-m=$0; scan
+m=$0; scan marked
 for p in $pids; do [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null; done
 exit 0
 """
@@ -206,21 +218,21 @@ def init_argv(lifetime_s: float) -> list[str]:
     return ["/bin/sh", "-c", INIT_SCRIPT, str(max(1, math.ceil(lifetime_s)))]
 
 
-def exec_argv(command: str, cwd: str, *, sweep_orphans: bool = False) -> list[str]:
+def exec_argv(command: str, cwd: str) -> list[str]:
     """argv running the shell line ``command`` in directory ``cwd`` under the wrapper.
 
-    The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment. ``sweep_orphans``
-    also kills unmarked orphans when the command ends; only for sandboxes whose PID 1 is
-    :data:`INIT_SCRIPT` and that run nothing else.
+    The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment (for :func:`kill_argv`).
     """
     # "sandlot" is $0, the name the shell puts in front of its own error messages.
-    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command, "1" if sweep_orphans else ""]
+    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command]
 
 
 def kill_argv(marker: str, grace_s: float, *, sweep_orphans: bool = False) -> list[str]:
     """argv killing every process of the exec tagged ``marker``: SIGTERM, ``grace_s`` s, SIGKILL.
 
-    Exits 0 when none is left, 1 when some survived. ``sweep_orphans`` as in :func:`exec_argv`.
+    Exits 0 when none is left, 1 when some survived. ``sweep_orphans`` also kills the unmarked
+    orphans (see the module docstring); only for sandboxes whose PID 1 is :data:`INIT_SCRIPT`
+    and that run nothing else.
     """
     return [
         "/bin/sh",

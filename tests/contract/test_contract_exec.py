@@ -140,6 +140,20 @@ async def test_concurrent_execs_in_one_sandbox(sandbox: Sandbox) -> None:
         assert (r.exit_code, r.stdout, r.stderr) == (0, f"{i}\n", f"e{i}\n")
 
 
+async def test_background_job_that_wiped_its_environment_does_not_keep_exec_waiting(
+    sandbox: Sandbox,
+) -> None:
+    # No marker, a new session, and the process holding the output is the child of a shell
+    # (not an orphan) that the exec's end kills first: it is found by the pipe it holds.
+    started = time.monotonic()
+    r = await sandbox.exec(
+        "(setsid env -i sh -c 'sleep 30; :' &); (env -i sh -c 'sleep 31; :' &); echo launched",
+        timeout=20,
+    )
+    assert (r.exit_code, r.stdout, r.timed_out) == (0, "launched\n", False)
+    assert time.monotonic() - started < 10
+
+
 async def test_background_job_that_soon_lets_go_of_the_output_lives_on(sandbox: Sandbox) -> None:
     # `cmd >/dev/null &` holds the exec's output until the child applies its redirection; a
     # loaded machine can make that late. Such a job must not be frozen or killed for it.

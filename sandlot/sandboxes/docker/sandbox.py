@@ -350,7 +350,7 @@ class DockerSandbox(Sandbox):
         self._check_usable()
         began = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        argv = remote_shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir, sweep_orphans=True)
+        argv = remote_shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir)
         handle = _Exec(marker=uuid.uuid4().hex)
         environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: handle.marker}
         out = CappedOutput(self.options.max_output_bytes)
