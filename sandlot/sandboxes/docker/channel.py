@@ -29,13 +29,7 @@ from sandlot.result import ExecResult
 from sandlot.runtimes.channel import Channel
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
-from sandlot.sandboxes.docker.stream import (
-    WOULD_BLOCK,
-    raw_socket,
-    read_ahead,
-    wait_readable,
-    wait_writable,
-)
+from sandlot.sandboxes.docker.stream import WOULD_BLOCK, raw_socket, read_ahead
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -121,11 +115,11 @@ class DockerChannel(Channel):
             try:
                 view = view[self._sock.send(view) :]
             except WOULD_BLOCK:
-                await wait_writable(self._sock)
+                await anyio.wait_writable(self._sock)
 
     async def receive(self) -> bytes:
         while not self._pending:
-            await wait_readable(self._sock)
+            await anyio.wait_readable(self._sock)
             try:
                 data = self._sock.recv(_RECV_BYTES)
             except WOULD_BLOCK:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -24,16 +23,6 @@ _SEND_BYTES = 64 * 1024
 _HEADER_BYTES = 8
 _STDOUT, _STDERR = 1, 2
 
-# anyio 4.7 renamed wait_socket_readable/writable to wait_readable/writable (the old names warn);
-# the project supports anyio >= 4.4.
-wait_readable: Callable[[socket.socket], Awaitable[None]] = (
-    getattr(anyio, "wait_readable", None) or anyio.wait_socket_readable
-)
-"""Wait until ``sock`` is readable (``anyio.wait_readable``, under either of its names)."""
-wait_writable: Callable[[socket.socket], Awaitable[None]] = (
-    getattr(anyio, "wait_writable", None) or anyio.wait_socket_writable
-)
-"""Wait until ``sock`` is writable (``anyio.wait_writable``, under either of its names)."""
 WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 """Errors of a non-blocking socket call that mean "try again" (TLS engines raise the SSL ones)."""
 
@@ -104,7 +93,7 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
             try:
                 view = view[sock.send(view[:_SEND_BYTES]) :]
             except WOULD_BLOCK:
-                await wait_writable(sock)
+                await anyio.wait_writable(sock)
         sock.shutdown(socket.SHUT_WR)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the command exited without reading all of its input, like a closed pipe
@@ -151,7 +140,7 @@ async def _receive(sock: socket.socket, frames: _Frames) -> None:
         try:
             n = sock.recv_into(buf)
         except WOULD_BLOCK:
-            await wait_readable(sock)
+            await anyio.wait_readable(sock)
             continue
         except ConnectionResetError:
             return
