@@ -318,6 +318,7 @@ class LocalSandbox(Sandbox):
             self._init = await InitProcess.start(
                 jail,
                 python,
+                our_python=self._rootfs() == Path("/"),  # see init_interpreter
                 env=self._env,
                 cwd=None if self.isolated else self._dirs.work,
                 limits=self._limits,
