@@ -43,12 +43,12 @@ def open(
             f"{cls.name!r}. Spec fields: {', '.join(SandboxSpec.model_fields)}. "
             f"{cls.name} options: {', '.join(cls.Options.model_fields) or '(none)'}."
         )
-    merged_spec = (spec or SandboxSpec()).model_copy(update=spec_fields)
-    # model_copy skips validation; re-validate so bad values fail here, not inside a backend.
-    merged_spec = SandboxSpec.model_validate(merged_spec.model_dump())
+    # Validated as one dict, so bad values fail here, not inside a backend (model_copy would
+    # not validate, and would store a dict where a nested model belongs).
+    base = (spec or SandboxSpec()).model_dump()
+    merged_spec = SandboxSpec.model_validate({**base, **spec_fields})
     if isinstance(options, BaseModel):
-        opts = options.model_copy(update=option_fields)
-        opts = cls.Options.model_validate(opts.model_dump())
+        opts = cls.Options.model_validate({**options.model_dump(), **option_fields})
     else:
         try:
             opts = cls.Options.model_validate({**(options or {}), **option_fields})

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from local_helpers import needs_bwrap, needs_pids_cgroup
+from local_helpers import needs_bwrap, needs_pids_cgroup, wait_until_no_process_has
 
 import sandlot
 from sandlot import SandboxDeadError, SandboxStartError
 from sandlot.sandboxes.local import LocalOptions, LocalSandbox
+from sandlot.sandboxes.local import sandbox as local_sandbox
 
 pytestmark = pytest.mark.anyio
 
@@ -155,6 +156,26 @@ async def test_lifetime_ends_the_sandbox() -> None:
         assert not await sb.is_alive()
         with pytest.raises(SandboxDeadError, match="lifetime"):
             await sb.exec("true")
+
+
+@pytest.mark.parametrize("isolation", [pytest.param("bwrap", marks=needs_bwrap), "none"])
+async def test_a_cgroup_the_init_cannot_join_fails_the_start_and_leaves_nothing(
+    isolation: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Unjoinable:
+        procs_file = tmp_path / "removed-cgroup" / "cgroup.procs"
+
+        async def destroy(self) -> None:
+            pass
+
+    monkeypatch.setattr(local_sandbox, "create_cgroups", lambda *_: [Unjoinable()])
+    sb = _local(isolation=isolation, start_limits={"max_attempts": 1})
+    with pytest.raises(SandboxStartError) as info:
+        await sb.start()
+    assert "cannot put the sandbox's init in its cgroup" in str(info.value)
+    assert "removed-cgroup/cgroup.procs" in str(info.value)
+    assert wait_until_no_process_has(sb.id) == []
+    assert not await sb.is_alive()
 
 
 @needs_bwrap

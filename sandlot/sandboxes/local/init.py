@@ -1,7 +1,7 @@
 """The init of a ``local`` sandbox: one long-lived process that runs every command of it.
 
 This file is a standalone script (standard library only, no ``sandlot`` import), passed as
-``python -I -S -c SOURCE FD LIMITS CGROUP`` so that nothing of the caller's tree needs to be
+``python -I -S -c SOURCE FD LIMITS`` so that nothing of the caller's tree needs to be
 visible inside the jail. Under bubblewrap (``--as-pid-1``) it is PID 1 of the jail's PID
 namespace: it reaps every zombie, and when it dies the kernel kills everything in the jail.
 With ``isolation="none"`` it is a plain host process.
@@ -11,7 +11,7 @@ per message, fields separated by NUL bytes (argv and environment entries cannot 
 
 init -> host:
 
-* ``R`` ready (the cgroup is joined), sent once at start;
+* ``R`` ready, sent once at start;
 * ``P id pid``: command ``id`` runs as process ``pid`` (as the jail sees pids), the leader of
   its own session and process group;
 * ``X id status duration_ns``: command ``id`` ended with ``status`` (``128 + N`` when killed by
@@ -33,9 +33,9 @@ host -> init:
 
 ``LIMITS`` is ``name=soft:hard`` items joined by commas (``resource.RLIMIT_<name>``): ``NPROC``
 and ``FSIZE`` are set on the init (commands inherit them), the others in each command's
-process after ``fork``; without those, commands start with ``posix_spawn``. ``CGROUP`` is the
-``cgroup.procs`` paths (comma separated) the init joins first, so every command is in the
-sandbox's cgroups, or ``-``.
+process after ``fork``; without those, commands start with ``posix_spawn``. The host puts
+the init in the sandbox's cgroups (while it starts: a cgroup v1 migration waits for an RCU
+grace period) before its first request, so every command is born in them.
 """
 
 # Every import costs each sandbox's start: only builtin and C modules (no `signal`, which
@@ -222,10 +222,7 @@ def _signal_all(pids: set[int], sig: int) -> None:
 
 
 def main() -> None:
-    fd, limit_spec, cgroup = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    for procs in cgroup.split(",") if cgroup != "-" else ():
-        with open(procs, "w") as f:
-            f.write("0")
+    fd, limit_spec = int(sys.argv[1]), sys.argv[2]
     # Limits a command inherits are set on us once; only those that would hurt the init (its
     # own CPU time, its address space) are set per command, which then needs a fork.
     limits = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import marshal
 import os
 import socket
@@ -49,7 +50,7 @@ def _spawn(
     argv: list[str],
     env: Mapping[str, str],
     cwd: str | Path | None,
-    fd: int,
+    fds: tuple[int, ...],
     log_path: Path,
     code: bytes | None,
 ) -> subprocess.Popen[bytes]:
@@ -61,7 +62,7 @@ def _spawn(
             stderr=log,
             env=dict(env),
             cwd=cwd,
-            pass_fds=(fd,),
+            pass_fds=fds,
             start_new_session=True,
         )
     if process.stdin is not None:
@@ -69,6 +70,36 @@ def _spawn(
         with contextlib.suppress(BrokenPipeError), process.stdin:
             process.stdin.write(code or b"")
     return process
+
+
+async def _jailed_pid(info: int) -> int:
+    """Host pid of the jail's PID 1, from the JSON that ``bwrap --info-fd`` writes once it has
+    cloned it, then closes (``{"child-pid": N, ...}``).
+
+    Raises:
+        InitDied: bwrap exited before it made the jail.
+    """
+    os.set_blocking(info, False)
+    data = b""
+    while True:
+        try:
+            chunk = os.read(info, 4096)
+        except BlockingIOError:
+            await anyio.wait_readable(info)
+            continue
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InitDied(f"bwrap did not make the jail (its info: {data[:200]!r})") from exc
+
+
+def _join(cgroup_procs: Sequence[str], pid: int) -> None:
+    for procs in cgroup_procs:
+        with open(procs, "w") as f:
+            f.write(str(pid))
 
 
 class InitDied(Exception):
@@ -144,7 +175,8 @@ class InitProcess:
             env: the init's environment (commands get their own with each request).
             cwd: host working directory of the process (``None`` when bwrap sets it).
             limits: ``LIMITS`` of the init's protocol.
-            cgroup_procs: ``cgroup.procs`` files (as the init sees them) to join.
+            cgroup_procs: host paths of the ``cgroup.procs`` files the init is put in, while it
+                starts and before it runs anything.
             prefix: see the class.
             log_path: host file receiving the init's and bwrap's stderr.
 
@@ -154,32 +186,76 @@ class InitProcess:
             OSError: the process could not be spawned.
         """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info, info_w = os.pipe() if jail else (-1, -1)
         code = _compiled_init() if our_python else None
-        argv = [*jail, python, "-I", "-S", "-c", _INIT_SOURCE if code is None else _LOADER]
-        argv += [str(theirs.fileno()), limits, ",".join(cgroup_procs) or "-"]
+        head = [jail[0], "--info-fd", str(info_w), *jail[1:]] if jail else []
+        argv = [*head, python, "-I", "-S", "-c", _INIT_SOURCE if code is None else _LOADER]
+        argv += [str(theirs.fileno()), limits]
+        fds = (theirs.fileno(), info_w) if jail else (theirs.fileno(),)
         try:
             # Spawned directly (a fork+exec, ~1 ms): no thread hop, no asyncio child watcher.
-            process = _spawn(argv, env, cwd, theirs.fileno(), log_path, code)
+            process = _spawn(argv, env, cwd, fds, log_path, code)
         except BaseException:
             ours.close()
+            if jail:
+                os.close(info)
             raise
         finally:
             theirs.close()
+            if jail:
+                os.close(info_w)
         ours.setblocking(False)
         init = cls(process, ours, prefix, jailed=bool(jail))
         try:
             with anyio.fail_after(_READY_BUDGET_S):
-                message = await init._receive()
-            if message != [b"R"]:
-                raise InitDied(f"unexpected first message {message!r}")
+                await init._ready(await _jailed_pid(info) if jail else process.pid, cgroup_procs)
         except BaseException as exc:
             await init.kill()
             if isinstance(exc, (InitDied, TimeoutError)):
                 detail = (await anyio.Path(log_path).read_bytes()).decode("utf-8", "replace")
                 detail = detail.strip()[-2000:]
-                raise InitDied(detail or f"the init did not start: {exc!r}") from exc
+                raise InitDied(
+                    f"{exc}: {detail}" if detail else f"the init did not start: {exc!r}"
+                ) from exc
             raise
+        finally:
+            if jail:
+                os.close(info)
         return init
+
+    async def _ready(self, pid: int, cgroup_procs: Sequence[str]) -> None:
+        """Put the init (host ``pid``) in its cgroups while it starts, and wait for its ``R``.
+
+        Raises:
+            InitDied: the init exited, said something else, or could not be put in a cgroup.
+        """
+        # Both run to completion and keep their failure: neither error leaves as a group.
+        refused: list[OSError] = []
+        received: list[list[bytes] | InitDied] = []
+
+        async def join() -> None:
+            try:
+                await anyio.to_thread.run_sync(_join, cgroup_procs, pid)
+            except OSError as exc:
+                refused.append(exc)
+
+        async def receive() -> None:
+            try:
+                received.append(await self._receive())
+            except InitDied as exc:
+                received.append(exc)
+
+        async with anyio.create_task_group() as group:
+            if cgroup_procs:
+                group.start_soon(join)
+            group.start_soon(receive)
+        message = received[0]
+        if isinstance(message, InitDied):
+            raise message
+        if refused:
+            raise InitDied(f"cannot put the sandbox's init in its cgroup: {refused[0]}")
+        if message != [b"R"]:
+            raise InitDied(f"unexpected first message {message!r}")
 
     @property
     def alive(self) -> bool:

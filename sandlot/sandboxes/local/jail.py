@@ -50,12 +50,6 @@ JAIL_OVERLAY = "/sandlot/overlay"
 (``PIP_PREFIX``); see :mod:`sandlot.sandboxes.local.venv`."""
 
 
-def jail_cgroup_procs(index: int) -> str:
-    """Where the ``cgroup.procs`` of the sandbox's ``index``-th cgroup is bound inside the jail,
-    so that its init can join it."""
-    return f"/sandlot/cgroup{index}.procs"
-
-
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """``PATH`` inside jails built from a root filesystem directory."""
 
@@ -94,7 +88,6 @@ class JailConfig:
         hidden: host paths to cover when the image is the host; ``~/`` already expanded.
         sandboxes_dir: host directory that holds every sandbox's directory (covered when the
             image is the host, so sandboxes cannot read each other's files).
-        cgroup_procs: host paths of the ``cgroup.procs`` of the sandbox's cgroups.
         environment: host directory of the sandbox's cached virtual environment, bound
             read-only at the same path (its scripts name their interpreter by that path), or
             ``None``.
@@ -111,7 +104,6 @@ class JailConfig:
     network: bool
     hidden: Sequence[str] = ()
     sandboxes_dir: Path | None = None
-    cgroup_procs: Sequence[Path] = ()
     environment: Path | None = None
     host_view: str = "minimal"
     readonly: Sequence[str] = ()
@@ -203,8 +195,6 @@ def jail_argv(config: JailConfig) -> list[str]:
         for path in config.readonly:
             if not _covered_top_level(path, config.rootfs, config.host_view):
                 argv += ["--ro-bind", path, path]
-    for index, procs in enumerate(config.cgroup_procs):
-        argv += ["--bind", str(procs), jail_cgroup_procs(index)]
     if config.environment is not None:
         argv += ["--ro-bind", str(config.environment), str(config.environment)]
         argv += ["--bind", str(dirs.overlay), JAIL_OVERLAY]

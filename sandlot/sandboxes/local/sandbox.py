@@ -57,7 +57,6 @@ from sandlot.sandboxes.local.jail import (
     JailConfig,
     check_workdir,
     jail_argv,
-    jail_cgroup_procs,
 )
 from sandlot.sandboxes.local.limits import Limits, init_limits
 from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
@@ -286,7 +285,6 @@ class LocalSandbox(Sandbox):
                 network=spec.network is True,  # "internet" is refused by start()
                 hidden=home_paths(opts.hidden_paths),
                 sandboxes_dir=parent,
-                cgroup_procs=tuple(c.procs_file for c in self._cgroups),
                 host_view=opts.host_view,
                 readonly=interpreter_prefixes() if rootfs == Path("/") else (),
             )
@@ -311,9 +309,8 @@ class LocalSandbox(Sandbox):
         assert self._dirs is not None
         if self._jail_config is not None:
             jail = [*jail_argv(self._jail_config), "--chdir", self.spec.workdir, "--"]
-            procs = [jail_cgroup_procs(i) for i in range(len(self._cgroups))]
         else:
-            jail, procs = [], [str(c.procs_file) for c in self._cgroups]
+            jail = []
         try:
             self._init = await InitProcess.start(
                 jail,
@@ -322,7 +319,7 @@ class LocalSandbox(Sandbox):
                 env=self._env,
                 cwd=None if self.isolated else self._dirs.work,
                 limits=self._limits,
-                cgroup_procs=procs,
+                cgroup_procs=[str(c.procs_file) for c in self._cgroups],
                 prefix=self.id,
                 log_path=self._dirs.root / "init.log",
             )
