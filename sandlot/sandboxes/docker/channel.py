@@ -17,19 +17,16 @@ is noticed at the command's timeout instead.
 from __future__ import annotations
 
 import contextlib
-import signal
 import struct
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sandlot.result import ExecResult
-from sandlot.runtimes.channel import Channel
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
 from sandlot.sandboxes.docker.stream import WOULD_BLOCK, raw_socket, read_ahead
+from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -37,12 +34,6 @@ if TYPE_CHECKING:
 _RECV_BYTES = 256 * 1024
 _HEADER = struct.Struct(">BxxxL")
 _KILL_GRACE_S = 0.5
-_SIGNAL_TIMEOUT_S = 30.0
-
-# $0 = marker (NAME=value), $1 = signal name, $2 = fence pid: signal the marked processes
-# newer than the fence, except this script. Shell builtins only (the model may delete grep).
-Runner = Callable[[list[str]], Awaitable[ExecResult]]
-"""Runs a one-shot command in the same container (the sandbox's ``exec``)."""
 
 
 class _Demux:
@@ -63,19 +54,18 @@ class _Demux:
         return bytes(out)
 
 
-class DockerChannel(Channel):
+class DockerChannel(RemoteShellChannel):
     """An attached ``bash`` exec in a container. Use :meth:`start`."""
 
     def __init__(
         self, api: APIClient, exec_id: str, attached: Any, marker: str, run: Runner
     ) -> None:
+        super().__init__(marker, run)
         self._api = api
         self._exec_id = exec_id
         self._attached = attached
         self._sock = raw_socket(attached)
         self._sock.setblocking(False)
-        self._marker = marker
-        self._run = run
         self._demux = _Demux()
         self._pending = self._demux.feed(read_ahead(attached))
         self._closed = False
@@ -132,17 +122,6 @@ class DockerChannel(Channel):
         out, self._pending = self._pending, b""
         return out
 
-    async def _signal(self, argv: list[str]) -> None:
-        with anyio.move_on_after(_SIGNAL_TIMEOUT_S), contextlib.suppress(Exception):
-            await self._run(argv)
-
-    async def signal_shell(self, sig: int, shell_pid: int) -> None:
-        await self._signal(["kill", "-s", signal.Signals(sig).name[3:], str(shell_pid)])
-
-    async def signal_newer(self, sig: int, newer_than: int) -> None:
-        name = signal.Signals(sig).name[3:]
-        await self._signal(remote_shell.signal_newer_argv(self._marker, name, newer_than))
-
     async def exit_status(self) -> int | None:
         with contextlib.suppress(Exception):
             info = await run_blocking(self._api.exec_inspect, self._exec_id)
@@ -158,6 +137,4 @@ class DockerChannel(Channel):
             with contextlib.suppress(OSError):
                 self._attached.close()
                 self._sock.close()
-            await self._signal(
-                remote_shell.kill_argv(self._marker, _KILL_GRACE_S, sweep_orphans=True)
-            )
+            await self._kill_all(_KILL_GRACE_S, sweep_orphans=True)

@@ -21,33 +21,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
-from sandlot.runtimes.channel import Channel
 from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 
 _KILL_GRACE_S = 0.5
-_SIGNAL_TIMEOUT_S = 30.0
 _EXIT_WAIT_S = 1.0
 
-Runner = Callable[[list[str]], Awaitable[Any]]
-"""Runs a one-shot argv in the same sandbox (the sandbox's ``exec``)."""
 
-
-class ModalChannel(Channel):
+class ModalChannel(RemoteShellChannel):
     """An attached ``bash`` exec in a Modal sandbox. Use :meth:`start`."""
 
     def __init__(self, proc: Any, marker: str, run: Runner) -> None:
+        super().__init__(marker, run)
         self._proc = proc
-        self._marker = marker
-        self._run = run
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._reader = asyncio.get_running_loop().create_task(self._read())
         self._closed = False
@@ -96,17 +89,6 @@ class ModalChannel(Channel):
             self._queue.put_nowait(b"")  # stays ended for every later call
         return chunk
 
-    async def _signal(self, argv: list[str]) -> None:
-        with anyio.move_on_after(_SIGNAL_TIMEOUT_S), contextlib.suppress(Exception):
-            await self._run(argv)
-
-    async def signal_shell(self, sig: int, shell_pid: int) -> None:
-        await self._signal(["kill", "-s", signal.Signals(sig).name[3:], str(shell_pid)])
-
-    async def signal_newer(self, sig: int, newer_than: int) -> None:
-        name = signal.Signals(sig).name[3:]
-        await self._signal(remote_shell.signal_newer_argv(self._marker, name, newer_than))
-
     async def exit_status(self) -> int | None:
         with anyio.move_on_after(_EXIT_WAIT_S), contextlib.suppress(Exception):
             code = await self._proc.wait.aio()
@@ -122,6 +104,6 @@ class ModalChannel(Channel):
             with contextlib.suppress(Exception):
                 self._proc.stdin.write_eof()
                 await self._proc.stdin.drain.aio()
-            await self._signal(remote_shell.kill_argv(self._marker, _KILL_GRACE_S))
+            await self._kill_all(_KILL_GRACE_S)
             with contextlib.suppress(BaseException):
                 await self._reader
