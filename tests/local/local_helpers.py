@@ -9,6 +9,8 @@ from pathlib import Path
 
 from requirements import bwrap_missing, needs
 
+import sandlot
+from sandlot.sandboxes.local import LocalSandbox
 from sandlot.sandboxes.local.cgroup import parent_dir, pids_parent_dir
 
 
@@ -67,3 +69,10 @@ def _mount_missing() -> str | None:
 
 needs_cpu_cgroup = needs(_cpu_cgroup_missing)
 needs_mount = needs(_mount_missing)
+
+
+def open_local(**fields: object) -> LocalSandbox:
+    """``sandlot.open("local", **fields)``, typed as the local backend's class."""
+    sb = sandlot.open("local", **fields)
+    assert isinstance(sb, LocalSandbox)
+    return sb

@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from local_helpers import needs_bwrap, needs_cpu_cgroup, needs_mount
-
-import sandlot
-from sandlot.sandboxes.local import LocalSandbox
+from local_helpers import needs_bwrap, needs_cpu_cgroup, needs_mount, open_local
 
 pytestmark = pytest.mark.anyio
-
-
-def _local(**fields: object) -> LocalSandbox:
-    sb = sandlot.open("local", **fields)
-    assert isinstance(sb, LocalSandbox)
-    return sb
 
 
 @needs_bwrap
 @needs_mount
 async def test_disk_budget_holds_across_writable_dirs() -> None:
-    async with _local(disk_mb=64) as sb:
+    async with open_local(disk_mb=64) as sb:
         r = await sb.exec(
             "head -c 40000000 /dev/zero > /tmp/a; echo a=$?; "
             "head -c 40000000 /dev/zero > /testbed/b; echo b=$?; "
@@ -38,7 +29,7 @@ async def test_disk_budget_holds_across_writable_dirs() -> None:
 @needs_bwrap
 @needs_cpu_cgroup
 async def test_cpu_limit_caps_a_busy_loop() -> None:
-    async with _local(cpu=0.1) as sb:
+    async with open_local(cpu=0.1) as sb:
         assert any(
             (c / "cpu.cfs_quota_us").exists() or (c / "cpu.max").exists() for c in sb.cgroups
         )

@@ -11,31 +11,25 @@ from pathlib import Path
 
 import anyio
 import pytest
-from local_helpers import needs_bwrap, needs_pids_cgroup, wait_until_no_process_has
+from local_helpers import needs_bwrap, needs_pids_cgroup, open_local, wait_until_no_process_has
 
 import sandlot
 from sandlot import SandboxDeadError, SandboxStartError
-from sandlot.sandboxes.local import LocalOptions, LocalSandbox
+from sandlot.sandboxes.local import LocalOptions
 from sandlot.sandboxes.local import sandbox as local_sandbox
 
 pytestmark = pytest.mark.anyio
 
 
-def _local(**fields: object) -> LocalSandbox:
-    sb = sandlot.open("local", **fields)
-    assert isinstance(sb, LocalSandbox)
-    return sb
-
-
 async def test_open_routes_option_keywords() -> None:
-    sb = _local(isolation="none", max_output_bytes=123, image="host")
+    sb = open_local(isolation="none", max_output_bytes=123, image="host")
     assert sb.options == LocalOptions(isolation="none", max_output_bytes=123)
     with pytest.raises(ValueError, match="max_output_bytes"):
         sandlot.open("local", max_output_bytes=0)
 
 
 async def test_small_output_cap_keeps_head_and_says_so() -> None:
-    async with _local(max_output_bytes=1000) as sb:
+    async with open_local(max_output_bytes=1000) as sb:
         r = await sb.exec("seq 1 100000; seq 1 5 >&2")
     head, _, note = r.stdout.partition("\n[sandlot: stdout truncated")
     assert head == "\n".join(str(i) for i in range(1, 100_001))[:1000]
@@ -45,7 +39,7 @@ async def test_small_output_cap_keeps_head_and_says_so() -> None:
 
 @needs_bwrap
 async def test_host_dir_layout_and_removal_on_close() -> None:
-    async with _local() as sb:
+    async with open_local() as sb:
         assert sb.host_dir is not None and sb.host_workdir is not None
         await sb.exec("echo hi > f; mkdir -p ro/deep && touch ro/deep/x && chmod -R a-w ro")
         assert (sb.host_workdir / "f").read_text() == "hi\n"
@@ -57,7 +51,7 @@ async def test_host_dir_layout_and_removal_on_close() -> None:
 
 @needs_bwrap
 async def test_custom_workdir() -> None:
-    async with _local(workdir="/work_here") as sb:
+    async with open_local(workdir="/work_here") as sb:
         assert (await sb.exec("pwd")).stdout == "/work_here\n"
         await sb.write_file("/work_here/a", b"a")
         assert (await sb.exec("cat a")).stdout == "a"
@@ -66,18 +60,18 @@ async def test_custom_workdir() -> None:
 @needs_bwrap
 async def test_unusable_workdir_or_image_fails_to_start() -> None:
     with pytest.raises(SandboxStartError, match="does not exist in the image"):
-        await _local(workdir="/usr/sandlot-no-such-dir").start()
+        await open_local(workdir="/usr/sandlot-no-such-dir").start()
     with pytest.raises(SandboxStartError, match="reserved"):
-        await _local(workdir="/proc").start()
+        await open_local(workdir="/proc").start()
     with pytest.raises(SandboxStartError, match="not a directory"):
-        await _local(image="python:3.12").start()
+        await open_local(image="python:3.12").start()
 
 
 @needs_bwrap
 async def test_rootfs_without_python_says_so(tmp_path: Path) -> None:
     (tmp_path / "rootfs/usr/bin").mkdir(parents=True)
     with pytest.raises(SandboxStartError, match="no python3"):
-        await _local(image=str(tmp_path / "rootfs")).start()
+        await open_local(image=str(tmp_path / "rootfs")).start()
 
 
 def _hardlink_or_copy(source: str, dest: Path) -> None:
@@ -127,7 +121,7 @@ def _minimal_rootfs(root: Path) -> None:
 async def test_rootfs_directory_image(tmp_path: Path) -> None:
     rootfs = tmp_path / "rootfs"
     _minimal_rootfs(rootfs)
-    async with _local(image=str(rootfs)) as sb:
+    async with open_local(image=str(rootfs)) as sb:
         r = await sb.exec("cat /etc/marker seed.txt; ls /root /work 2>&1; echo $PATH")
         assert r.stdout.startswith("rootfs\nseed\n")
         assert "No such file" in r.stdout  # host directories are not there
@@ -138,7 +132,7 @@ async def test_rootfs_directory_image(tmp_path: Path) -> None:
 
 
 async def test_isolation_none_maps_the_workdir() -> None:
-    async with _local(isolation="none") as sb:
+    async with open_local(isolation="none") as sb:
         assert sb.host_workdir is not None
         r = await sb.exec('pwd; echo "$SANDLOT_WORKDIR"; echo "$TMPDIR"')
         workdir, advertised, tmpdir = r.stdout.split()
@@ -150,7 +144,7 @@ async def test_isolation_none_maps_the_workdir() -> None:
 
 
 async def test_lifetime_ends_the_sandbox() -> None:
-    async with _local(timeout_s=1.0) as sb:
+    async with open_local(timeout_s=1.0) as sb:
         with pytest.raises(SandboxDeadError, match="lifetime"):
             await sb.exec("sleep 20")
         assert not await sb.is_alive()
@@ -169,7 +163,7 @@ async def test_a_cgroup_the_init_cannot_join_fails_the_start_and_leaves_nothing(
             pass
 
     monkeypatch.setattr(local_sandbox, "create_cgroups", lambda *_: [Unjoinable()])
-    sb = _local(isolation=isolation, start_limits={"max_attempts": 1})
+    sb = open_local(isolation=isolation, start_limits={"max_attempts": 1})
     with pytest.raises(SandboxStartError) as info:
         await sb.start()
     assert "cannot put the sandbox's init in its cgroup" in str(info.value)
@@ -181,7 +175,7 @@ async def test_a_cgroup_the_init_cannot_join_fails_the_start_and_leaves_nothing(
 @needs_bwrap
 @needs_pids_cgroup
 async def test_pids_cgroup_holds_the_commands_and_goes_away() -> None:
-    async with _local() as sb:
+    async with open_local() as sb:
         cgroup = sb.pids_cgroup
         assert cgroup is not None
         assert (cgroup / "pids.max").read_text().strip() == "4096"
@@ -195,7 +189,7 @@ async def test_many_sandboxes_at_once() -> None:
     results: dict[int, str] = {}
 
     async def one(i: int) -> None:
-        async with _local() as sb:
+        async with open_local() as sb:
             results[i] = (await sb.exec(f"echo {i}")).stdout
 
     async with anyio.create_task_group() as tg:
@@ -248,7 +242,7 @@ def test_python_from_a_virtualenv_under_tmp_is_visible(tmp_path: Path) -> None:
 
 @needs_bwrap
 async def test_removed_host_directory_kills_the_sandbox() -> None:
-    async with _local() as sb:
+    async with open_local() as sb:
         assert sb.host_dir is not None
         await anyio.to_thread.run_sync(shutil.rmtree, sb.host_dir)
         with pytest.raises(SandboxDeadError, match="removed"):

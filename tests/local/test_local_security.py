@@ -21,21 +21,15 @@ import pytest
 from local_helpers import (
     needs_bwrap,
     needs_pids_cgroup,
+    open_local,
     wait_until_no_process_has,
     wait_until_some_process_has,
 )
 
-import sandlot
 from sandlot import BackendUnavailableError, SandboxFileError
 from sandlot.sandboxes.local import LocalSandbox
 
 pytestmark = pytest.mark.anyio
-
-
-def _local(**fields: object) -> LocalSandbox:
-    sb = sandlot.open("local", **fields)
-    assert isinstance(sb, LocalSandbox)
-    return sb
 
 
 # ----------------------------------------------------------------- filesystem
@@ -45,7 +39,7 @@ def _local(**fields: object) -> LocalSandbox:
 async def test_cannot_write_outside_its_own_directories() -> None:
     name = f"sandlot-pwn-{uuid.uuid4().hex[:8]}"
     targets = [f"/etc/{name}", f"/root/{name}", f"/usr/{name}", f"/{name}", f"/var/tmp/{name}"]
-    async with _local() as sb:
+    async with open_local() as sb:
         for target in targets:
             r = await sb.exec(f"echo pwned > {target}")
             assert r.exit_code != 0, target
@@ -59,7 +53,7 @@ async def test_cannot_write_outside_its_own_directories() -> None:
 @pytest.mark.parametrize("root_dir", ["default", "visible"])
 async def test_cannot_touch_another_sandbox(root_dir: str, visible_dir: Path) -> None:
     fields = {} if root_dir == "default" else {"root_dir": str(visible_dir)}
-    async with _local(**fields) as a, _local(**fields) as b:
+    async with open_local(**fields) as a, open_local(**fields) as b:
         assert b.host_dir is not None and b.host_workdir is not None
         await b.write_file("secret.txt", b"b's data")
         r = await a.exec(
@@ -79,7 +73,7 @@ async def test_write_file_through_a_planted_symlink_stays_inside(
     hidden_victim = tmp_path / "victim.txt"  # under the host's /tmp: not seen at all
     for victim in (visible_victim, hidden_victim):
         victim.write_text("original")
-    async with _local() as sb:
+    async with open_local() as sb:
         await sb.exec(f"ln -s {visible_victim} visible_link; ln -s {hidden_victim} hidden_link")
         with pytest.raises(SandboxFileError):
             await sb.write_file("visible_link", b"pwned")
@@ -110,7 +104,7 @@ async def test_minimal_host_view_shows_no_user_data(
     real_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
     host_only = [Path.cwd() / "pyproject.toml", Path("/etc/shadow"), real_home / ".gitconfig"]
     host_only += [Path("/var/lib/containers"), Path("/home"), Path("/opt"), Path("/srv")]
-    async with _local() as sb:
+    async with open_local() as sb:
         for path in secrets + host_only:
             r = await sb.exec(f"cat {path} || ls -A {path}")
             assert "SECRET" not in r.stdout, path
@@ -139,7 +133,7 @@ async def test_full_host_view_masks_credentials_of_the_real_home(
     fake = pwd.struct_passwd((*entry[:5], str(real_home), *entry[6:]))
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: fake)
     monkeypatch.setenv("HOME", str(elsewhere))
-    async with _local(host_view="full") as sb:
+    async with open_local(host_view="full") as sb:
         for home in (real_home, elsewhere):
             r = await sb.exec(
                 f"ls -A {home}/.ssh; cat {home}/.netrc {home}/.kaggle/kaggle.json "
@@ -155,7 +149,7 @@ async def test_full_host_view_masks_credentials_of_the_real_home(
 
 @needs_bwrap
 async def test_no_capabilities_and_read_only_kernel_knobs() -> None:
-    async with _local() as sb:
+    async with open_local() as sb:
         caps = await sb.exec("grep -E '^Cap(Prm|Eff|Amb):' /proc/self/status")
         assert caps.stdout.split()[1::2] == ["0000000000000000"] * 3
         # Harmless even if it worked: the jail has its own UTS namespace.
@@ -173,7 +167,7 @@ async def test_host_environment_does_not_leak(
 ) -> None:
     secret = f"hunter2-{uuid.uuid4().hex}"
     monkeypatch.setenv("SANDLOT_FAKE_API_KEY", secret)
-    async with _local(isolation=isolation, env={"VISIBLE": "yes"}) as sb:
+    async with open_local(isolation=isolation, env={"VISIBLE": "yes"}) as sb:
         r = await sb.exec("env; cat /proc/self/environ /proc/1/environ 2>/dev/null")
     assert secret not in r.stdout and "SANDLOT_FAKE_API_KEY" not in r.stdout
     assert "VISIBLE=yes" in r.stdout
@@ -194,11 +188,11 @@ def loopback_listener() -> Iterator[int]:
 @needs_bwrap
 async def test_network_is_cut_unless_allowed(loopback_listener: int) -> None:
     connect = f"exec 3<>/dev/tcp/127.0.0.1/{loopback_listener} && echo connected"
-    async with _local() as sb:
+    async with open_local() as sb:
         r = await sb.exec(connect, timeout=20)
         assert r.exit_code != 0 and "connected" not in r.stdout
         assert (await sb.exec("cat /proc/net/route | wc -l")).stdout.strip() == "1"
-    async with _local(network=True) as sb:
+    async with open_local(network=True) as sb:
         assert (await sb.exec(connect, timeout=20)).stdout == "connected\n"
 
 
@@ -215,7 +209,7 @@ async def test_cannot_see_host_or_other_sandbox_processes(marker: str) -> None:
     )
     async with await anyio.open_process(["bash", "-c", f"exec -a {marker}-host sleep 60"]) as host:
         try:
-            async with _local() as a, _local() as b, anyio.create_task_group() as tg:
+            async with open_local() as a, open_local() as b, anyio.create_task_group() as tg:
                 tg.start_soon(b.exec, f"exec -a {marker}-b sleep 3")
                 await anyio.to_thread.run_sync(wait_until_some_process_has, f"{marker}-b")
                 count, visible_pids = (await a.exec(look)).stdout.split()
@@ -244,7 +238,7 @@ _DAEMONS = (
 
 @needs_bwrap
 async def test_background_processes_live_until_close(marker: str) -> None:
-    async with _local() as sb:
+    async with open_local() as sb:
         r = await sb.exec(_DAEMONS.format(m=marker) + "echo started")
         assert r.stdout == "started\n"
         for kind in ("bg", "daemon", "stubborn"):
@@ -259,14 +253,14 @@ async def test_background_processes_live_until_close(marker: str) -> None:
 @needs_bwrap
 async def test_timed_out_tree_is_killed_on_the_host(marker: str) -> None:
     daemon = f"(setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 &)"
-    async with _local() as sb:
+    async with open_local() as sb:
         r = await sb.exec(f"{daemon}; sleep 1000", timeout=1)
         assert r.timed_out
         assert await anyio.to_thread.run_sync(wait_until_no_process_has, marker) == []
 
 
 async def test_isolation_none_processes_live_until_close(marker: str) -> None:
-    async with _local(isolation="none") as sb:
+    async with open_local(isolation="none") as sb:
         await sb.exec(_DAEMONS.format(m=marker))
         for kind in ("bg", "daemon", "stubborn"):
             await anyio.to_thread.run_sync(wait_until_some_process_has, f"{marker}-{kind}")
@@ -296,7 +290,7 @@ os.killpg(0, 9)  # the children would outlive us and hold the sandbox's process 
 @needs_bwrap
 @needs_pids_cgroup
 async def test_process_cap_holds_even_for_root() -> None:
-    async with _local(max_processes=64) as sb:
+    async with open_local(max_processes=64) as sb:
         r = await sb.exec([sys.executable, "-c", _FORK_COUNTER], timeout=60)
         verdict, count = r.stdout.split()
         assert verdict == "capped" and int(count) < 64
@@ -318,7 +312,7 @@ async def test_process_cap_holds_even_for_root() -> None:
 
 @needs_bwrap
 async def test_file_size_limit(tmp_path: Path) -> None:
-    async with _local(max_file_size_mb=1) as sb:
+    async with open_local(max_file_size_mb=1) as sb:
         r = await sb.exec("head -c 3000000 /dev/zero > big; echo status=$?")
         assert "status=153" in r.stdout  # SIGXFSZ
         assert sb.host_workdir is not None
@@ -327,21 +321,21 @@ async def test_file_size_limit(tmp_path: Path) -> None:
 
 @needs_bwrap
 async def test_cpu_time_limit() -> None:
-    async with _local(cpu_time_s=1) as sb:
+    async with open_local(cpu_time_s=1) as sb:
         r = await sb.exec("while :; do :; done", timeout=30)
     assert (r.exit_code, r.timed_out) == (128 + 24, False)  # SIGXCPU
 
 
 @needs_bwrap
 async def test_memory_limit() -> None:
-    async with _local(memory_mb=256) as sb:
+    async with open_local(memory_mb=256) as sb:
         r = await sb.exec([sys.executable, "-c", "b = bytearray(1 << 30)"], timeout=60)
     assert r.exit_code == 1 and "MemoryError" in r.stderr
 
 
 @needs_bwrap
 async def test_limits_cannot_be_raised_again() -> None:
-    async with _local(max_file_size_mb=1) as sb:
+    async with open_local(max_file_size_mb=1) as sb:
         r = await sb.exec("ulimit -f unlimited")
     assert r.exit_code != 0
 
@@ -351,7 +345,7 @@ async def test_limits_cannot_be_raised_again() -> None:
 
 async def test_missing_bwrap_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    sb = _local()
+    sb = open_local()
     with pytest.raises(BackendUnavailableError) as info:
         await sb.start()
     message = str(info.value)
@@ -359,13 +353,13 @@ async def test_missing_bwrap_says_how_to_install_it(monkeypatch: pytest.MonkeyPa
     assert 'isolation="none"' in message
     assert sb.closed
     with pytest.raises(BackendUnavailableError, match="/opt/no/bwrap"):
-        await _local(bwrap_path="/opt/no/bwrap").start()
+        await open_local(bwrap_path="/opt/no/bwrap").start()
 
 
 async def test_isolation_none_warns_once_per_sandbox(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="sandlot.sandboxes.local")
     for _ in range(2):
-        async with _local(isolation="none") as sb:
+        async with open_local(isolation="none") as sb:
             await sb.exec("true")
             await sb.exec("true")
     warnings = [r for r in caplog.records if "NOTHING IS ISOLATED" in r.getMessage()]
