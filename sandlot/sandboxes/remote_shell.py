@@ -84,7 +84,7 @@ holder() {
 }
 scan() {
   _stest=$1; _sn=0
-  while [ "$_sn" -le 50 ]; do
+  while [ "$_sn" -le 3 ]; do
     pids=; read -r _sa _sb _sc _sd _last </proc/loadavg
     for _sd in /proc/[0-9]*; do
       _sp=${_sd#/proc/}
@@ -130,7 +130,8 @@ across the wrap-around if there was one. This spares reading the environment of 
 process, which ``read`` does a byte at a time (a host-wide PID namespace has hundreds). A scan
 is not one instant: a fork bomb's generations can all exit between the listing and the test
 while their children, born after the listing, go unseen, so an empty scan counts only when no
-PID was allocated while it ran (else it is repeated, up to 50 times).
+PID was allocated while it ran (else it is repeated, up to 3 times: where the sandbox shares
+a busy host's PID namespace, PIDs are allocated all the time, and every exec ends with a scan).
 ``kill_all`` freezes the ``marked`` processes until the set stops growing, then sends SIGKILL to
 them and their process groups, until none is left; ``clock`` sets ``$_snow`` to the uptime in
 hundredths of a second (``/proc/uptime`` prints two decimals; the ``1`` prefix keeps ``08`` from
