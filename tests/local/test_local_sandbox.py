@@ -158,6 +158,7 @@ async def test_a_cgroup_the_init_cannot_join_fails_the_start_and_leaves_nothing(
 ) -> None:
     class Unjoinable:
         procs_file = tmp_path / "removed-cgroup" / "cgroup.procs"
+        join_file = procs_file
 
         async def destroy(self) -> None:
             pass

@@ -36,10 +36,11 @@ pytestmark = pytest.mark.anyio
 
 
 @needs_bwrap
-async def test_cannot_write_outside_its_own_directories() -> None:
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_cannot_write_outside_its_own_directories(zygote: bool) -> None:
     name = f"sandlot-pwn-{uuid.uuid4().hex[:8]}"
     targets = [f"/etc/{name}", f"/root/{name}", f"/usr/{name}", f"/{name}", f"/var/tmp/{name}"]
-    async with open_local() as sb:
+    async with open_local(zygote=zygote) as sb:
         for target in targets:
             r = await sb.exec(f"echo pwned > {target}")
             assert r.exit_code != 0, target
@@ -51,8 +52,11 @@ async def test_cannot_write_outside_its_own_directories() -> None:
 
 @needs_bwrap
 @pytest.mark.parametrize("root_dir", ["default", "visible"])
-async def test_cannot_touch_another_sandbox(root_dir: str, visible_dir: Path) -> None:
-    fields = {} if root_dir == "default" else {"root_dir": str(visible_dir)}
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_cannot_touch_another_sandbox(root_dir: str, zygote: bool, visible_dir: Path) -> None:
+    fields: dict[str, object] = {"zygote": zygote}
+    if root_dir == "visible":
+        fields["root_dir"] = str(visible_dir)
     async with open_local(**fields) as a, open_local(**fields) as b:
         assert b.host_dir is not None and b.host_workdir is not None
         await b.write_file("secret.txt", b"b's data")
@@ -89,8 +93,9 @@ async def test_write_file_through_a_planted_symlink_stays_inside(
 
 
 @needs_bwrap
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
 async def test_minimal_host_view_shows_no_user_data(
-    visible_dir: Path, monkeypatch: pytest.MonkeyPatch
+    zygote: bool, visible_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A dataset with gold patches, a run log, credentials under a home pointed elsewhere.
     secrets = [visible_dir / "gold_predictions.jsonl", visible_dir / "run.log"]
@@ -104,7 +109,7 @@ async def test_minimal_host_view_shows_no_user_data(
     real_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
     host_only = [Path.cwd() / "pyproject.toml", Path("/etc/shadow"), real_home / ".gitconfig"]
     host_only += [Path("/var/lib/containers"), Path("/home"), Path("/opt"), Path("/srv")]
-    async with open_local() as sb:
+    async with open_local(zygote=zygote) as sb:
         for path in secrets + host_only:
             r = await sb.exec(f"cat {path} || ls -A {path}")
             assert "SECRET" not in r.stdout, path
@@ -117,8 +122,9 @@ async def test_minimal_host_view_shows_no_user_data(
 
 
 @needs_bwrap
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
 async def test_full_host_view_masks_credentials_of_the_real_home(
-    visible_dir: Path, monkeypatch: pytest.MonkeyPatch
+    zygote: bool, visible_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_home, elsewhere = visible_dir / "real", visible_dir / "elsewhere"
     for home in (real_home, elsewhere):
@@ -133,7 +139,7 @@ async def test_full_host_view_masks_credentials_of_the_real_home(
     fake = pwd.struct_passwd((*entry[:5], str(real_home), *entry[6:]))
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: fake)
     monkeypatch.setenv("HOME", str(elsewhere))
-    async with open_local(host_view="full") as sb:
+    async with open_local(host_view="full", zygote=zygote) as sb:
         for home in (real_home, elsewhere):
             r = await sb.exec(
                 f"ls -A {home}/.ssh; cat {home}/.netrc {home}/.kaggle/kaggle.json "

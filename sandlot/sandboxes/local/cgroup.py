@@ -161,6 +161,14 @@ class Cgroup:
         """The ``cgroup.procs`` file a process writes ``0`` to in order to join."""
         return self.path / "cgroup.procs"
 
+    @property
+    def join_file(self) -> Path:
+        """The file a single-threaded process writes ``0`` to in order to join: v1 ``tasks``
+        (which moves the calling thread only, and so skips the global lock whose every taking
+        waits for an RCU grace period, milliseconds), else ``cgroup.procs``."""
+        tasks = self.path / "tasks"
+        return tasks if tasks.exists() else self.procs_file
+
     def pids(self) -> list[int]:
         """Host PIDs of the processes in the cgroup (empty once it is gone)."""
         try:

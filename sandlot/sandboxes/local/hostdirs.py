@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -73,7 +74,9 @@ class HostDirs:
         return self.root / "transfer"
 
     def create(self, disk_mb: int | None = None) -> None:
-        """Create ``root`` (mode 0700; its parent must exist) and the sub-directories.
+        """Create ``root`` (mode 0700; its parent must exist) and the sub-directories every
+        sandbox uses (``work``, ``tmp``, ``home``); the others on demand (:meth:`ensure`), as
+        each directory costs a sandbox's start and close about 0.1 ms.
 
         Args:
             disk_mb: when given, ``root`` is a tmpfs of that many MiB (``mount -t tmpfs``,
@@ -101,10 +104,22 @@ class HostDirs:
                     f"({done.stderr.strip() or done.returncode}); it needs root or "
                     f"CAP_SYS_ADMIN: leave disk_mb unset otherwise"
                 )
-        for sub in (self.work, self.tmp, self.home, self.empty, self.overlay, self.transfer):
+        for sub in (self.work, self.tmp, self.home):
             sub.mkdir()
         self.tmp.chmod(0o1777)
-        self.empty.chmod(0o555)
+
+    @staticmethod
+    def ensure(sub: Path, mode: int = 0o700) -> Path:
+        """Create ``sub`` (one of the properties: ``empty`` with mode 0555, ``overlay``,
+        ``transfer``) if missing; return it.
+
+        Raises:
+            OSError: it cannot be created.
+        """
+        if not sub.is_dir():
+            sub.mkdir(exist_ok=True)
+            sub.chmod(mode)
+        return sub
 
     def exists(self) -> bool:
         """``True`` while the workdir is still there (nobody removed the sandbox from outside)."""
@@ -114,6 +129,23 @@ class HostDirs:
         """Record the sandbox's labels and our pid for ``sandlot gc`` (:data:`LABELS_FILE`)."""
         data = {"labels": dict(labels), "pid": os.getpid()}
         (self.root / LABELS_FILE).write_text(json.dumps(data))
+
+    def remove_if_empty(self) -> bool:
+        """Delete ``root`` when its sub-directories are empty (a sandbox that wrote nothing):
+        a few syscalls, cheaper than a thread hop for :meth:`remove`. ``False`` (whatever
+        remains is left for :meth:`remove`) when anything else is there or ``root`` is a
+        mount point."""
+        if os.path.ismount(self.root):
+            return False
+        try:
+            (self.root / LABELS_FILE).unlink(missing_ok=True)
+            for sub in (self.work, self.tmp, self.home, self.empty, self.overlay, self.transfer):
+                with contextlib.suppress(FileNotFoundError):
+                    sub.rmdir()
+            self.root.rmdir()
+        except OSError:
+            return False
+        return True
 
     def remove(self) -> None:
         """Delete ``root`` and everything in it, including read-only files and directories,

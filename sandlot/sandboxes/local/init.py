@@ -2,8 +2,10 @@
 
 This file is a standalone script (standard library only, no ``sandlot`` import), passed as
 ``python -I -S -c SOURCE FD LIMITS`` so that nothing of the caller's tree needs to be
-visible inside the jail. Under bubblewrap (``--as-pid-1``) it is PID 1 of the jail's PID
-namespace: it reaps every zombie, and when it dies the kernel kills everything in the jail.
+visible inside the jail, or loaded once by a zygote (:mod:`sandlot.sandboxes.local.zygote`)
+whose forked children call :func:`main`. Under bubblewrap (``--as-pid-1``) or forked by a
+zygote it is PID 1 of the jail's PID namespace: it reaps every zombie, and when it dies the
+kernel kills everything in the jail.
 With ``isolation="none"`` it is a plain host process.
 
 Protocol, over the ``AF_UNIX``/``SOCK_SEQPACKET`` socket at file descriptor ``FD``: one packet
@@ -221,8 +223,8 @@ def _signal_all(pids: set[int], sig: int) -> None:
             pass
 
 
-def main() -> None:
-    fd, limit_spec = int(sys.argv[1]), sys.argv[2]
+def main(fd: int, limit_spec: str) -> None:
+    """Serve the host on socket ``fd`` under the limits ``limit_spec`` until it goes away."""
     # Limits a command inherits are set on us once; only those that would hurt the init (its
     # own CPU time, its address space) are set per command, which then needs a fork.
     limits = []
@@ -334,4 +336,4 @@ def _reap(
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]), sys.argv[2])

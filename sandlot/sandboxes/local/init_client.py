@@ -24,11 +24,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Protocol
 
 import anyio
 
 # The init's source without its docstring: it is the init's command line, seen in /proc.
-_INIT_SOURCE = (Path(__file__).parent / "init.py").read_text().partition('"""\n\n')[2]
+INIT_SOURCE = (Path(__file__).parent / "init.py").read_text().partition('"""\n\n')[2]
 # Compiling that source costs each start more than the rest of the interpreter's start-up
 # (about 5 ms on 2 cores), so our own interpreter gets the code object, compiled once, on its
 # stdin instead. A code object loads only in the Python version that made it: another
@@ -43,10 +44,89 @@ _MAX_PACKET = 64 * 1024
 
 @functools.cache
 def _compiled_init() -> bytes:
-    return marshal.dumps(compile(_INIT_SOURCE, "sandlot-init", "exec"))
+    return marshal.dumps(compile(INIT_SOURCE, "sandlot-init", "exec"))
 
 
-def _spawn(
+class HostProcess(Protocol):
+    """The host process whose death ends a sandbox: ``bwrap``, or the init itself."""
+
+    @property
+    def pid(self) -> int:
+        """Its pid on the host."""
+
+    def poll(self) -> int | None:
+        """``None`` until it has exited and been reaped."""
+
+    def kill(self) -> None:
+        """SIGKILL it (and, for ``bwrap``, its session). Never raises."""
+
+    async def wait(self, within_s: float) -> None:
+        """Return once it has been reaped, or after ``within_s`` seconds. Never raises."""
+
+
+class SpawnedProcess:
+    """A :class:`HostProcess` we spawned: ``bwrap`` (the leader of its session) or a bare init.
+
+    Args:
+        popen: the spawned process.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        """Its pid on the host."""
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        """``None`` until it has exited; reaps it."""
+        return self.popen.poll()
+
+    def kill(self) -> None:
+        """SIGKILL its whole session. Never raises."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, 9)
+
+    async def wait(self, within_s: float) -> None:
+        """Poll (no child watcher involved) until reaped, or for ``within_s`` seconds."""
+        deadline = time.monotonic() + within_s
+        while self.popen.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # a SIGKILLed process: reaped within a tick or two
+
+
+def spawn(
+    argv: list[str],
+    env: Mapping[str, str],
+    cwd: str | Path | None,
+    fds: tuple[int, ...],
+    log: IO[bytes],
+    code: bytes | None,
+) -> subprocess.Popen[bytes]:
+    """Spawn ``argv`` in a new session, ``code`` (if any) written to its stdin, stderr to
+    ``log``. A fork+exec (about 1 ms): no thread hop, no asyncio child watcher.
+
+    Raises:
+        OSError: the process could not be spawned.
+    """
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL if code is None else subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env=dict(env),
+        cwd=cwd,
+        pass_fds=fds,
+        start_new_session=True,
+    )
+    if process.stdin is not None:
+        # Far below a pipe's buffer: written at once, even before the init reads it.
+        with contextlib.suppress(BrokenPipeError), process.stdin:
+            process.stdin.write(code or b"")
+    return process
+
+
+def _spawn_logged(
     argv: list[str],
     env: Mapping[str, str],
     cwd: str | Path | None,
@@ -55,21 +135,7 @@ def _spawn(
     code: bytes | None,
 ) -> subprocess.Popen[bytes]:
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL if code is None else subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            env=dict(env),
-            cwd=cwd,
-            pass_fds=fds,
-            start_new_session=True,
-        )
-    if process.stdin is not None:
-        # Far below a pipe's buffer: written at once, even before the init reads it.
-        with contextlib.suppress(BrokenPipeError), process.stdin:
-            process.stdin.write(code or b"")
-    return process
+        return spawn(argv, env, cwd, fds, log, code)
 
 
 async def _jailed_pid(info: int) -> int:
@@ -102,6 +168,18 @@ def _join(cgroup_procs: Sequence[str], pid: int) -> None:
             f.write(str(pid))
 
 
+def check_ready(message: list[bytes]) -> None:
+    """Accept the init's first message: ``R``.
+
+    Raises:
+        InitDied: anything else (``E message``: the jail could not be made, and why).
+    """
+    if message[0] == b"E" and len(message) > 1:
+        raise InitDied(message[1].decode("utf-8", "replace"))
+    if message != [b"R"]:
+        raise InitDied(f"unexpected first message {message!r}")
+
+
 class InitDied(Exception):
     """The init is gone: the sandbox's processes are all dead."""
 
@@ -132,14 +210,16 @@ class InitProcess:
     """One running init and the commands it runs. Use :meth:`start`.
 
     Args:
-        process: the init's host process (``bwrap``, or the init itself without a jail).
+        process: the init's host process (``bwrap``, the init itself without a jail, or the
+            init a zygote forked).
         sock: our end of the socket pair, non-blocking.
         prefix: command ids are ``prefix.N``; also how the init finds the sandbox's processes
             without a PID namespace.
+        jailed: the init is PID 1 of the sandbox's own PID namespace.
     """
 
     def __init__(
-        self, process: subprocess.Popen[bytes], sock: socket.socket, prefix: str, jailed: bool
+        self, process: HostProcess, sock: socket.socket, prefix: str, jailed: bool
     ) -> None:
         self.process = process
         self._jailed = jailed
@@ -189,12 +269,11 @@ class InitProcess:
         info, info_w = os.pipe() if jail else (-1, -1)
         code = _compiled_init() if our_python else None
         head = [jail[0], "--info-fd", str(info_w), *jail[1:]] if jail else []
-        argv = [*head, python, "-I", "-S", "-c", _INIT_SOURCE if code is None else _LOADER]
+        argv = [*head, python, "-I", "-S", "-c", INIT_SOURCE if code is None else _LOADER]
         argv += [str(theirs.fileno()), limits]
         fds = (theirs.fileno(), info_w) if jail else (theirs.fileno(),)
         try:
-            # Spawned directly (a fork+exec, ~1 ms): no thread hop, no asyncio child watcher.
-            process = _spawn(argv, env, cwd, fds, log_path, code)
+            process = _spawn_logged(argv, env, cwd, fds, log_path, code)
         except BaseException:
             ours.close()
             if jail:
@@ -205,7 +284,7 @@ class InitProcess:
             if jail:
                 os.close(info_w)
         ours.setblocking(False)
-        init = cls(process, ours, prefix, jailed=bool(jail))
+        init = cls(SpawnedProcess(process), ours, prefix, jailed=bool(jail))
         try:
             with anyio.fail_after(_READY_BUDGET_S):
                 await init._ready(await _jailed_pid(info) if jail else process.pid, cgroup_procs)
@@ -254,8 +333,7 @@ class InitProcess:
             raise message
         if refused:
             raise InitDied(f"cannot put the sandbox's init in its cgroup: {refused[0]}")
-        if message != [b"R"]:
-            raise InitDied(f"unexpected first message {message!r}")
+        check_ready(message)
 
     @property
     def alive(self) -> bool:
@@ -405,25 +483,18 @@ class InitProcess:
         """Kill the init and every process of the sandbox, and reap the host process.
 
         Under bwrap, killing ``bwrap`` kills the init (``--die-with-parent``), and the kernel
-        kills the rest of a PID namespace whose PID 1 died. Without a jail the init is asked to
-        kill the sandbox's processes first. Never raises.
+        kills the rest of a PID namespace whose PID 1 died (a forked init is that PID 1).
+        Without a jail the init is asked to kill the sandbox's processes first. Never raises.
         """
         with anyio.CancelScope(shield=True):
             if not self._jailed and not self._dead and self.process.poll() is None:
                 with contextlib.suppress(InitDied):
                     await self._send([b"A", self._prefix.encode() + b"."])
-                    await self._reaped(_KILL_GRACE_S)
+                    await self.process.wait(_KILL_GRACE_S)
             self._dead = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, 9)
+            self.process.kill()
             self._sock.close()
-            await self._reaped(_REAP_BUDGET_S)
+            await self.process.wait(_REAP_BUDGET_S)
         for command in self._commands.values():
             command.started.set()
             command.ended.set()
-
-    async def _reaped(self, within_s: float) -> None:
-        """Poll (no child watcher involved) until the host process has been reaped."""
-        deadline = time.monotonic() + within_s
-        while self.process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
-            await anyio.sleep(0.001)  # a SIGKILLed process: reaped within a tick or two

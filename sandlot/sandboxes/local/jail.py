@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import os
 import stat
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,7 +82,6 @@ class JailConfig:
         bwrap: path of the bwrap executable.
         rootfs: root of the image on the host (``/`` for ``image="host"``).
         workdir: absolute workdir inside the jail.
-        dirs: the sandbox's host directories.
         network: share the host's network namespace.
         hidden: host paths to cover when the image is the host; ``~/`` already expanded.
         sandboxes_dir: host directory that holds every sandbox's directory (covered when the
@@ -100,13 +98,12 @@ class JailConfig:
     bwrap: str
     rootfs: Path
     workdir: str
-    dirs: HostDirs
     network: bool
-    hidden: Sequence[str] = ()
+    hidden: tuple[str, ...] = ()
     sandboxes_dir: Path | None = None
     environment: Path | None = None
     host_view: str = "minimal"
-    readonly: Sequence[str] = ()
+    readonly: tuple[str, ...] = ()
 
 
 def _shown(name: str, rootfs: Path, host_view: str) -> bool:
@@ -154,9 +151,12 @@ def _covered_top_level(path: str, rootfs: Path, host_view: str = "full") -> bool
     return len(parts) > 1 and _shown(parts[1], rootfs, host_view) and (rootfs / parts[1]).exists()
 
 
-def _mask(path: str, empty_dir: Path) -> list[str]:
-    source = str(empty_dir) if os.path.isdir(path) else "/dev/null"
-    return ["--ro-bind", source, path]
+def _mask(path: str, empty_dir: Path | None) -> list[str]:
+    if not os.path.isdir(path):
+        return ["--ro-bind", "/dev/null", path]
+    if empty_dir is None:
+        return ["--tmpfs", path, "--remount-ro", path]
+    return ["--ro-bind", str(empty_dir), path]
 
 
 def check_workdir(workdir: str, rootfs: Path, host_view: str = "minimal") -> str | None:
@@ -177,43 +177,111 @@ def check_workdir(workdir: str, rootfs: Path, host_view: str = "minimal") -> str
     return None
 
 
-def jail_argv(config: JailConfig) -> list[str]:
-    """The bwrap command line of the sandbox's jail; append ``--chdir DIR -- INIT...``.
+def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
+    """The bwrap command line of the jail of the sandbox whose directories are ``dirs``
+    (creating the ones it binds that do not exist yet); append ``--chdir DIR -- INIT...``.
+
+    Raises:
+        OSError: the image root cannot be listed, or a directory cannot be created.
+    """
+    argv = _system_argv(config)
+    argv += ["--bind", str(dirs.tmp), "/tmp", "--bind", str(dirs.home), JAIL_HOME]
+    argv += ["--bind", str(dirs.work), config.workdir]
+    for source, dest in _read_only_binds(config):
+        argv += ["--ro-bind", source, dest]
+    argv += _masks_argv(config, dirs.ensure(dirs.empty, 0o555))
+    if config.environment is not None:
+        argv += ["--bind", str(dirs.ensure(dirs.overlay)), JAIL_OVERLAY]
+    return [*argv, *_namespaces_argv(config), "--cap-drop", "ALL"]
+
+
+@dataclass(frozen=True)
+class ZygoteJail:
+    """The jail of a zygote (:mod:`sandlot.sandboxes.local.zygote`).
+
+    Attributes:
+        argv: its bwrap command line; append ``-- INIT...``.
+        kept: read-only binds below a mount point each sandbox covers with its own directory
+            (``/tmp``, ``/run``, the workdir, ...): ``kept[i]`` is bound at ``KEEP/i`` in the
+            zygote, and each child binds it back at ``kept[i]`` once its own are in place.
+    """
+
+    argv: list[str]
+    kept: list[str]
+
+
+def zygote_jail(config: JailConfig, sandboxes_mount: str, keep: str) -> ZygoteJail:
+    """The jail of a zygote making sandboxes of shape ``config``.
+
+    The same jail as :func:`jail_argv` but for each sandbox's own directories: empty mount
+    points instead, ``config.sandboxes_dir`` bound at ``sandboxes_mount`` (each child binds its
+    own, then detaches it), read-only binds below those mount points set aside under ``keep``,
+    and every capability kept (the zygote mounts; its children drop them all).
 
     Raises:
         OSError: the image root cannot be listed.
     """
-    dirs = config.dirs
+    assert config.sandboxes_dir is not None
+    covered = ["/tmp", "/run", JAIL_HOME, config.workdir]
+    argv = _system_argv(config)
+    argv += ["--dir", "/tmp", "--dir", JAIL_HOME, "--dir", config.workdir]
+    argv += ["--bind", str(config.sandboxes_dir), sandboxes_mount]
+    if config.environment is not None:
+        argv += ["--dir", JAIL_OVERLAY]
+        covered.append(JAIL_OVERLAY)
+    kept: list[str] = []
+    for source, dest in _read_only_binds(config):
+        if any(os.path.commonpath([dest, top]) == top for top in covered):
+            argv += ["--ro-bind", source, f"{keep}/{len(kept)}"]
+            kept.append(dest)
+        else:
+            argv += ["--ro-bind", source, dest]
+    argv += _masks_argv(config, None)
+    return ZygoteJail([*argv, *_namespaces_argv(config), "--chdir", "/"], kept)
+
+
+def _system_argv(config: JailConfig) -> list[str]:
     argv = [config.bwrap, *_top_level(config.rootfs, config.host_view)]
     argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
     if os.path.exists("/proc/sysrq-trigger"):
         argv += ["--ro-bind", "/dev/null", "/proc/sysrq-trigger"]
-    argv += ["--dev", "/dev", "--tmpfs", "/run"]
-    argv += ["--bind", str(dirs.tmp), "/tmp", "--bind", str(dirs.home), JAIL_HOME]
-    argv += ["--bind", str(dirs.work), config.workdir]
+    return [*argv, "--dev", "/dev", "--tmpfs", "/run"]
+
+
+def _read_only_binds(config: JailConfig) -> list[tuple[str, str]]:
+    """(source, destination) of the interpreters and the environment."""
+    binds: list[tuple[str, str]] = []
     if config.rootfs == Path("/"):
         for path in config.readonly:
             if not _covered_top_level(path, config.rootfs, config.host_view):
-                argv += ["--ro-bind", path, path]
+                binds.append((path, path))
     if config.environment is not None:
-        argv += ["--ro-bind", str(config.environment), str(config.environment)]
-        argv += ["--bind", str(dirs.overlay), JAIL_OVERLAY]
+        binds.append((str(config.environment), str(config.environment)))
     if config.network and config.rootfs == Path("/"):
         resolv = os.path.realpath("/etc/resolv.conf")
         if resolv.startswith("/run/") and os.path.exists(resolv):
             # systemd-resolved style: the real file lives under /run, which is private here.
-            argv += ["--ro-bind", resolv, resolv]
-    if config.rootfs == Path("/"):
-        # Only the host image shows host paths; a root filesystem directory shows its own.
-        hidden = [*config.hidden, *ETC_CREDENTIALS]
-        if config.sandboxes_dir:
-            hidden.append(str(config.sandboxes_dir))
-        for path in dict.fromkeys(hidden):
-            if os.path.lexists(path) and _covered_top_level(path, config.rootfs, config.host_view):
-                argv += _mask(path, dirs.empty)
-    argv += ["--remount-ro", "/"]
-    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+            binds.append((resolv, resolv))
+    return binds
+
+
+def _masks_argv(config: JailConfig, empty: Path | None) -> list[str]:
+    """Masks of the host's credentials, covered by ``empty`` (or, when ``None``, by a
+    read-only tmpfs)."""
+    if config.rootfs != Path("/"):
+        return []  # only the host image shows host paths; a root filesystem shows its own
+    argv: list[str] = []
+    hidden = [*config.hidden, *ETC_CREDENTIALS]
+    if config.sandboxes_dir:
+        hidden.append(str(config.sandboxes_dir))
+    for path in dict.fromkeys(hidden):
+        if os.path.lexists(path) and _covered_top_level(path, config.rootfs, config.host_view):
+            argv += _mask(path, empty)
+    return argv
+
+
+def _namespaces_argv(config: JailConfig) -> list[str]:
+    argv = ["--remount-ro", "/", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not config.network:
         argv.append("--unshare-net")
-    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--as-pid-1"]
-    return argv
+    return [*argv, "--die-with-parent", "--new-session", "--as-pid-1"]

@@ -1,0 +1,374 @@
+"""The zygote of ``local`` sandboxes: one long-lived process that forks each sandbox's init.
+
+Starting a jail costs a ``bwrap`` (mounts copied, namespaces made) and a Python interpreter
+(about 9 ms on 2 cores): more than the rest of a sandbox's life in an RL rollout that opens one
+per step. A zygote pays both once per jail shape (image, workdir, network, environment,
+masks). Each sandbox is then a forked child that enters new namespaces, mounts the sandbox's
+own directories, drops every capability and becomes the sandbox's init
+(:mod:`sandlot.sandboxes.local.init`, already loaded) as PID 1 of its own PID namespace.
+Linux namespaces nest, so a sandbox made here is the same jail as one made by its own bwrap
+(:mod:`sandlot.sandboxes.local.jail`).
+
+The zygote keeps one such child ready, its namespaces made, waiting for a sandbox to serve
+(Android's zygote keeps such a pool of "unspecialized" processes for the same reason): a
+request then costs a few mounts, and the fork of the next spare happens after the reply.
+
+This file is a standalone script (standard library only), run as
+``python -I -S -c LOADER FD OWN_NET WORKDIR OVERLAY KEPT...`` as PID 1 of a jail whose
+``bwrap`` keeps its capabilities (it never runs a command itself), with the sandboxes'
+directory bound at :data:`SANDBOXES` and ``INIT`` (the init's code object) in its globals.
+``OWN_NET`` (a network namespace per sandbox) and ``OVERLAY`` (bind ``/sandlot/overlay``) are
+``1`` or ``0``; ``KEPT[i]`` is where the read-only bind at ``KEEP/i`` goes once the child's own
+directories cover its parent (an environment under ``/tmp``; see
+:func:`sandlot.sandboxes.local.jail.zygote_jail`).
+
+Protocol, over the ``AF_UNIX``/``SOCK_SEQPACKET`` socket at file descriptor ``FD`` (one packet
+per message, fields separated by NUL bytes):
+
+* zygote -> host: ``R`` once ready, or ``E message`` when it cannot make sandboxes here;
+* host -> zygote: ``N name limits`` with file descriptors attached (``SCM_RIGHTS``): the
+  init's end of the new sandbox's socket pair, then the ``cgroup.procs`` files (open for
+  writing) the sandbox joins. ``name`` is the sandbox's directory under :data:`SANDBOXES`,
+  ``limits`` the init's ``LIMITS``. The child speaks the init's protocol on that socket; when
+  it cannot be made it sends ``E message`` there instead and exits.
+
+A spare child, before it is asked (``mount(2)``, ``unshare(2)``):
+
+1. is PID 1 of a new PID namespace (``unshare(CLONE_NEWPID)`` before the fork, then ``setns``
+   back, so the next spare gets its own); enters new mount, IPC, UTS (and, with ``OWN_NET``,
+   network) namespaces;
+2. mounts a fresh ``/proc`` (``/proc/sys`` and ``/proc/sysrq-trigger`` read-only), a private
+   ``/dev/shm``, ``/dev/pts`` and ``/run``, and makes ``/dev`` read-only, since every child
+   shares the zygote's; brings loopback up in its own network namespace;
+3. empties its capability bounding set (``capabilities(7)``): nothing it runs can gain one.
+
+Once asked, for sandbox ``name``:
+
+4. joins the sandbox's cgroups;
+5. binds its own ``tmp``, ``home``, ``work`` (and ``overlay``) on ``/tmp``, ``$HOME``, the
+   workdir (and ``/sandlot/overlay``), binds back ``KEPT``, then detaches :data:`SANDBOXES`
+   and ``KEEP``, so no child sees another's files;
+6. drops every capability it holds, sets no new privileges, starts a new session, and runs
+   the init.
+"""
+
+import _signal  # type: ignore[import-not-found]
+import _socket
+import ctypes
+import os
+import sys
+
+SANDBOXES = "/sandlot/.sandboxes"
+KEEP = "/sandlot/.keep"
+_HOME = "/sandlot/home"
+_OVERLAY = "/sandlot/overlay"
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_MNT_DETACH = 2
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 1
+
+# own network namespace, workdir, overlay, kept (see the module docstring)
+_Shape = tuple[bool, str, bool, list[str]]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p)  # fmt: skip
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    def enc(value: str | None) -> bytes | None:
+        return None if value is None else value.encode()
+
+    _check(_libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data or None)),
+           f"mount {target}")  # fmt: skip
+
+
+def _bind(source: str, target: str, readonly: bool = False) -> None:
+    if not os.path.lexists(target):
+        os.makedirs(target)  # under a writable mount already in place (a workdir below /tmp)
+    _mount(source, target, None, _MS_BIND | _MS_REC)
+    if readonly:
+        _remount_readonly(target)
+
+
+def _remount_readonly(target: str) -> None:
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+    _mount(None, target, None, flags)
+
+
+def _loopback_up() -> None:
+    """``ip link set lo up`` (``SIOCSIFFLAGS`` on a ``struct ifreq``), as bwrap does."""
+    import fcntl
+
+    request = b"lo".ljust(16, b"\0") + _IFF_UP.to_bytes(2, sys.byteorder)
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, request.ljust(40, b"\0"))
+    finally:
+        sock.close()
+
+
+def _empty_bounding_set() -> None:
+    """No capability can be gained again, even by executing a setuid program as root; the
+    capabilities held now stay (until :func:`_drop_capabilities`)."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "dropping the bounding set")
+
+
+def _drop_capabilities() -> None:
+    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient set")
+    header = (_LINUX_CAPABILITY_VERSION_3).to_bytes(4, sys.byteorder) + bytes(4)
+    _check(_libc.capset(header, bytes(24)), "capset")
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _prepare(own_net: bool) -> None:
+    """Steps 1 to 3 of the module docstring (the PID namespace is the zygote's doing)."""
+    namespaces = _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | (_CLONE_NEWNET if own_net else 0)
+    _check(_libc.unshare(namespaces), "unshare")
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _bind("/proc/sys", "/proc/sys", readonly=True)
+    if os.path.exists("/proc/sysrq-trigger"):
+        _bind("/dev/null", "/proc/sysrq-trigger", readonly=True)
+    _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC,
+           "newinstance,ptmxmode=0666,mode=620")  # fmt: skip
+    _remount_readonly("/dev")
+    _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+    if own_net:
+        _loopback_up()
+    _empty_bounding_set()
+
+
+def _serve_sandbox(
+    name: str, workdir: str, overlay: bool, kept: list[str], cgroups: list[int]
+) -> None:
+    """Steps 4 to 6 of the module docstring, up to running the init."""
+    for fd in cgroups:
+        try:
+            os.write(fd, b"0")  # 0: the writer
+        except OSError as exc:
+            raise OSError(f"cannot put the sandbox's init in its cgroup: {exc}") from exc
+        os.close(fd)
+    own = f"{SANDBOXES}/{name}"
+    _bind(f"{own}/tmp", "/tmp")
+    _bind(f"{own}/home", _HOME)
+    _bind(f"{own}/work", workdir)
+    if overlay:
+        _bind(f"{own}/overlay", _OVERLAY)
+    for i, dest in enumerate(kept):
+        _bind(f"{KEEP}/{i}", dest, readonly=True)
+        _check(_libc.umount2(f"{KEEP}/{i}".encode(), _MNT_DETACH), f"umount {KEEP}/{i}")
+    _check(_libc.umount2(SANDBOXES.encode(), _MNT_DETACH), f"umount {SANDBOXES}")
+    os.chdir(workdir)
+    _drop_capabilities()
+    os.setsid()
+
+
+def _refuse(fd: int, message: str) -> None:
+    try:  # noqa: SIM105 (contextlib costs an import)
+        os.write(fd, b"E\0" + message.encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    return [
+        int.from_bytes(payload[i : i + 4], sys.byteorder)
+        for level, kind, payload in ancdata
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS
+        for i in range(0, len(payload) - 3, 4)
+    ]
+
+
+# The init's functions, defined (and its modules imported) once, before any fork.
+_INIT: dict[str, object] = {"__name__": "sandlot_init"}
+exec(INIT, _INIT)  # type: ignore[name-defined]  # noqa: F821 (set by the loader)
+
+
+def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
+    """A forked spare: prepare, say so on ``sock``, wait for a sandbox, serve it, exit."""
+    own_net, workdir, overlay, kept = shape
+    try:
+        _signal.set_wakeup_fd(-1)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        for fd in inherited:
+            os.close(fd)
+        _prepare(own_net)
+    except BaseException as exc:  # reported, whatever it is
+        sock.send(b"E\0" + f"cannot set up the sandbox's jail: {exc}".encode(errors="replace"))
+        os._exit(1)
+    sock.send(b"R")
+    try:
+        data, ancdata, _, _ = sock.recvmsg(1 << 16, _socket.CMSG_SPACE(16 * 4))
+    except OSError:
+        os._exit(0)
+    fds = _received_fds(ancdata)
+    if not data or not fds:
+        os._exit(0)  # the zygote is gone
+    fields = data.split(b"\0")
+    try:
+        _serve_sandbox(os.fsdecode(fields[1]), workdir, overlay, kept, fds[1:])
+    except BaseException as exc:  # reported, whatever it is
+        _refuse(fds[0], f"cannot set up the sandbox's jail: {exc}")
+        os._exit(1)
+    try:
+        _INIT["main"](fds[0], os.fsdecode(fields[2]))  # type: ignore[operator]
+    finally:
+        os._exit(0)
+
+
+class _Zygote:
+    def __init__(self, fd: int, shape: _Shape) -> None:
+        self.control = _socket.socket(fileno=fd)
+        self.shape = shape
+        self.own_pids = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.spare: _socket.socket | None = None
+        self.spare_ready = False
+
+    def fork_spare(self) -> None:
+        """Fork the next spare (PID 1 of a new PID namespace); keep our end of its socket.
+
+        Raises:
+            OSError: no fork (e.g. the process cap).
+        """
+        # setns back first: a second unshare(CLONE_NEWPID) fails until then.
+        _check(_libc.setns(self.own_pids, _CLONE_NEWPID), "setns")
+        _check(_libc.unshare(_CLONE_NEWPID), "unshare")
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        inherited = [self.control.fileno(), self.own_pids, self.wake_r, self.wake_w, ours.fileno()]
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
+        if pid == 0:
+            _spare(theirs, self.shape, inherited)
+        theirs.close()
+        self.spare, self.spare_ready = ours, False
+
+    def ready_spare(self) -> _socket.socket:
+        """The spare, forked now if there is none, once it says it is prepared.
+
+        Raises:
+            OSError: it could not be forked or prepared (the message says why).
+        """
+        if self.spare is None:
+            self.fork_spare()
+        spare = self.spare
+        assert spare is not None
+        if not self.spare_ready:
+            status = spare.recv(1 << 16).split(b"\0")
+            if status != [b"R"]:
+                spare.close()
+                self.spare = None
+                raise OSError(b" ".join(status[1:]).decode(errors="replace") or "the spare died")
+            self.spare_ready = True
+        return spare
+
+    def serve(self, fields: list[bytes], fds: list[int]) -> None:
+        """Hand the sandbox of an ``N`` request to the spare (closing our copies of ``fds``:
+        the next spare must not hold them), then fork the next spare."""
+        try:
+            spare = self.ready_spare()
+            self.spare = None
+            payload = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+            try:
+                spare.sendmsg(
+                    [b"\0".join(fields)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, payload)]
+                )
+            finally:
+                spare.close()
+        except OSError as exc:
+            _refuse(fds[0], f"the zygote could not make the sandbox's jail: {exc}")
+        for fd in fds:
+            os.close(fd)
+        try:  # noqa: SIM105 (contextlib costs an import)
+            self.fork_spare()
+        except OSError:
+            pass  # the next request forks (or reports why it cannot)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def serve(fd: int, shape: _Shape) -> None:
+    """Make sandboxes of ``shape`` for each request on socket
+    ``fd``, until the host closes it."""
+    os.set_inheritable(fd, False)
+    zygote = _Zygote(fd, shape)
+    _signal.signal(_signal.SIGCHLD, lambda *_: None)
+    _signal.set_wakeup_fd(zygote.wake_w)
+    try:
+        zygote.ready_spare()
+    except OSError as exc:
+        _refuse(fd, str(exc))
+        return
+    zygote.control.send(b"R")
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.register(zygote.wake_r, select.POLLIN)
+    while True:
+        for ready, _ in poller.poll():
+            if ready == zygote.wake_r:
+                while True:
+                    try:
+                        if not os.read(zygote.wake_r, 4096):
+                            break
+                    except BlockingIOError:
+                        break
+                _reap()
+                continue
+            try:
+                data, ancdata, _, _ = zygote.control.recvmsg(
+                    1 << 16, _socket.CMSG_SPACE(16 * 4), _socket.MSG_CMSG_CLOEXEC
+                )
+            except InterruptedError:
+                continue
+            if not data:
+                return  # the host is gone: so are we, and every sandbox with us
+            fds = _received_fds(ancdata)
+            if fds:
+                zygote.serve(data.split(b"\0"), fds)
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), (sys.argv[2] == "1", sys.argv[3], sys.argv[4] == "1", sys.argv[5:]))
