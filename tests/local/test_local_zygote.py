@@ -14,7 +14,7 @@ import pytest
 from local_helpers import needs_bwrap, open_local, wait_until_no_process_has
 
 from sandlot import SandboxDeadError
-from sandlot.sandboxes.local import zygote_client
+from sandlot.sandboxes.local import jail, zygote_client
 from sandlot.sandboxes.local.init_client import InitDied
 from sandlot.sandboxes.local.jail import ZygoteJail
 
@@ -129,3 +129,27 @@ async def test_zygote_false_gives_each_sandbox_its_own_bwrap() -> None:
     async with open_local(zygote=False) as sb:
         assert sb.init_pid is not None and "bwrap" in _cmdline(sb.init_pid)
         assert (await sb.exec("echo own")).stdout == "own\n"
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_read_only_binds_below_private_mounts_are_there(
+    zygote: bool, visible_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An environment under /tmp, or systemd-resolved's resolv.conf under /run: below a mount
+    # point each sandbox covers with its own.
+    (visible_dir / "file.txt").write_text("FILE")
+    (visible_dir / "tree").mkdir()
+    (visible_dir / "tree" / "a").write_text("TREE")
+    original = jail._read_only_binds
+
+    def more(config: jail.JailConfig) -> list[tuple[str, str]]:
+        extra = [(f"{visible_dir}/file.txt", "/run/kept/file.txt")]
+        return [*original(config), *extra, (f"{visible_dir}/tree", "/tmp/kept/tree")]
+
+    monkeypatch.setattr(jail, "_read_only_binds", more)
+    async with open_local(workdir=f"/w{uuid.uuid4().hex[:8]}", zygote=zygote) as sb:
+        r = await sb.exec("cat /run/kept/file.txt /tmp/kept/tree/a")
+        assert r.stdout == "FILETREE", r
+        r = await sb.exec("echo x > /tmp/kept/tree/a || echo x > /run/kept/file.txt || echo ro")
+        assert r.stdout == "ro\n", r
+    assert (visible_dir / "tree" / "a").read_text() == "TREE"

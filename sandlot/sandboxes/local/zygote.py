@@ -73,6 +73,9 @@ _MS_NOSUID = 2
 _MS_NODEV = 4
 _MS_NOEXEC = 8
 _MS_REMOUNT = 32
+_MS_NOATIME = 1024 | 2048  # and MS_NODIRATIME
+_MS_RELATIME = 1 << 21
+_ST_RELATIME = 4096
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
@@ -109,14 +112,23 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 def _bind(source: str, target: str, readonly: bool = False) -> None:
     if not os.path.lexists(target):
-        os.makedirs(target)  # under a writable mount already in place (a workdir below /tmp)
+        # Below a writable mount already in place (a workdir or an environment under /tmp).
+        if os.path.isdir(source):
+            os.makedirs(target)
+        else:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
     _mount(source, target, None, _MS_BIND | _MS_REC)
     if readonly:
         _remount_readonly(target)
 
 
 def _remount_readonly(target: str) -> None:
+    # A bind remount must repeat the flags the mount has (statvfs(3) ST_* bits, equal to
+    # the MS_* ones up to ST_NODIRATIME), or the kernel may refuse to clear them.
+    current = os.statvfs(target).f_flag
     flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+    flags |= current & (_MS_NOEXEC | _MS_NOATIME) | (_MS_RELATIME if current & _ST_RELATIME else 0)
     _mount(None, target, None, flags)
 
 
