@@ -279,7 +279,12 @@ async def acquire(config: JailConfig, python: str) -> Zygote | None:
             entry.zygote = await Zygote.start(config, python)
         except (InitDied, OSError) as exc:
             entry.refused = str(exc)
-            log.warning("sandboxes get their own bwrap each (slower to start): %s", exc)
+            log.warning(
+                "no zygote for jails with workdir %s in this thread, so each of them gets its "
+                "own bwrap (about 3x slower to open): %s",
+                config.workdir,
+                exc,
+            )
             return None
         entry.users += 1
         return entry.zygote
