@@ -223,8 +223,20 @@ def _signal_all(pids: set[int], sig: int) -> None:
             pass
 
 
-def main(fd: int, limit_spec: str) -> None:
-    """Serve the host on socket ``fd`` under the limits ``limit_spec`` until it goes away."""
+def prepare() -> int:
+    """Route SIGCHLD to a pipe that :func:`main` polls; return the pipe's read end. A zygote's
+    spare calls it before it is asked for a sandbox, so that the sandbox need not wait."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    _signal.signal(_signal.SIGCHLD, lambda *_: None)
+    _signal.set_wakeup_fd(wake_w)
+    return wake_r
+
+
+def main(fd: int, limit_spec: str, wake_r: int | None = None) -> None:
+    """Serve the host on socket ``fd`` under the limits ``limit_spec`` until it goes away
+    (``wake_r``: from :func:`prepare`, called now when ``None``)."""
     # Limits a command inherits are set on us once; only those that would hurt the init (its
     # own CPU time, its address space) are set per command, which then needs a fork.
     limits = []
@@ -235,11 +247,8 @@ def main(fd: int, limit_spec: str) -> None:
             limits.append((kind, soft, hard))
     os.set_inheritable(fd, False)
     sock = _socket.socket(fileno=fd)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    os.set_blocking(wake_r, False)
-    _signal.signal(_signal.SIGCHLD, lambda *_: None)
-    _signal.set_wakeup_fd(wake_w)
+    if wake_r is None:
+        wake_r = prepare()
     running: dict[int, tuple[bytes, int]] = {}  # pid -> (id, start ns)
     by_id: dict[bytes, int] = {}
     sock.send(b"R")

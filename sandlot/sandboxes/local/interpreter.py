@@ -9,6 +9,7 @@ where they live (a user's home, for pyenv or uv interpreters).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ def init_interpreter(rootfs: Path) -> str:
         SandboxStartError: a root filesystem directory without ``python3``.
     """
     if rootfs == Path("/"):
-        return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+        return _host_interpreter()
     for candidate in _IMAGE_PYTHONS:
         if os.access(rootfs / candidate, os.X_OK):
             return "/" + candidate
@@ -35,6 +36,12 @@ def init_interpreter(rootfs: Path) -> str:
     )
 
 
+@functools.cache
+def _host_interpreter() -> str:
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+@functools.cache
 def interpreter_prefixes() -> tuple[str, ...]:
     """Installation trees of the running interpreter: the base one the init runs on and, when
     we run in a virtualenv, that one too (commands may run ``sys.executable``)."""

@@ -4,6 +4,7 @@ zygote per jail shape forks them, see :mod:`sandlot.sandboxes.local.zygote`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -87,6 +88,22 @@ s=("${PIPESTATUS[@]}")
 [ "${s[0]}" = 0 ] || [ "${s[0]}" = 141 ] || exit "${s[0]}"
 exit "${s[1]}"
 """
+
+
+@functools.lru_cache(maxsize=8)
+def _found(name: str, path: str | None) -> str:
+    found = shutil.which(name, path=path)
+    if found is None:
+        raise FileNotFoundError(name)
+    return found
+
+
+def _which(name: str, path: str | None) -> str | None:
+    """``shutil.which``, remembered per ``PATH`` once found (a dozen stats each start)."""
+    try:
+        return _found(name, path)
+    except FileNotFoundError:
+        return None
 
 
 def _bwrap_missing(path: str) -> BackendUnavailableError:
@@ -247,7 +264,7 @@ class LocalSandbox(Sandbox):
         return rootfs
 
     def _find_bwrap(self) -> str:
-        found = shutil.which(self.options.bwrap_path)
+        found = _which(self.options.bwrap_path, os.environ.get("PATH"))
         if found is None:
             raise _bwrap_missing(self.options.bwrap_path)
         return found

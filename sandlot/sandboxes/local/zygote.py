@@ -55,6 +55,7 @@ Once asked, for sandbox ``name``:
 import _signal  # type: ignore[import-not-found]
 import _socket
 import ctypes
+import gc
 import os
 import sys
 
@@ -223,6 +224,9 @@ def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
 # The init's functions, defined (and its modules imported) once, before any fork.
 _INIT: dict[str, object] = {"__name__": "sandlot_init"}
 exec(INIT, _INIT)  # type: ignore[name-defined]  # noqa: F821 (set by the loader)
+# Every object so far lives on in each child: the collector must not touch (and so copy)
+# their pages there.
+gc.freeze()
 
 
 def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
@@ -237,6 +241,7 @@ def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
     except BaseException as exc:  # reported, whatever it is
         sock.send(b"E\0" + f"cannot set up the sandbox's jail: {exc}".encode(errors="replace"))
         os._exit(1)
+    wake_r = _INIT["prepare"]()  # type: ignore[operator]
     sock.send(b"R")
     try:
         data, ancdata, _, _ = sock.recvmsg(1 << 16, _socket.CMSG_SPACE(16 * 4))
@@ -252,7 +257,7 @@ def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
         _refuse(fds[0], f"cannot set up the sandbox's jail: {exc}")
         os._exit(1)
     try:
-        _INIT["main"](fds[0], os.fsdecode(fields[2]))  # type: ignore[operator]
+        _INIT["main"](fds[0], os.fsdecode(fields[2]), wake_r)  # type: ignore[operator]
     finally:
         os._exit(0)
 
