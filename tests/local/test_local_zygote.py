@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import uuid
 from pathlib import Path
 
@@ -153,3 +154,29 @@ async def test_read_only_binds_below_private_mounts_are_there(
         r = await sb.exec("echo x > /tmp/kept/tree/a || echo x > /run/kept/file.txt || echo ro")
         assert r.stdout == "ro\n", r
     assert (visible_dir / "tree" / "a").read_text() == "TREE"
+
+
+async def test_a_stuck_zygote_is_retired_and_its_sandboxes_start_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    workdir = f"/w{uuid.uuid4().hex[:8]}"
+    async with open_local(workdir=workdir) as first:
+        assert first._zygote is not None
+        stuck = first._zygote[1]
+    ready_pid = zygote_client._ready_pid
+    calls = 0
+
+    async def never_ready_once(sock: socket.socket) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await anyio.sleep_forever()
+        return await ready_pid(sock)
+
+    monkeypatch.setattr(zygote_client, "_ready_pid", never_ready_once)
+    monkeypatch.setattr(zygote_client, "_READY_BUDGET_S", 0.5)
+    async with open_local(workdir=workdir, start_limits={"max_attempts": 2}) as sb:
+        assert stuck.retired and not stuck.alive
+        assert not await anyio.Path(f"/proc/{stuck.process.pid}").exists()
+        assert sb._zygote is not None and sb._zygote[1] is not stuck
+        assert (await sb.exec("echo elsewhere")).stdout == "elsewhere\n"

@@ -26,7 +26,7 @@ import struct
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -122,12 +122,22 @@ class ForkedProcess:
 
 
 class Zygote:
-    """A running zygote. Use :func:`acquire`."""
+    """A running zygote. Use :func:`acquire`.
+
+    Attributes:
+        users: its open sandboxes.
+        last_used: :func:`time.monotonic` when its last sandbox closed.
+        retired: it makes no more sandboxes (one it made was not ready in time); it is stopped
+            once its last sandbox closes.
+    """
 
     def __init__(self, process: SpawnedProcess, sock: socket.socket) -> None:
         self.process = process
         self._sock = sock
         self._dead = False
+        self.users = 0
+        self.last_used = time.monotonic()
+        self.retired = False
 
     @classmethod
     async def start(cls, config: JailConfig, python: str) -> Zygote:
@@ -234,8 +244,6 @@ class _Entry:
     zygote: Zygote | None = None
     starting: anyio.Event | None = None
     refused: str | None = None
-    users: int = 0
-    last_used: float = field(default_factory=time.monotonic)
 
 
 class _Registry(threading.local):
@@ -266,15 +274,15 @@ async def acquire(config: JailConfig, python: str) -> Zygote | None:
         if entry.starting is not None:
             await entry.starting.wait()
             continue
-        if entry.zygote is not None and entry.zygote.alive:
-            entry.users += 1
+        if entry.zygote is not None and entry.zygote.alive and not entry.zygote.retired:
+            entry.zygote.users += 1
             return entry.zygote
         break
     entry.starting = anyio.Event()
     try:
-        if entry.zygote is not None:  # dead, and so are the sandboxes it counted
-            await entry.zygote.stop()
-            entry.zygote, entry.users = None, 0
+        old, entry.zygote = entry.zygote, None
+        if old is not None and (not old.alive or old.users == 0):
+            await old.stop()  # else retired, stopped by the release of its last sandbox
         try:
             entry.zygote = await Zygote.start(config, python)
         except (InitDied, OSError) as exc:
@@ -286,7 +294,7 @@ async def acquire(config: JailConfig, python: str) -> Zygote | None:
                 exc,
             )
             return None
-        entry.users += 1
+        entry.zygote.users += 1
         return entry.zygote
     finally:
         entry.starting.set()
@@ -294,18 +302,20 @@ async def acquire(config: JailConfig, python: str) -> Zygote | None:
 
 
 async def release(config: JailConfig, zygote: Zygote) -> None:
-    """One sandbox of ``zygote`` is closed; stops the least recently used idle zygotes of this
-    thread beyond :data:`IDLE_ZYGOTES`. Never raises."""
+    """One sandbox of ``zygote`` is closed. Stops ``zygote`` if it was retired and this was its
+    last sandbox, and the least recently used idle zygotes of this thread beyond
+    :data:`IDLE_ZYGOTES`. Never raises."""
+    zygote.users -= 1
+    zygote.last_used = time.monotonic()
     entries = _registry.entries()
-    entry = entries.get(config)
-    if entry is None or entry.zygote is not zygote:
+    if entries.get(config, _Entry()).zygote is not zygote:
+        if zygote.users == 0:
+            await zygote.stop()  # retired, or dead and replaced
         return
-    entry.users -= 1
-    entry.last_used = time.monotonic()
     idle = [
-        (e.last_used, shape)
+        (e.zygote.last_used, shape)
         for shape, e in entries.items()
-        if e.users == 0 and e.zygote is not None and e.starting is None
+        if e.zygote is not None and e.zygote.users == 0 and e.starting is None
     ]
     idle.sort(key=lambda item: item[0])
     for _, shape in idle[: max(0, len(idle) - IDLE_ZYGOTES)]:
@@ -365,6 +375,7 @@ async def fork_init(
             process.kill()
         ours.close()
         if isinstance(exc, TimeoutError):
+            zygote.retired = True  # stuck: the next sandbox gets a new zygote
             raise InitDied(f"the sandbox's init was not ready in {_READY_BUDGET_S:g} s") from exc
         raise
     return InitProcess(process, ours, prefix, jailed=True)
