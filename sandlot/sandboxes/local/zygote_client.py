@@ -5,7 +5,9 @@ to fork each sandbox's init.
 A zygote is tied to the thread that started it: ``bwrap --die-with-parent`` follows that
 thread, so one that exits takes its zygotes, and their sandboxes, with it (a sandbox made by
 its own ``bwrap`` is tied to its thread the same way). A zygote that died is replaced on the
-next use; the sandboxes it had are dead (:class:`InitDied` on their next request).
+next use; the sandboxes it had are dead (:class:`InitDied` on their next request). One whose
+sandbox was not ready within the budget (30 s) is retired: the next sandbox gets a new
+zygote, and the old one is stopped when its last sandbox closes.
 
 The sandbox's init pid on the host comes with its first message: the socket pair has
 ``SO_PASSCRED`` set, so the kernel attaches the sender's pid, translated into our PID
