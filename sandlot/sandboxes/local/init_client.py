@@ -336,6 +336,11 @@ class InitProcess:
         check_ready(message)
 
     @property
+    def jailed(self) -> bool:
+        """The init is PID 1 of the sandbox's PID namespace: killing it kills the sandbox."""
+        return self._jailed
+
+    @property
     def alive(self) -> bool:
         """``True`` until the init's connection broke or its process exited."""
         if self._dead or self.process.poll() is not None:

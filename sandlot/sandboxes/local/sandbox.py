@@ -475,10 +475,16 @@ class LocalSandbox(Sandbox):
         return env
 
     async def _close(self) -> None:
+        removed = False
+        if self._init is not None and self._init.jailed:
+            # SIGKILL first: an untouched directory is removed while the kernel tears the
+            # jail down; one a dying process still wrote into is removed after.
+            self._init.process.kill()
+            removed = self._dirs is not None and self._dirs.remove_if_empty()
         await self._stop_init()
         for cgroup in self._cgroups:
             await cgroup.destroy()
-        if self._dirs is not None and not self._dirs.remove_if_empty():
+        if self._dirs is not None and not removed and not self._dirs.remove_if_empty():
             await anyio.to_thread.run_sync(self._dirs.remove)
 
     async def is_alive(self) -> bool:
