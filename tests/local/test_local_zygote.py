@@ -57,8 +57,10 @@ async def test_siblings_of_one_zygote_share_no_file_process_or_loopback(marker: 
         r = await a.exec(f"set -e; for d in {dirs}; do echo a > $d/mine; done")
         assert r.ok, r.stderr
         await a.exec(f"{listen} while [ ! -e /tmp/up ]; do sleep 0.01; done")
+        # The init's standard streams: the zygote's would be the same file in both.
+        await a.exec("for fd in 0 1 2; do echo a >> /proc/1/fd/$fd; done")
         r = await b.exec(
-            "cat /tmp/mine /dev/shm/mine /run/mine /sandlot/home/mine 2>&1; "
+            "cat /tmp/mine /dev/shm/mine /run/mine /sandlot/home/mine /proc/1/fd/2 2>&1; "
             f"grep -l {marker} /proc/[0-9]*/cmdline 2>/dev/null; "
             "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 4711), 1)' "
             "2>&1 | tail -1"

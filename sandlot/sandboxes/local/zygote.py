@@ -237,6 +237,12 @@ def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         for fd in inherited:
             os.close(fd)
+        # The zygote's stdin and stderr (its log) are the same files in every child: a
+        # command could reach them through /proc/1/fd and talk to another sandbox.
+        null = os.open("/dev/null", os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+        os.close(null)
         _prepare(own_net)
     except BaseException as exc:  # reported, whatever it is
         sock.send(b"E\0" + f"cannot set up the sandbox's jail: {exc}".encode(errors="replace"))
@@ -247,6 +253,7 @@ def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
         data, ancdata, _, _ = sock.recvmsg(1 << 16, _socket.CMSG_SPACE(16 * 4))
     except OSError:
         os._exit(0)
+    sock.close()  # the zygote's end is closed already; the init keeps no way back to it
     fds = _received_fds(ancdata)
     if not data or not fds:
         os._exit(0)  # the zygote is gone
