@@ -16,8 +16,8 @@ from local_helpers import needs_bwrap, open_local, wait_until_no_process_has
 
 from sandlot import SandboxDeadError
 from sandlot.sandboxes.local import jail, zygote_client
-from sandlot.sandboxes.local.init_client import InitDied
 from sandlot.sandboxes.local.jail import ZygoteJail
+from sandlot.sandboxes.local.peer import InitDied
 
 pytestmark = [pytest.mark.anyio, needs_bwrap]
 

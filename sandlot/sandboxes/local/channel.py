@@ -17,7 +17,8 @@ from collections.abc import Mapping
 import anyio
 
 from sandlot.runtimes.channel import Channel
-from sandlot.sandboxes.local.init_client import InitDied, InitProcess
+from sandlot.sandboxes.local.init_client import InitProcess
+from sandlot.sandboxes.local.peer import InitDied
 
 _CHUNK = 64 * 1024
 _EXIT_WAIT_S = 1.0

@@ -223,15 +223,16 @@ def _signal_all(pids: set[int], sig: int) -> None:
             pass
 
 
-def prepare() -> int:
-    """Route SIGCHLD to a pipe that :func:`main` polls; return the pipe's read end. A zygote's
-    spare calls it before it is asked for a sandbox, so that the sandbox need not wait."""
+def prepare() -> tuple[int, int]:
+    """Route SIGCHLD to a new pipe that :func:`main` polls; return its read and write ends. A
+    zygote calls it for itself, and its spare before it is asked for a sandbox, so that the
+    sandbox need not wait."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)
     _signal.signal(_signal.SIGCHLD, lambda *_: None)
     _signal.set_wakeup_fd(wake_w)
-    return wake_r
+    return wake_r, wake_w
 
 
 def main(fd: int, limit_spec: str, wake_r: int | None = None) -> None:
@@ -248,7 +249,7 @@ def main(fd: int, limit_spec: str, wake_r: int | None = None) -> None:
     os.set_inheritable(fd, False)
     sock = _socket.socket(fileno=fd)
     if wake_r is None:
-        wake_r = prepare()
+        wake_r = prepare()[0]
     running: dict[int, tuple[bytes, int]] = {}  # pid -> (id, start ns)
     by_id: dict[bytes, int] = {}
     sock.send(b"R")

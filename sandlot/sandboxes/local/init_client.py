@@ -24,9 +24,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO
 
 import anyio
+
+from sandlot.sandboxes.local.peer import HostProcess, InitDied, Peer
 
 # The init's source without its docstring: it is the init's command line, seen in /proc.
 INIT_SOURCE = (Path(__file__).parent / "init.py").read_text().partition('"""\n\n')[2]
@@ -39,29 +41,11 @@ _READY_BUDGET_S = 30.0
 _REAP_BUDGET_S = 5.0
 # Without a jail, how long the init may take to kill the sandbox's processes before it is killed.
 _KILL_GRACE_S = 2.0
-_MAX_PACKET = 64 * 1024
 
 
 @functools.cache
 def _compiled_init() -> bytes:
     return marshal.dumps(compile(INIT_SOURCE, "sandlot-init", "exec"))
-
-
-class HostProcess(Protocol):
-    """The host process whose death ends a sandbox: ``bwrap``, or the init itself."""
-
-    @property
-    def pid(self) -> int:
-        """Its pid on the host."""
-
-    def poll(self) -> int | None:
-        """``None`` until it has exited and been reaped."""
-
-    def kill(self) -> None:
-        """SIGKILL it (and, for ``bwrap``, its session). Never raises."""
-
-    async def wait(self, within_s: float) -> None:
-        """Return once it has been reaped, or after ``within_s`` seconds. Never raises."""
 
 
 class SpawnedProcess:
@@ -180,10 +164,6 @@ def check_ready(message: list[bytes]) -> None:
         raise InitDied(f"unexpected first message {message!r}")
 
 
-class InitDied(Exception):
-    """The init is gone: the sandbox's processes are all dead."""
-
-
 class SpawnFailed(Exception):
     """The init could not fork the command (e.g. the sandbox's process cap is reached)."""
 
@@ -223,12 +203,11 @@ class InitProcess:
     ) -> None:
         self.process = process
         self._jailed = jailed
-        self._sock = sock
+        self._peer = Peer(sock, process, "the sandbox's init")
         self._prefix = prefix
         self._ids = itertools.count(1)
         self._commands: dict[str, _Command] = {}
         self._reading = anyio.Lock()
-        self._dead = False
 
     @classmethod
     async def start(
@@ -283,7 +262,6 @@ class InitProcess:
             theirs.close()
             if jail:
                 os.close(info_w)
-        ours.setblocking(False)
         init = cls(SpawnedProcess(process), ours, prefix, jailed=bool(jail))
         try:
             with anyio.fail_after(_READY_BUDGET_S):
@@ -320,7 +298,7 @@ class InitProcess:
 
         async def receive() -> None:
             try:
-                received.append(await self._receive())
+                received.append(await self._peer.receive())
             except InitDied as exc:
                 received.append(exc)
 
@@ -343,30 +321,7 @@ class InitProcess:
     @property
     def alive(self) -> bool:
         """``True`` until the init's connection broke or its process exited."""
-        if self._dead or self.process.poll() is not None:
-            return False
-        try:  # the init's end of the socket closes when it exits, before bwrap is reaped
-            if self._sock.recv(1, socket.MSG_PEEK) == b"":
-                self._dead = True
-        except BlockingIOError:
-            pass
-        except OSError:
-            self._dead = True
-        return not self._dead
-
-    async def _receive(self) -> list[bytes]:
-        while True:
-            try:
-                data = self._sock.recv(_MAX_PACKET)
-            except BlockingIOError:
-                await anyio.wait_readable(self._sock)
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self._dead = True
-                raise InitDied("the sandbox's init exited")
-            return data.split(b"\0")
+        return self._peer.alive
 
     def _dispatch(self, fields: list[bytes]) -> None:
         command = self._commands.get(fields[1].decode()) if len(fields) > 1 else None
@@ -393,35 +348,18 @@ class InitProcess:
             InitDied: the init is gone.
         """
         while not event.is_set():
-            if self._dead:
+            if self._peer.dead:
                 raise InitDied("the sandbox's init exited")
             async with self._reading:
                 if event.is_set():
                     return
                 try:
-                    self._dispatch(await self._receive())
+                    self._dispatch(await self._peer.receive())
                 except InitDied:
                     for command in self._commands.values():
                         command.started.set()
                         command.ended.set()
                     raise
-
-    async def _send(self, fields: Sequence[bytes], fds: Sequence[int] = ()) -> None:
-        message = b"\0".join(fields)
-        while True:
-            if self._dead:
-                raise InitDied("the sandbox's init exited")
-            try:
-                if fds:
-                    socket.send_fds(self._sock, [message], list(fds))
-                else:
-                    self._sock.send(message)
-                return
-            except BlockingIOError:
-                await anyio.wait_writable(self._sock)
-            except OSError as exc:
-                self._dead = True
-                raise InitDied(f"the sandbox's init is gone: {exc}") from exc
 
     async def spawn(
         self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], fds: Sequence[int]
@@ -441,7 +379,7 @@ class InitProcess:
         fields += [os.fsencode(a) for a in argv]
         fields += [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
         try:
-            await self._send(fields, fds)
+            await self._peer.send(fields, fds)
             await self._until(command.started)
         except BaseException:
             self._commands.pop(command_id, None)
@@ -476,13 +414,15 @@ class InitProcess:
         """Send ``sig`` to everything the command started (group, session, descendants, and
         processes still carrying its id). Never raises."""
         with contextlib.suppress(InitDied):
-            await self._send([b"K", command_id.encode(), str(sig).encode()])
+            await self._peer.send([b"K", command_id.encode(), str(sig).encode()])
 
     async def signal(self, pid: int, sig: int, newer_than: int = -1) -> None:
         """Send ``sig`` to sandbox process ``pid`` (``newer_than`` < 0), or to the processes of
         its tree with a pid above ``newer_than``. Never raises."""
         with contextlib.suppress(InitDied):
-            await self._send([b"T", str(pid).encode(), str(sig).encode(), str(newer_than).encode()])
+            await self._peer.send(
+                [b"T", str(pid).encode(), str(sig).encode(), str(newer_than).encode()]
+            )
 
     async def kill(self) -> None:
         """Kill the init and every process of the sandbox, and reap the host process.
@@ -492,13 +432,12 @@ class InitProcess:
         Without a jail the init is asked to kill the sandbox's processes first. Never raises.
         """
         with anyio.CancelScope(shield=True):
-            if not self._jailed and not self._dead and self.process.poll() is None:
+            if not self._jailed and not self._peer.dead and self.process.poll() is None:
                 with contextlib.suppress(InitDied):
-                    await self._send([b"A", self._prefix.encode() + b"."])
+                    await self._peer.send([b"A", self._prefix.encode() + b"."])
                     await self.process.wait(_KILL_GRACE_S)
-            self._dead = True
             self.process.kill()
-            self._sock.close()
+            self._peer.close()
             await self.process.wait(_REAP_BUDGET_S)
         for command in self._commands.values():
             command.started.set()

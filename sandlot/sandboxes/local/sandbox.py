@@ -46,7 +46,7 @@ from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
 from sandlot.sandboxes.local.channel import LocalChannel
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
-from sandlot.sandboxes.local.init_client import InitDied, InitProcess, SpawnFailed
+from sandlot.sandboxes.local.init_client import InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
     init_interpreter,
     interpreter_prefixes,
@@ -62,6 +62,7 @@ from sandlot.sandboxes.local.jail import (
 )
 from sandlot.sandboxes.local.limits import Limits, init_limits
 from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
+from sandlot.sandboxes.local.peer import InitDied
 from sandlot.sandboxes.local.process import Completed, run_command
 from sandlot.sandboxes.local.venv import OVERLAY_ENV, BuiltEnvironment, ensure_environment
 from sandlot.sandboxes.local.zygote_client import Zygote, acquire, fork_init, release

@@ -52,7 +52,6 @@ Once asked, for sandbox ``name``:
    the init.
 """
 
-import _signal  # type: ignore[import-not-found]
 import _socket
 import ctypes
 import gc
@@ -233,8 +232,7 @@ def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
     """A forked spare: prepare, say so on ``sock``, wait for a sandbox, serve it, exit."""
     own_net, workdir, overlay, kept = shape
     try:
-        _signal.set_wakeup_fd(-1)
-        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        wake_r = _INIT["prepare"]()[0]  # type: ignore[operator]  # replaces the zygote's pipe
         for fd in inherited:
             os.close(fd)
         # The zygote's stdin and stderr (its log) are the same files in every child: a
@@ -247,7 +245,6 @@ def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
     except BaseException as exc:  # reported, whatever it is
         sock.send(b"E\0" + f"cannot set up the sandbox's jail: {exc}".encode(errors="replace"))
         os._exit(1)
-    wake_r = _INIT["prepare"]()  # type: ignore[operator]
     sock.send(b"R")
     try:
         data, ancdata, _, _ = sock.recvmsg(1 << 16, _socket.CMSG_SPACE(16 * 4))
@@ -274,7 +271,7 @@ class _Zygote:
         self.control = _socket.socket(fileno=fd)
         self.shape = shape
         self.own_pids = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake_r, self.wake_w = _INIT["prepare"]()  # type: ignore[operator]
         self.spare: _socket.socket | None = None
         self.spare_ready = False
 
@@ -357,8 +354,6 @@ def serve(fd: int, shape: _Shape) -> None:
     ``fd``, until the host closes it."""
     os.set_inheritable(fd, False)
     zygote = _Zygote(fd, shape)
-    _signal.signal(_signal.SIGCHLD, lambda *_: None)
-    _signal.set_wakeup_fd(zygote.wake_w)
     try:
         zygote.ready_spare()
     except OSError as exc:

@@ -36,13 +36,13 @@ import anyio.lowlevel
 
 from sandlot.sandboxes.local.init_client import (
     INIT_SOURCE,
-    InitDied,
     InitProcess,
     SpawnedProcess,
     check_ready,
     spawn,
 )
 from sandlot.sandboxes.local.jail import JailConfig, zygote_jail
+from sandlot.sandboxes.local.peer import InitDied, Peer
 
 log = logging.getLogger("sandlot.sandboxes.local")
 
@@ -135,8 +135,7 @@ class Zygote:
 
     def __init__(self, process: SpawnedProcess, sock: socket.socket) -> None:
         self.process = process
-        self._sock = sock
-        self._dead = False
+        self._peer = Peer(sock, process, "the zygote")
         self.users = 0
         self.last_used = time.monotonic()
         self.retired = False
@@ -167,11 +166,10 @@ class Zygote:
             raise
         finally:
             theirs.close()
-        ours.setblocking(False)
         zygote = cls(SpawnedProcess(popen), ours)
         try:
             with anyio.fail_after(_READY_BUDGET_S):
-                check_ready(await zygote._receive())
+                check_ready(await zygote._peer.receive())
         except BaseException as exc:
             await zygote.stop()
             if isinstance(exc, (InitDied, TimeoutError)):
@@ -183,33 +181,10 @@ class Zygote:
             log_file.close()
         return zygote
 
-    async def _receive(self) -> list[bytes]:
-        while True:
-            try:
-                data = self._sock.recv(1024)
-            except BlockingIOError:
-                await anyio.wait_readable(self._sock)
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self._dead = True
-                raise InitDied("the zygote exited")
-            return data.split(b"\0")
-
     @property
     def alive(self) -> bool:
         """``True`` until its connection broke or its process exited."""
-        if self._dead or self.process.poll() is not None:
-            return False
-        try:
-            if self._sock.recv(1, socket.MSG_PEEK) == b"":
-                self._dead = True
-        except BlockingIOError:
-            pass
-        except OSError:
-            self._dead = True
-        return not self._dead
+        return self._peer.alive
 
     async def fork(self, fields: list[bytes], fds: list[int]) -> None:
         """Ask for a sandbox: an ``N`` request (see the zygote's protocol) with ``fds``.
@@ -217,25 +192,13 @@ class Zygote:
         Raises:
             InitDied: the zygote is gone.
         """
-        message = b"\0".join([b"N", *fields])
-        while True:
-            if self._dead:
-                raise InitDied("the zygote exited")
-            try:
-                socket.send_fds(self._sock, [message], fds)
-                return
-            except BlockingIOError:
-                await anyio.wait_writable(self._sock)
-            except OSError as exc:
-                self._dead = True
-                raise InitDied(f"the zygote is gone: {exc}") from exc
+        await self._peer.send([b"N", *fields], fds)
 
     async def stop(self) -> None:
         """Kill the zygote and every sandbox it made, and reap it. Never raises."""
         with anyio.CancelScope(shield=True):
-            self._dead = True
             self.process.kill()
-            self._sock.close()
+            self._peer.close()
             deadline = time.monotonic() + _REAP_BUDGET_S
             while self.process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
                 await anyio.sleep(0.001)
