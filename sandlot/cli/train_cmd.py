@@ -1,7 +1,9 @@
-"""``sandlot train``: compose verl's fully-async (or synchronous) trainer command for our loop.
+"""``sandlot train``: compose verl's trainer command for our loop, check it, run it.
 
-``--dry-run`` composes and validates the whole Hydra config on CPU and prints the command;
-without it the command is run (on the Ray head node of a GPU cluster).
+``--dry-run`` composes the config as the entry point will and runs verl's start-up checks on CPU
+(:mod:`sandlot.trainer.startup`), then prints the command; ``--preflight`` adds the cluster's
+checks on the head node (:mod:`sandlot.trainer.preflight`). Without either the checks run and
+then the command (on the Ray head node of a GPU cluster).
 """
 
 from __future__ import annotations
@@ -70,13 +72,30 @@ from sandlot.rollout.config import ConfigError
 @click.option("--require-batches", type=int, default=None)
 @click.option("--partial-rollout/--no-partial-rollout", default=None)
 @click.option("--ppo-mini-batch-size", type=int, default=None)
-@click.option("--total-rollout-steps", type=int, default=None)
+@click.option(
+    "--total-rollout-steps",
+    type=int,
+    default=None,
+    help="async: prompts to roll out in all (verl's unit; x n samples each); "
+    "default: the training set x trainer.total_epochs.",
+)
+@click.option(
+    "--adv-estimator",
+    default=None,
+    help="sandlot_grpo (default) or sandlot_rloo keep masked samples out of the group "
+    "baseline; any verl estimator name also works.",
+)
 @click.option(
     "--mask-exit-reason",
     "mask_exit_reasons",
     multiple=True,
     help="Exit reasons whose samples get no gradient "
     "(repeatable; default infra_error, sandbox_dead).",
+)
+@click.option(
+    "--check-drift/--no-check-drift",
+    default=None,
+    help="Record each sample's tokenization drift (extra_fields drift_tokens); off by default.",
 )
 @click.option(
     "--workdir",
@@ -87,11 +106,21 @@ from sandlot.rollout.config import ConfigError
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Compose and validate the Hydra config on CPU; print the command.",
+    help="Run verl's start-up checks on the composed config (CPU); print the command.",
+)
+@click.option(
+    "--preflight",
+    is_flag=True,
+    help="The dry run, plus on the head node: the Ray cluster's GPUs, the backend's "
+    "credentials and one sandbox start.",
 )
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def train_command(
-    recipe: Path | None, dry_run: bool, overrides: tuple[str, ...], **flags: object
+    recipe: Path | None,
+    dry_run: bool,
+    preflight: bool,
+    overrides: tuple[str, ...],
+    **flags: object,
 ) -> None:
     """Train with verl on sandlot rows. Extra arguments are Hydra overrides passed to verl."""
     require("verl", "train")
@@ -99,11 +128,11 @@ def train_command(
         LaunchError,
         TrainOptions,
         command,
-        compose,
         hydra_overrides,
         render,
         write_agent_loop_config,
     )
+    from sandlot.trainer.startup import check_startup
 
     fields: dict[str, object] = {}
     if recipe is not None:
@@ -124,14 +153,47 @@ def train_command(
             opts.agent_config,
             name=opts.agent_name,
             mask_exit_reasons=opts.mask_exit_reasons,
+            check_drift=opts.check_drift,
         )
         cmd = command(opts, hydra_overrides(opts, loop_yaml))
-        if dry_run:
-            compose(opts, cmd[3:])
+        cfg = check_startup(opts, cmd[3:])
     except (LaunchError, ConfigError, TypeError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(render(cmd))
-    if dry_run:
-        click.echo(f"# config valid ({opts.mode}); loop registered in {loop_yaml}", err=True)
+    click.echo(f"# verl's start-up checks passed ({opts.mode}); loop in {loop_yaml}", err=True)
+    if preflight:
+        _preflight(opts, cfg)
+    if dry_run or preflight:
         return
     raise SystemExit(subprocess.call(cmd))
+
+
+def _preflight(opts: Any, cfg: Any) -> None:
+    """The cluster's checks (:mod:`sandlot.trainer.preflight`), a table, exit 1 on a problem."""
+    import anyio
+    from rich.console import Console
+    from rich.table import Table
+
+    from sandlot.rollout.config import load_agent_config
+    from sandlot.trainer import preflight
+
+    config = load_agent_config(opts.agent_config)
+    table = Table("check", "result")
+    problems = []
+    try:
+        bundles = preflight.gpu_bundles(cfg, opts.mode)
+        found = preflight.cluster_problems(preflight.ray_nodes(), bundles)
+    except ConnectionError as exc:
+        found = [preflight.Problem("ray cluster", str(exc), "run --preflight on the head node")]
+    problems += found
+    table.add_row("ray cluster", "ok" if not found else "FAILED")
+    found = preflight.credential_problems(config)
+    problems += found
+    backend = config.sandbox.resolved_backend()
+    table.add_row(f"{backend} credentials", "ok" if not found else "FAILED")
+    found, seconds = anyio.run(preflight.sandbox_problems, config, opts.train_file)
+    problems += found
+    table.add_row("one sandbox", f"ok ({seconds:.1f} s)" if not found else "FAILED")
+    Console(stderr=True).print(table)
+    if problems:
+        raise click.ClickException("\n".join(f"- {p}" for p in problems))

@@ -19,7 +19,13 @@ Token bookkeeping (the rules of verl's ``docs/extend_guide.rst`` and ``ToolAgent
 * ``response_length`` is the whole trajectory's budget: each request's ``max_tokens`` is what is
   left, a turn that reaches it (``stop_reason`` ``length``) ends the episode, and the output is
   cut to it;
-* ``min_global_steps``/``max_global_steps`` come from ``TokenOutput.extra_fields``.
+* ``min_global_steps``/``max_global_steps`` come from ``TokenOutput.extra_fields``;
+* ``routed_experts`` (MoE router replay) are the last call's, cut to prompt + response as
+  verl's ``ToolAgentLoop`` cuts them;
+* with ``check_drift: true`` in the YAML entry, each sample's buffer is compared with the chat
+  template's rendering of its messages (:mod:`sandlot.trainer.drift`), and
+  ``extra_fields["drift_tokens"]`` counts the tokens after the first difference (off by
+  default: one more rendering of the whole conversation per sample).
 
 A sample never raises (but for cancellation): a sandbox that does not start, a failed
 evaluation, a model-server error, an aborted generation (``partial_rollout=False``) or a bug of
@@ -32,6 +38,7 @@ other trajectories of the worker's event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -50,6 +57,7 @@ from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import AgentConfig, load_agent_config
 from sandlot.rollout.policy import ContextLengthError, Message, PolicyError, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason, Trajectory
+from sandlot.trainer.drift import check_drift, drifted_tokens
 from sandlot.trainer.mapping import DEFAULT_MASKED_EXITS, TokenBuffer, to_agent_loop_output
 
 log = logging.getLogger("sandlot.trainer")
@@ -110,6 +118,8 @@ class TokenPolicy:
         self.want_logprobs = bool(self.sampling_params.get("logprobs"))
         self.tokens = TokenBuffer(response_logprobs=[] if self.want_logprobs else None)
         self._rendered = 0  # messages already in the token buffer (the reply included)
+        self._messages: list[Message] = []  # the episode's conversation (the core's list)
+        self.tools: list[dict[str, Any]] | None = None
         tokenizer = loop.tokenizer
         self._trailing_special = set(getattr(tokenizer, "all_special_ids", []) or [])
 
@@ -119,6 +129,7 @@ class TokenPolicy:
     async def generate(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyTurn:
         tokens = self.tokens
         schemas: Any = tools or None  # verl's annotation says list; None means "no tools"
+        self._messages, self.tools = messages, schemas
         if not tokens.prompt_ids:
             ids = await self.loop.ct_build_initial_tokens(_copy(messages), tools=schemas)
             tokens.prompt_ids, tokens.runtime_ids = list(ids), list(ids)
@@ -147,6 +158,8 @@ class TokenPolicy:
         )
         sampled = [int(t) for t in output.token_ids]
         self._record_steps(output)
+        if output.routed_experts is not None:
+            tokens.routed_experts = output.routed_experts
         if output.stop_reason in ("aborted", "abort"):
             # partial_rollout=False: the client does not resume, the turn is cut short.
             raise PolicyError("generation aborted by a weight sync (partial_rollout=False)")
@@ -178,6 +191,10 @@ class TokenPolicy:
             finish_reason="length" if cut else "stop",
             extra={"global_steps": output.extra_fields.get("global_steps")},
         )
+
+    def rendered_messages(self) -> list[Message]:
+        """The messages the token buffer holds (the last reply included)."""
+        return _copy(self._messages[: self._rendered])
 
     def _decode(self, ids: list[int]) -> str:
         """The reply's text: the stop token(s) at its end dropped, everything else as sampled
@@ -214,6 +231,8 @@ class SandlotAgentLoop(AgentLoopBase):
         mask_exit_reasons: exit reasons whose samples are masked (default: ``infra_error``,
             ``sandbox_dead``); add e.g. ``max_turns``, ``context_length`` or ``timeout_budget``
             to train only on episodes the model ended itself.
+        check_drift: compare each sample's buffer with the chat template's rendering
+            (``extra_fields["drift_tokens"]``; module docstring).
         **kwargs: verl's constructor arguments (``trainer_config``, ``server_manager``,
             ``tokenizer``, ``processor``, ``dataset_cls``, ``data_config``, ``hf_model_type``,
             ``tools``, the YAML entry's ``name``).
@@ -224,6 +243,7 @@ class SandlotAgentLoop(AgentLoopBase):
         *args: Any,
         agent_config: str | None = None,
         mask_exit_reasons: Iterable[str] | None = None,
+        check_drift: bool = False,
         **kwargs: Any,
     ) -> None:
         # verl passes the YAML entry's name and consumes the row's agent_name column.
@@ -239,6 +259,8 @@ class SandlotAgentLoop(AgentLoopBase):
         reasons = DEFAULT_MASKED_EXITS if mask_exit_reasons is None else mask_exit_reasons
         self.masked_exits = tuple(ExitReason(r) for r in reasons)
         self.response_length = int(self.rollout_config.response_length)
+        self.check_drift = bool(check_drift)
+        self.routing_replay = bool(self.rollout_config.get("enable_rollout_routing_replay", False))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         policy = TokenPolicy(self, sampling_params, response_length=self.response_length)
@@ -255,6 +277,12 @@ class SandlotAgentLoop(AgentLoopBase):
             ids = await self.ct_build_initial_tokens(messages) if messages else []
             policy.tokens.prompt_ids = list(ids) or [self._pad_id()]
             policy.tokens.runtime_ids = list(policy.tokens.prompt_ids)
+        drift = await self._drift_tokens(policy) if self.check_drift else None
+        shape = None
+        if self.routing_replay and policy.tokens.routed_experts is None:
+            shape = await asyncio.get_running_loop().run_in_executor(
+                None, _routing_shape, str(self.config.actor_rollout_ref.model.path)
+            )
         output: AgentLoopOutput = to_agent_loop_output(
             traj,
             policy.tokens,
@@ -263,8 +291,28 @@ class SandlotAgentLoop(AgentLoopBase):
             pad_token_id=self._pad_id(),
             masked_exits=self.masked_exits,
             fallback_global_steps=_last_global_steps or 0,
+            routing_shape=shape,
+            drift_tokens=drift,
         )
         return output
+
+    async def _drift_tokens(self, policy: TokenPolicy) -> int | None:
+        """Drifted tokens of the sample's buffer (``None`` when nothing was generated)."""
+        if not policy.tokens.num_generations:
+            return None
+        kwargs = dict(self.apply_chat_template_kwargs or {})
+
+        def measure() -> int:
+            found = check_drift(
+                self.tokenizer,
+                policy.rendered_messages(),
+                policy.tokens.runtime_ids,
+                policy.tools,
+                **kwargs,
+            )
+            return drifted_tokens(found)
+
+        return await asyncio.get_running_loop().run_in_executor(_decoder(), measure)
 
     async def _episode(self, policy: TokenPolicy, kwargs: dict[str, Any]) -> Trajectory:
         loop = asyncio.get_running_loop()
@@ -285,6 +333,18 @@ class SandlotAgentLoop(AgentLoopBase):
         if pad is None:
             pad = getattr(self.tokenizer, "eos_token_id", None)
         return int(pad or 0)
+
+
+@functools.cache
+def _routing_shape(model_path: str) -> tuple[int, int] | None:
+    """``(layers, top_k)`` of the MoE model at ``model_path`` (its ``config.json``), for the
+    zero routing of a sample the server never answered; ``None`` if it names neither."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    layers = getattr(config, "num_hidden_layers", None)
+    top_k = getattr(config, "num_experts_per_tok", None)
+    return (int(layers), int(top_k)) if layers and top_k else None
 
 
 def _failed(kwargs: Mapping[str, Any], error: str) -> Trajectory:

@@ -139,3 +139,11 @@ def check_drift(
         template_text=text(expected[position : position + window]),
         context=text(actual[max(0, position - window) : position]),
     )
+
+
+def drifted_tokens(drift: Drift | None) -> int:
+    """Tokens from the first difference to the end of the longer sequence (0 without drift):
+    how much of the sample was trained on a context the template would not produce."""
+    if drift is None:
+        return 0
+    return max(drift.buffer_len, drift.template_len) - drift.position

@@ -12,10 +12,13 @@ Modes:
   (Hydra config ``fully_async_ppo_trainer``): separate rollout and trainer GPUs, staleness,
   partial rollout;
 * ``v1``: ``python -m verl.trainer.main_ppo trainer.use_v1=True
-  trainer.v1.trainer_mode=separate_async`` (where verl's maintainers are heading);
-* ``sync``: ``python -m verl.trainer.main_ppo`` colocated (the synchronous baseline).
+  trainer.v1.trainer_mode=separate_async`` (where verl's maintainers are heading): a standalone
+  rollout pool of ``nnodes_rollout`` nodes, weights sent over a checkpoint engine (nccl);
+* ``sync``: ``python -m verl.trainer.main_ppo trainer.use_v1=True trainer.v1.trainer_mode=sync``
+  colocated on every node (the synchronous baseline; verl's legacy ``use_v1=False`` trainer is
+  deprecated).
 
-:func:`compose` loads the same Hydra config on CPU (``--dry-run``) and checks what our loop needs.
+:mod:`sandlot.trainer.startup` runs verl's start-up checks on the composed config (``--dry-run``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ ENTRY = {
     "v1": ("verl.trainer.main_ppo", "ppo_trainer"),
     "sync": ("verl.trainer.main_ppo", "ppo_trainer"),
 }
+"""Each mode's entry module and its Hydra config name."""
 
 
 class LaunchError(ValueError):
@@ -53,8 +57,10 @@ def write_agent_loop_config(
     *,
     name: str = DEFAULT_AGENT_NAME,
     mask_exit_reasons: Sequence[str] | None = None,
+    check_drift: bool = False,
 ) -> Path:
-    """Write verl's ``agent_loop_config_path`` YAML registering :data:`LOOP_TARGET` as ``name``.
+    """Write verl's ``agent_loop_config_path`` YAML registering :data:`LOOP_TARGET` as ``name``
+    (with ``check_drift``, each sample records its tokenization drift; off by default).
 
     Raises:
         FileNotFoundError / sandlot.rollout.ConfigError: ``agent_config`` is missing or invalid
@@ -69,6 +75,8 @@ def write_agent_loop_config(
     }
     reasons = [str(getattr(r, "value", r)) for r in (mask_exit_reasons or DEFAULT_MASKED_EXITS)]
     entry["mask_exit_reasons"] = reasons
+    if check_drift:
+        entry["check_drift"] = True
     out = Path(path).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump([entry], sort_keys=False))
@@ -98,23 +106,44 @@ class TrainOptions:
     partial_rollout: bool = True
     ppo_mini_batch_size: int = 32
     total_rollout_steps: int | None = None
+    """Prompts the fully-async rollouter generates in all (verl's unit: each gives
+    ``n_resp_per_prompt`` samples); ``None`` = the training set times ``trainer.total_epochs``."""
     rollout_name: str = "vllm"
+    adv_estimator: str = "sandlot_grpo"
+    """``sandlot_grpo`` / ``sandlot_rloo`` keep masked samples out of the group baseline
+    (:mod:`sandlot.trainer.advantage`); any verl estimator name works too (``gae`` needs a
+    critic: ``critic.model.path``)."""
+    checkpoint_engine: str = "nccl"
+    """How ``v1`` sends weights to the standalone rollout pool (verl: nccl, nixl, mooncake)."""
     mask_exit_reasons: list[str] = field(
         default_factory=lambda: [r.value for r in DEFAULT_MASKED_EXITS]
     )
+    check_drift: bool = False
     overrides: list[str] = field(default_factory=list)
     workdir: Path = Path("outputs/sandlot-train")
 
 
+def token_budget(opts: TrainOptions) -> int:
+    """The longest sequence a sample can be (prompt + whole trajectory), in tokens."""
+    return opts.max_prompt_length + opts.max_response_length
+
+
 def hydra_overrides(opts: TrainOptions, loop_config: Path) -> list[str]:
-    """Our overrides (then the user's, which win) for ``opts.mode``."""
+    """Our overrides (then the user's, which win) for ``opts.mode``.
+
+    Batching follows verl's fully-async multi-turn script (``dapo_7b_async_retool.sh``): dynamic
+    batch sizes, the actor's ``ppo_max_token_len_per_gpu`` one whole sequence (prompt +
+    trajectory) and the reference's log-prob budget four, so no micro batch size is needed and
+    no sequence is too long for a micro batch.
+    """
+    budget = token_budget(opts)
     common = [
         f"data.train_files={opts.train_file.expanduser().resolve()}",
         f"data.val_files={(opts.val_file or opts.train_file).expanduser().resolve()}",
         f"data.max_prompt_length={opts.max_prompt_length}",
         f"data.max_response_length={opts.max_response_length}",
         "data.return_raw_chat=True",
-        f"actor_rollout_ref.model.path={opts.model}",
+        f"actor_rollout_ref.model.path={model_path(opts.model)}",
         f"actor_rollout_ref.rollout.name={opts.rollout_name}",
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.multi_turn.enable=True",
@@ -123,10 +152,14 @@ def hydra_overrides(opts: TrainOptions, loop_config: Path) -> list[str]:
         f"actor_rollout_ref.rollout.agent.num_workers={opts.num_workers}",
         f"actor_rollout_ref.rollout.n={opts.n_resp_per_prompt}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={opts.ppo_mini_batch_size}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
+        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={4 * budget}",
+        f"algorithm.adv_estimator={opts.adv_estimator}",
         "reward.reward_manager.name=naive",
     ]
     if opts.mode == "async":
-        steps = opts.total_rollout_steps or 512 * opts.n_resp_per_prompt
+        steps = "null" if opts.total_rollout_steps is None else opts.total_rollout_steps
         mode = [
             "actor_rollout_ref.hybrid_engine=False",
             "data.train_batch_size=0",
@@ -145,18 +178,26 @@ def hydra_overrides(opts: TrainOptions, loop_config: Path) -> list[str]:
             f"async_training.partial_rollout={opts.partial_rollout}",
         ]
     elif opts.mode == "v1":
+        # trainer_separate_async.py asserts a standalone rollout pool and a checkpoint engine
+        # other than naive (the trainer's GPUs do not hold the rollout's weights).
         mode = [
             "trainer.use_v1=True",
             "trainer.v1.trainer_mode=separate_async",
             "actor_rollout_ref.hybrid_engine=False",
             "actor_rollout_ref.rollout.calculate_log_probs=True",
+            f"actor_rollout_ref.rollout.nnodes={opts.nnodes_rollout}",
+            f"actor_rollout_ref.rollout.n_gpus_per_node={opts.ngpus_per_node}",
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={opts.checkpoint_engine}",
             f"trainer.v1.separate_async.parameter_sync_step={opts.trigger_parameter_sync_step}",
             f"data.train_batch_size={opts.trigger_parameter_sync_step * opts.ppo_mini_batch_size}",
             f"trainer.nnodes={opts.nnodes_train}",
             f"trainer.n_gpus_per_node={opts.ngpus_per_node}",
         ]
     else:
+        # verl's V1 synchronous trainer (trainer_sync.py), colocated on every node.
         mode = [
+            "trainer.use_v1=True",
+            "trainer.v1.trainer_mode=sync",
             "actor_rollout_ref.hybrid_engine=True",
             f"data.train_batch_size={opts.ppo_mini_batch_size * opts.require_batches}",
             f"trainer.nnodes={opts.nnodes_train + opts.nnodes_rollout}",
@@ -165,89 +206,18 @@ def hydra_overrides(opts: TrainOptions, loop_config: Path) -> list[str]:
     return [*common, *mode, *opts.overrides]
 
 
+def model_path(model: str) -> str:
+    """``model`` as verl should read it: a local directory made absolute (the Ray workers run
+    elsewhere), anything else (``hdfs://...``) unchanged."""
+    if "://" in model:
+        return model
+    return str(Path(model).expanduser().resolve())
+
+
 def command(opts: TrainOptions, overrides: Sequence[str]) -> list[str]:
     """The trainer command line (run it on the Ray head node)."""
     module, _ = ENTRY[opts.mode]
     return [sys.executable, "-m", module, *overrides]
-
-
-def config_dir(mode: Mode) -> Path:
-    """verl's Hydra config directory of ``mode``'s entry point."""
-    import verl
-
-    root = Path(verl.__file__).parent
-    if mode == "async":
-        return root / "experimental" / "fully_async_policy" / "config"
-    return root / "trainer" / "config"
-
-
-def compose(opts: TrainOptions, overrides: Sequence[str]) -> Any:
-    """Compose the whole Hydra config as the entry point would (on CPU) and check what our loop
-    needs; returns the ``DictConfig``.
-
-    Raises:
-        LaunchError: Hydra rejected an override, or the result would not run our loop.
-    """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    _, name = ENTRY[opts.mode]
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir(opts.mode)), version_base=None):
-            cfg = hydra_compose(config_name=name, overrides=list(overrides))
-        OmegaConf.resolve(cfg)
-    except Exception as exc:  # hydra's errors name the bad override
-        raise LaunchError(f"verl rejected the config: {type(exc).__name__}: {exc}") from None
-    check(cfg, opts)
-    return cfg
-
-
-def check(cfg: Any, opts: TrainOptions) -> None:
-    """What verl asserts at start-up (on GPUs, after minutes) and what our loop needs."""
-    rollout = cfg.actor_rollout_ref.rollout
-    problems = []
-    if not rollout.multi_turn.enable:
-        problems.append(
-            "actor_rollout_ref.rollout.multi_turn.enable must be True (else the fully-async "
-            "trainer replaces agent_name with single_turn_agent)"
-        )
-    loop_yaml = Path(str(rollout.agent.agent_loop_config_path))
-    if not loop_yaml.is_absolute() or not loop_yaml.exists():
-        problems.append(f"agent_loop_config_path {loop_yaml} must be an existing absolute path")
-    else:
-        names = [e.get("name") for e in yaml.safe_load(loop_yaml.read_text()) or []]
-        if opts.agent_name not in names:
-            problems.append(f"agent {opts.agent_name!r} is not in {loop_yaml} (has {names})")
-    if rollout.mode != "async":
-        problems.append("actor_rollout_ref.rollout.mode must be async (agent loops)")
-    if opts.mode in ("async", "v1"):
-        if cfg.actor_rollout_ref.hybrid_engine:
-            problems.append(f"mode {opts.mode} needs actor_rollout_ref.hybrid_engine=False")
-        if not rollout.calculate_log_probs:
-            problems.append("actor_rollout_ref.rollout.calculate_log_probs must be True")
-    if opts.mode == "async":
-        if cfg.data.train_batch_size != 0 or cfg.data.gen_batch_size != 1:
-            problems.append("fully async needs data.train_batch_size=0 and data.gen_batch_size=1")
-        if not cfg.actor_rollout_ref.actor.use_rollout_log_probs:
-            problems.append("fully async needs actor_rollout_ref.actor.use_rollout_log_probs=True")
-        if not cfg.async_training.staleness_threshold >= 0:
-            problems.append("async_training.staleness_threshold must be >= 0")
-    if opts.mode == "sync" and not cfg.actor_rollout_ref.hybrid_engine:
-        problems.append("mode sync needs actor_rollout_ref.hybrid_engine=True")
-    if int(rollout.response_length) <= 0 or int(rollout.prompt_length) <= 0:
-        problems.append("prompt and response lengths must be positive")
-    if not problems:
-        from verl.utils.config import omega_conf_to_dataclass
-
-        try:  # what each AgentLoopWorker does first
-            omega_conf_to_dataclass(rollout)
-        except Exception as exc:
-            problems.append(f"actor_rollout_ref.rollout: {type(exc).__name__}: {exc}")
-    if problems:
-        raise LaunchError("; ".join(problems))
 
 
 def render(cmd: Sequence[str]) -> str:

@@ -47,6 +47,7 @@ EXTRA_FIELD_KEYS = (
     "max_global_steps",
     "turn_scores",
     "tool_rewards",
+    "drift_tokens",
 )
 """The ``extra_fields`` keys of every sample (the same keys on every path, so verl can stack
 them into ``non_tensor_batch`` columns)."""
@@ -66,6 +67,9 @@ class TokenBuffer:
             ``min_global_steps`` (first call), ``max_global_steps`` (last call), ...
         num_generations: ``generate`` calls made.
         num_preempted: summed over calls, ``-1`` when the server does not report it.
+        routed_experts: the last call's ``TokenOutput.routed_experts`` (MoE router replay:
+            ``(tokens, layers, top_k)`` expert ids over that call's context and reply), or
+            ``None``.
     """
 
     prompt_ids: list[int] = field(default_factory=list)
@@ -75,6 +79,7 @@ class TokenBuffer:
     extra_fields: dict[str, Any] = field(default_factory=dict)
     num_generations: int = 0
     num_preempted: int = -1
+    routed_experts: Any = None
 
     @property
     def response_ids(self) -> list[int]:
@@ -104,6 +109,8 @@ def to_agent_loop_output(
     pad_token_id: int,
     masked_exits: Iterable[ExitReason | str] = DEFAULT_MASKED_EXITS,
     fallback_global_steps: int = 0,
+    routing_shape: tuple[int, int] | None = None,
+    drift_tokens: int | None = None,
 ) -> Any:
     """verl's ``AgentLoopOutput`` for ``traj`` (see the module docstring).
 
@@ -119,6 +126,11 @@ def to_agent_loop_output(
             places the reward at the last response token, so a response is never empty.
         masked_exits: exit reasons whose samples are masked.
         fallback_global_steps: the policy version recorded for a sample that never generated.
+        routing_shape: ``(layers, top_k)`` when router replay is on: a sample the server
+            returned no ``routed_experts`` for gets zeros of that shape, so the batch (where
+            verl concatenates every sample's) still stacks; ``None`` when replay is off.
+        drift_tokens: :func:`sandlot.trainer.drift.drifted_tokens` of the sample, or ``None``
+            when the drift check is off.
     """
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
@@ -145,6 +157,7 @@ def to_agent_loop_output(
     last = steps.get("max_global_steps", steps.get("global_steps"))
     first = fallback_global_steps if first is None else first
     last = first if last is None else last
+    routed = _routed_experts(tokens, len(tokens.prompt_ids) + len(response_ids), routing_shape)
     timings = {key: float(traj.timings_s.get(key, 0.0)) for key in TIMING_KEYS}
     extra: dict[str, Any] = {
         "exit_reason": traj.exit_reason.value,
@@ -163,6 +176,7 @@ def to_agent_loop_output(
         "max_global_steps": last,
         "turn_scores": [],
         "tool_rewards": [],
+        "drift_tokens": drift_tokens,
     }
     return AgentLoopOutput(
         prompt_ids=list(tokens.prompt_ids),
@@ -171,6 +185,7 @@ def to_agent_loop_output(
         response_logprobs=response_logprobs,
         reward_score=0.0 if reason is not None else float(traj.reward),
         num_turns=sum(1 for m in traj.messages if m.get("role") != "system"),
+        routed_experts=routed,
         metrics=AgentLoopMetrics(
             generate_sequences=timings["model"],
             tool_calls=timings["tools"],
@@ -179,3 +194,16 @@ def to_agent_loop_output(
         ),
         extra_fields=extra,
     )
+
+
+def _routed_experts(tokens: TokenBuffer, length: int, shape: tuple[int, int] | None) -> Any:
+    """The expert ids over prompt + response (cut to ``length`` tokens, as verl's
+    ``ToolAgentLoop`` cuts them), zeros of ``shape`` for a sample that has none when router
+    replay is on, else ``None``."""
+    if tokens.routed_experts is not None:
+        return tokens.routed_experts[:length]
+    if shape is None:
+        return None
+    import numpy as np
+
+    return np.zeros((length, *shape), dtype=np.int16)

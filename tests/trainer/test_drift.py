@@ -13,7 +13,7 @@ from requirements import TRAIN, need_module
 need_module("verl.experimental.agent_loop", TRAIN)
 
 from sandlot.trainer.agent_loop import TokenPolicy  # noqa: E402
-from sandlot.trainer.drift import check_drift  # noqa: E402
+from sandlot.trainer.drift import check_drift, drifted_tokens  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -64,6 +64,7 @@ async def test_twenty_turns_without_drift(make_loop: Any, tokenizer: Any) -> Non
     policy, messages = await episode(make_loop, tokenizer, replies)
     drift = check_drift(tokenizer, messages, policy.tokens.runtime_ids, TOOLS)
     assert drift is None, drift.describe()
+    assert await policy.loop._drift_tokens(policy) == 0  # the loop's check_drift metric
 
 
 async def test_non_canonical_sample_is_reported(make_loop: Any, tokenizer: Any) -> None:
@@ -76,3 +77,7 @@ async def test_non_canonical_sample_is_reported(make_loop: Any, tokenizer: Any) 
     assert policy.tokens.runtime_ids[drift.position : drift.position + 5] == split
     assert drift.buffer_text.startswith("h") and "hello" in drift.template_text
     assert "position" in drift.describe()
+    # The loop's metric: every token from the first difference on.
+    counted = await policy.loop._drift_tokens(policy)
+    assert counted == drifted_tokens(drift) == drift.buffer_len - drift.position
+    assert counted > 0

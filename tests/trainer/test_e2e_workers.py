@@ -26,10 +26,10 @@ from sandlot.datasets.loaders import load_instances  # noqa: E402
 from sandlot.datasets.rows import build_row  # noqa: E402
 from sandlot.trainer.launch import (  # noqa: E402
     TrainOptions,
-    compose,
     hydra_overrides,
     write_agent_loop_config,
 )
+from sandlot.trainer.startup import entry_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, needs(bwrap_missing)]
 
@@ -90,6 +90,7 @@ def batch(records: list[dict[str, Any]]) -> Any:
 def test_agent_loop_manager_runs_sandlot_episodes(
     qwen_dir: Path, tmp_path: Path, tokenizer: Any
 ) -> None:
+    from omegaconf import OmegaConf
     from verl.experimental.agent_loop import AgentLoopManager
 
     repos = tmp_path / "repos"
@@ -105,7 +106,9 @@ def test_agent_loop_manager_runs_sandlot_episodes(
     agent_config.write_text(
         "sandbox: {backend: local}\ninteraction: {max_turns: 6}\nreward: {mode: same}\n"
     )
-    loop_yaml = write_agent_loop_config(tmp_path / "agent_loop.yaml", agent_config)
+    loop_yaml = write_agent_loop_config(
+        tmp_path / "agent_loop.yaml", agent_config, check_drift=True
+    )
     opts = TrainOptions(
         agent_config=agent_config,
         train_file=tmp_path / "train.parquet",
@@ -115,7 +118,8 @@ def test_agent_loop_manager_runs_sandlot_episodes(
         max_prompt_length=4096,
         max_response_length=RESPONSE_LENGTH,
     )
-    cfg = compose(opts, hydra_overrides(opts, loop_yaml))
+    cfg = entry_config(opts.mode, hydra_overrides(opts, loop_yaml))
+    OmegaConf.resolve(cfg)
     records = rows(repos)
     instances = {INSTANCE: records[0]["extra_info"]["tools_kwargs"]["reward"]["metadata"]}
     instances = {k: json.loads(v) if isinstance(v, str) else v for k, v in instances.items()}
@@ -142,6 +146,8 @@ def test_agent_loop_manager_runs_sandlot_episodes(
     assert list(extra["exit_reason"]) == ["submitted", "submitted", "infra_error"], extra["error"]
     assert scores == [1.0, 0.0, 0.0]
     assert list(extra["masked"]) == [False, False, True]
+    # check_drift from the YAML entry: the scripted replies are canonical, nothing drifted.
+    assert list(extra["drift_tokens"]) == [0, 0, None]
     mask = out.batch["response_mask"]
     responses = out.batch["responses"]
     logprobs = out.batch["rollout_log_probs"]

@@ -212,3 +212,34 @@ async def test_run_masks_a_row_that_is_not_a_sandlot_row(make_loop: Any, tokeniz
     )
     assert output.prompt_ids == expected
     assert not server.requests
+
+
+class Routing(ScriptedServer):
+    """A MoE server: each reply carries expert ids over its whole context (2 layers, top 2)."""
+
+    async def generate(self, request_id: str, **kwargs: Any) -> Any:
+        output = await super().generate(request_id, **kwargs)
+        length = len(kwargs["prompt_ids"]) + len(output.token_ids)
+        output.routed_experts = np.full((length, 2, 2), len(self.requests), dtype=np.int16)
+        return output
+
+
+async def test_routed_experts_of_the_last_call_reach_verl(make_loop: Any, tokenizer: Any) -> None:
+    server = Routing(tokenizer, [Reply("one " + tool_call("bash", command="ls")), Reply("two")])
+    policy = TokenPolicy(make_loop(server), {"logprobs": True}, response_length=4096)
+    await drive(policy, ["files"])
+    tokens = policy.tokens
+    assert tokens.routed_experts is not None and int(tokens.routed_experts[0, 0, 0]) == 2
+    done = Trajectory(instance_id="i", exit_reason=ExitReason.SUBMITTED, reward=1.0)
+    out = to_agent_loop_output(done, tokens, response_length=10, logprobs=True, pad_token_id=0)
+    assert out.routed_experts.shape == (len(tokens.prompt_ids) + 10, 2, 2)
+
+    # Router replay on, the sample never generated: zeros, so verl's batch still concatenates.
+    failed = done.model_copy(update={"exit_reason": ExitReason.INFRA_ERROR})
+    empty = TokenBuffer(prompt_ids=[1, 2, 3], runtime_ids=[1, 2, 3])
+    out = to_agent_loop_output(
+        failed, empty, response_length=8, logprobs=True, pad_token_id=0, routing_shape=(2, 2)
+    )
+    assert out.routed_experts.shape == (4, 2, 2) and not out.routed_experts.any()
+    plain = to_agent_loop_output(failed, empty, response_length=8, logprobs=True, pad_token_id=0)
+    assert plain.routed_experts is None
