@@ -8,6 +8,7 @@ then the command (on the Ray head node of a GPU cluster).
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,11 @@ from sandlot.rollout.config import ConfigError
     default=None,
     help="Validation parquet (default: the training file).",
 )
-@click.option("--model", required=True, help="Hugging Face model directory or name.")
+@click.option(
+    "--model",
+    required=True,
+    help="Model directory (config.json, tokenizer; checked by the dry run), or an hdfs:// path.",
+)
 @click.option(
     "--recipe",
     type=click.Path(exists=True, path_type=Path),
@@ -50,8 +55,8 @@ from sandlot.rollout.config import ConfigError
     "--mode",
     type=click.Choice(["async", "v1", "sync"]),
     default=None,
-    help="async: verl's fully-async trainer (default); v1: trainer.use_v1 separate_async; "
-    "sync: colocated baseline.",
+    help="async: verl's fully-async trainer (default); v1: verl's V1 separate_async trainer "
+    "(standalone rollout pool); sync: verl's V1 synchronous trainer, colocated (the baseline).",
 )
 @click.option(
     "--agent-name",
@@ -137,6 +142,15 @@ def train_command(
     fields: dict[str, object] = {}
     if recipe is not None:
         loaded = yaml.safe_load(recipe.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise click.ClickException(f"recipe {recipe}: expected a mapping of options")
+        known = {f.name for f in dataclasses.fields(TrainOptions)}
+        unknown = sorted(k for k in loaded if k.replace("-", "_") not in known)
+        if unknown:
+            raise click.ClickException(
+                f"recipe {recipe}: unknown option(s) {unknown}; known: {sorted(known)} "
+                "(verl's own keys go under `overrides:`)"
+            )
         fields.update({k.replace("-", "_"): v for k, v in loaded.items()})
     fields.update({k: v for k, v in flags.items() if v is not None and v != ()})
     recipe_overrides: Any = fields.get("overrides") or []
@@ -191,6 +205,9 @@ def _preflight(opts: Any, cfg: Any) -> None:
     problems += found
     backend = config.sandbox.resolved_backend()
     table.add_row(f"{backend} credentials", "ok" if not found else "FAILED")
+    found = preflight.logger_problems(cfg)
+    problems += found
+    table.add_row("trainer.logger", "ok" if not found else "FAILED")
     found, seconds = anyio.run(preflight.sandbox_problems, config, opts.train_file)
     problems += found
     table.add_row("one sandbox", f"ok ({seconds:.1f} s)" if not found else "FAILED")

@@ -122,6 +122,10 @@ class TrainOptions:
     overrides: list[str] = field(default_factory=list)
     workdir: Path = Path("outputs/sandlot-train")
 
+    def __post_init__(self) -> None:
+        if self.mode not in ENTRY:
+            raise LaunchError(f"mode {self.mode!r}: expected one of {', '.join(ENTRY)}")
+
 
 def token_budget(opts: TrainOptions) -> int:
     """The longest sequence a sample can be (prompt + whole trajectory), in tokens."""

@@ -8,6 +8,8 @@ answer:
   ``sync``: all of them colocated);
 * **the backend's credentials**: the configured backend's own check (Modal's token variables
   or profile, veFaaS's access keys), reported by variable name, never by value;
+* **the trainer's logger**: verl's default ``trainer.logger`` includes ``wandb``, whose
+  ``wandb.init`` fails without a key when the trainer starts (no terminal to ask on);
 * **one sandbox**: the first training row's sandbox starts on the configured backend, runs
   ``true`` and is closed, timed.
 
@@ -16,6 +18,7 @@ Each finding is a :class:`~sandlot.trainer.startup.Problem` naming what to fix.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -113,6 +116,31 @@ def credential_problems(config: AgentConfig) -> list[Problem]:
             )
         ]
     return []
+
+
+def logger_problems(cfg: Any) -> list[Problem]:
+    """``wandb`` in ``trainer.logger`` needs ``WANDB_API_KEY``, a ``wandb login`` (``~/.netrc``)
+    or ``WANDB_MODE=offline``/``disabled`` on the head node (names only)."""
+    loggers = cfg.trainer.get("logger") or []
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+    if "wandb" not in loggers:
+        return []
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return []
+    netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        if "api.wandb.ai" in netrc.read_text(encoding="utf-8"):
+            return []
+    except OSError:
+        pass
+    return [
+        Problem(
+            "trainer.logger",
+            f"{loggers} includes wandb, and neither WANDB_API_KEY nor a `wandb login` is set: "
+            "the trainer would fail when it starts",
+            "export WANDB_API_KEY (or run `wandb login`), or pass trainer.logger='[console]'",
+        )
+    ]
 
 
 async def sandbox_problems(config: AgentConfig, train_file: Path) -> tuple[list[Problem], float]:

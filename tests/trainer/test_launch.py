@@ -264,3 +264,16 @@ def test_bad_override_is_reported(tmp_path: Path, agent_config: Path, train_file
     args = base_args(tmp_path, agent_config, train_file, tmp_path)
     out = problems_of(dry_run([*args, "actor_rollout_ref.no_such_key=1"]))
     assert "overrides" in out and "no_such_key" in out
+
+
+def test_recipe_with_an_unknown_key_or_mode_is_named(
+    tmp_path: Path, agent_config: Path, train_file: Path
+) -> None:
+    args = base_args(tmp_path, agent_config, train_file, tmp_path)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("mode: async\nnnodes: 2\n")
+    out = problems_of(dry_run([*args, "--recipe", str(recipe)]))
+    assert "unknown option(s) ['nnodes']" in out and "nnodes_train" in out
+    recipe.write_text("mode: fast\n")
+    out = problems_of(dry_run([*args, "--recipe", str(recipe)]))
+    assert "mode 'fast': expected one of async, v1, sync" in out

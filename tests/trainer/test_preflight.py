@@ -130,3 +130,22 @@ def test_preflight_without_a_ray_cluster_fails_with_a_table(
     )
     assert result.exit_code != 0
     assert "ray cluster" in result.output and "ray start --head" in result.output
+
+
+def test_wandb_logger_needs_a_key_on_the_head_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from omegaconf import OmegaConf
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    cfg = OmegaConf.create({"trainer": {"logger": ["console", "wandb"]}})
+    (problem,) = preflight.logger_problems(cfg)
+    assert "WANDB_API_KEY" in problem.message and "trainer.logger" in problem.fix
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password x\n")
+    assert preflight.logger_problems(cfg) == []
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert preflight.logger_problems(cfg) == []
+    assert preflight.logger_problems(OmegaConf.create({"trainer": {"logger": "console"}})) == []
