@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +68,16 @@ def rows(repos: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _column(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
 def batch(records: list[dict[str, Any]]) -> Any:
     from verl import DataProto
 
-    def column(values: list[Any]) -> np.ndarray:
-        out = np.empty(len(values), dtype=object)
-        out[:] = values
-        return out
+    column = _column
 
     return DataProto(
         non_tensor_batch={
@@ -87,12 +92,39 @@ def batch(records: list[dict[str, Any]]) -> Any:
     )
 
 
-def test_agent_loop_manager_runs_sandlot_episodes(
-    qwen_dir: Path, tmp_path: Path, tokenizer: Any
-) -> None:
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop import AgentLoopManager
+@dataclass
+class Setup:
+    """What both runs share: the registration YAML, the rows, the scripted server, the Ray
+    workers' environment and the directory sandboxes live in (empty once all are closed)."""
 
+    tmp_path: Path
+    loop_yaml: Path
+    records: list[dict[str, Any]]
+    instances: dict[str, Any]
+    server: ScriptedServer
+    env: dict[str, str]
+    local_root: Path
+
+    def config(self, qwen_dir: Path, mode: str) -> Any:
+        from omegaconf import OmegaConf
+
+        opts = TrainOptions(
+            agent_config=self.tmp_path / "agent_config.yaml",
+            train_file=self.tmp_path / "train.parquet",
+            model=str(qwen_dir),
+            mode=mode,  # type: ignore[arg-type]
+            num_workers=1,
+            n_resp_per_prompt=1,
+            max_prompt_length=4096,
+            max_response_length=RESPONSE_LENGTH,
+        )
+        cfg = entry_config(opts.mode, hydra_overrides(opts, self.loop_yaml))
+        OmegaConf.resolve(cfg)
+        return cfg
+
+
+@pytest.fixture
+def setup(qwen_dir: Path, tmp_path: Path) -> Setup:
     repos = tmp_path / "repos"
     subprocess.run(
         [sys.executable, str(SWE_MINI / "make_repos.py"), "--dest", str(repos)],
@@ -109,22 +141,9 @@ def test_agent_loop_manager_runs_sandlot_episodes(
     loop_yaml = write_agent_loop_config(
         tmp_path / "agent_loop.yaml", agent_config, check_drift=True
     )
-    opts = TrainOptions(
-        agent_config=agent_config,
-        train_file=tmp_path / "train.parquet",
-        model=str(qwen_dir),
-        num_workers=1,
-        n_resp_per_prompt=1,
-        max_prompt_length=4096,
-        max_response_length=RESPONSE_LENGTH,
-    )
-    cfg = entry_config(opts.mode, hydra_overrides(opts, loop_yaml))
-    OmegaConf.resolve(cfg)
     records = rows(repos)
     instances = {INSTANCE: records[0]["extra_info"]["tools_kwargs"]["reward"]["metadata"]}
     instances = {k: json.loads(v) if isinstance(v, str) else v for k, v in instances.items()}
-    server = ScriptedServer(str(qwen_dir), ByInstance(instances))
-
     env = {
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]),
         "SANDLOT_LOCAL_ROOT": str(local_root),
@@ -132,7 +151,18 @@ def test_agent_loop_manager_runs_sandlot_episodes(
     for name in ("SANDLOT_TEST_CACHE", "PATH", "HOME"):
         if name in os.environ:
             env[name] = os.environ[name]
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env})
+    server = ScriptedServer(str(qwen_dir), ByInstance(instances))
+    return Setup(tmp_path, loop_yaml, records, instances, server, env, local_root)
+
+
+def test_agent_loop_manager_runs_sandlot_episodes(
+    setup: Setup, qwen_dir: Path, tokenizer: Any
+) -> None:
+    from verl.experimental.agent_loop import AgentLoopManager
+
+    cfg = setup.config(qwen_dir, "async")
+    server, records, instances = setup.server, setup.records, setup.instances
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": setup.env})
     try:
         manager = AgentLoopManager.create(
             config=cfg, llm_client=server, reward_loop_worker_handles=None
@@ -167,4 +197,59 @@ def test_agent_loop_manager_runs_sandlot_episodes(
     assert "sandbox" in extra["error"][2] or "repo" in extra["error"][2]
     assert list(extra["min_global_steps"])[:2] == [3, 3]
     assert list(extra["max_global_steps"])[:2] == [4, 4]
-    assert not list(local_root.iterdir()), "sandboxes left open"
+    assert not list(setup.local_root.iterdir()), "sandboxes left open"
+
+
+def test_v1_transfer_queue_workers_run_sandlot_episodes(setup: Setup, qwen_dir: Path) -> None:
+    """``--mode sync``/``v1`` run verl's V1 trainer, whose ``AgentLoopWorkerTQ`` builds the loop
+    the same way and stores each sample in TransferQueue (as ``TaskRunnerV1`` sets it up)."""
+    need_module("transfer_queue", TRAIN)
+    import transfer_queue as tq
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+    from verl.utils import tensordict_utils as tu
+
+    cfg = setup.config(qwen_dir, "sync")
+    cfg.transfer_queue.enable = True
+    cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units = 1  # one storage actor
+    records = setup.records
+    uids = [f"prompt-{i}" for i in range(len(records))]
+    # Ray's logical CPUs: TransferQueue's controller and storage actors each take one.
+    ray.init(num_cpus=8, include_dashboard=False, runtime_env={"env_vars": setup.env})
+    tq.init(cfg.transfer_queue)
+    try:
+        manager = AgentLoopManagerTQ.create(
+            config=cfg,
+            llm_client=setup.server,
+            teacher_client=None,
+            reward_loop_worker_handles=None,
+        )
+        prompts = tu.get_tensordict({**batch(records).non_tensor_batch, "uid": _column(uids)})
+        tu.assign_non_tensor_data(prompts, "global_steps", 1)
+        pending = {"is_prompt": True, "status": "pending", "global_steps": 1}
+        tq.kv_batch_put(keys=uids, partition_id="train", tags=[dict(pending) for _ in uids])
+        manager.generate_sequences(prompts)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            tags = tq.kv_list(partition_id="train").get("train", {})
+            status = [tags.get(uid, {}).get("status") for uid in uids]
+            if all(s in ("finished", "failure") for s in status):
+                break
+            time.sleep(1)
+        assert status == ["finished"] * 3, status
+        out = tq.kv_batch_get(
+            keys=[f"{uid}_0_0" for uid in uids],
+            partition_id="train",
+            select_fields=["rm_scores", "response_mask", "extra_fields"],
+        )
+    finally:
+        tq.close()
+        ray.shutdown()
+    extra = list(out["extra_fields"])
+    assert [e["exit_reason"] for e in extra] == ["submitted", "submitted", "infra_error"]
+    assert [e["masked"] for e in extra] == [False, False, True]
+    scores = [float(row.sum()) for row in out["rm_scores"].unbind()]
+    masks = [int(row.sum()) for row in out["response_mask"].unbind()]
+    assert scores == [1.0, 0.0, 0.0]
+    assert masks[0] > 0 and masks[1] > 0 and masks[2] == 0
+    assert [e["drift_tokens"] for e in extra] == [0, 0, None]
+    assert not list(setup.local_root.iterdir()), "sandboxes left open"
