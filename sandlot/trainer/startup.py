@@ -164,13 +164,15 @@ def _file_problems(cfg: Any, opts: TrainOptions) -> Iterator[Problem]:
             "--local-dir DIR`) and pass that directory; the dry run loads its tokenizer and "
             "config as verl does",
         )
+    seen: set[str] = set()  # the validation file defaults to the training file
     for key in ("train_files", "val_files"):
         value = cfg.data.get(key)
         paths = [value] if isinstance(value, str) else list(value or [])
         option = "--train-file" if key == "train_files" else "--val-file"
         for path in map(str, paths):
-            if "://" in path:
+            if "://" in path or path in seen:
                 continue
+            seen.add(path)
             if not Path(path).is_file():
                 yield Problem(
                     f"data.{key}",
