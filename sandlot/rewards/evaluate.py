@@ -27,6 +27,18 @@ from sandlot.errors import (
 )
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.grading import grade
+from sandlot.rewards.integrity.changes import (
+    APPLIED,
+    LISTING,
+    LISTING_START,
+    Changes,
+    apply_script,
+    gnu_patch_paths,
+    parse_apply_output,
+    parse_working_changes,
+    refused_names,
+    working_changes_script,
+)
 from sandlot.rewards.integrity.channel import (
     ChannelRun,
     channel_unavailable,
@@ -52,6 +64,7 @@ from sandlot.rewards.scripts import (
     patch_files,
     reset_test_files_script,
 )
+from sandlot.rewards.trusted_git import TrustedGit
 from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.registry import resolve_backend_name
@@ -59,6 +72,7 @@ from sandlot.sandboxes.registry import resolve_backend_name
 log = logging.getLogger("sandlot.rewards")
 
 _STEP_TIMEOUT_S = 600.0
+_INLINE_NAMES_MAX = 32_000
 
 
 class _EvalError(Exception):
@@ -158,9 +172,7 @@ async def evaluate_in_sandbox(
     timings: dict[str, float] = {}
 
     async def steps() -> EvalResult:
-        return await _test_and_grade(
-            sb, instance, None, base, timings, timeout, integrity_checks, recorded=model_patch
-        )
+        return await _test_and_grade(sb, instance, None, base, timings, timeout, integrity_checks)
 
     return await _guarded(steps, instance, base, timings, started)
 
@@ -201,24 +213,36 @@ async def _test_and_grade(
     timings: dict[str, float],
     timeout: float | None,
     integrity_checks: bool,
-    recorded: str | None = None,
 ) -> EvalResult:
-    """Apply ``model_patch`` (``None``: already in place, ``recorded`` is its diff), revert the
-    model's test infrastructure, prepare the tests, run them (with the pytest channel), grade."""
+    """Apply ``model_patch`` (``None``: already in place), list what the model changed from
+    the repository, revert its test infrastructure, prepare the tests, run them (with the
+    pytest channel), grade. A patch into ``.git/``, outside the repository or through a
+    symlink is refused (unresolved) before its tests run."""
     test_cmd = resolve_test_cmd(instance)
     parser = resolve_log_parser(instance)
     t = time.monotonic()
+    git = TrustedGit(instance.workdir, instance.base_commit)
     apply_cmd = None
     if model_patch is not None:
-        apply_cmd = await _apply_model_patch(sb, instance, model_patch)
+        refused = refused_names(model_patch)
+        if refused:
+            return _refused(base, refused, timings, applied=False)
+        changes = await _apply_model_patch(sb, instance, model_patch, git, integrity_checks)
+        apply_cmd = PATCH_APPLY_COMMANDS[changes.applied - 1] if changes.applied else None
+    elif integrity_checks:
+        changes = await _working_changes(sb, instance, git)
+    else:
+        changes = Changes()
+    if changes.violations:
+        return _refused(base, changes.violations, timings, applied=model_patch is not None)
     reverted: list[RevertedFile] = []
     if integrity_checks:
         try:
-            reverted = await revert_test_infrastructure(sb, instance, model_patch)
+            reverted = await revert_test_infrastructure(sb, instance, changes, git)
         except RevertError as exc:
             raise _EvalError(EvalStatus.ERROR, str(exc)) from exc
     prepared = await _prepare_tests(
-        sb, instance, then=hash_script(instance) if integrity_checks else ""
+        sb, instance, git, then=hash_script(instance) if integrity_checks else ""
     )
     grader_hashes = parse_hashes(prepared)
     no_channel = channel_unavailable(test_cmd)
@@ -264,8 +288,7 @@ async def _test_and_grade(
     if channel is not None:
         verdict = judge_records(records, channel.key)
         reverted_paths = {r.path for r in reverted}
-        changed = patch_files(model_patch if model_patch is not None else recorded or "")
-        kept = [p for p in changed if p not in reverted_paths]
+        kept = [p for p in changes.paths if p not in reverted_paths]
         checked = grade_channel(
             instance, verdict, parser=parser, log_statuses=graded.tests_status, model_files=kept
         )
@@ -345,26 +368,94 @@ def _error(
     return EvalResult(**base, status=EvalStatus.ERROR, error=message, timings_s=timings)
 
 
-async def _apply_model_patch(sb: Sandbox, instance: Instance, model_patch: str) -> str:
-    """Apply the patch with the harness's fallbacks; return the command that worked."""
+async def _apply_model_patch(
+    sb: Sandbox, instance: Instance, model_patch: str, git: TrustedGit, list_changes: bool
+) -> Changes:
+    """Apply the patch with the harness's fallbacks in one ``exec`` and, with
+    ``list_changes``, list what it changed (:mod:`~sandlot.rewards.integrity.changes`)."""
     if not model_patch.endswith("\n"):
         model_patch += "\n"  # git apply rejects a diff whose last line lacks its newline
     await sb.write_file(MODEL_PATCH_PATH, model_patch)
-    attempts = []
-    for cmd in PATCH_APPLY_COMMANDS:
-        r = await sb.exec(
-            f"{cmd} {MODEL_PATCH_PATH}", timeout=_STEP_TIMEOUT_S, cwd=instance.workdir
+    names = gnu_patch_paths(model_patch)
+    names_path = None
+    if sum(len(n) + 3 for n in names) > _INLINE_NAMES_MAX:  # a command line holds 128 KiB
+        names_path = f"{MODEL_PATCH_PATH}.names"
+        await sb.write_file(names_path, "".join(f"{n}\0" for n in names))
+    script = git.script(
+        apply_script(
+            model_patch, PATCH_APPLY_COMMANDS, list_changes=list_changes, names_path=names_path
         )
-        if r.ok:
-            return cmd
-        attempts.append(f"$ {cmd}\n{output_tail(r.stdout + r.stderr, 10)}")
-    raise _EvalError(
-        EvalStatus.PATCH_FAILED,
-        "patch failed to apply with every fallback:\n" + "\n".join(attempts),
+    )
+    r = await sb.exec(script, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
+    output = r.stdout
+    if list_changes and r.ok and r.truncated:
+        head = output.partition(LISTING_START)[0]
+        output = head + await _read_listing(sb, git)
+    changes = parse_apply_output(output, instance.workdir)
+    if changes.violations:
+        return changes
+    if not r.ok or APPLIED not in r.stdout:
+        raise _EvalError(
+            EvalStatus.ERROR,
+            f"applying the model patch failed (exit {r.exit_code}):\n"
+            + output_tail(r.stdout + r.stderr),
+        )
+    if not changes.applied:
+        attempts = [
+            f"$ {cmd}\n{output_tail(out, 10)}"
+            for cmd, out in zip(PATCH_APPLY_COMMANDS, changes.attempts, strict=False)
+        ]
+        raise _EvalError(
+            EvalStatus.PATCH_FAILED,
+            "patch failed to apply with every fallback:\n" + "\n".join(attempts),
+        )
+    return changes
+
+
+async def _working_changes(sb: Sandbox, instance: Instance, git: TrustedGit) -> Changes:
+    """What differs from ``base_commit`` in the work tree (the agent's own sandbox)."""
+    r = await sb.exec(
+        git.script("set -e\n" + working_changes_script()),
+        timeout=_STEP_TIMEOUT_S,
+        cwd=instance.workdir,
+    )
+    if not r.ok:
+        raise _EvalError(
+            EvalStatus.ERROR,
+            f"cannot list the model's changes:\n{output_tail(r.stdout + r.stderr)}",
+        )
+    output = await _read_listing(sb, git) if r.truncated else r.stdout
+    return parse_working_changes(output)
+
+
+async def _read_listing(sb: Sandbox, git: TrustedGit) -> str:
+    """The listing file of the changes, when it did not fit in the output cap."""
+    try:
+        data = await sb.read_file(f"{git.git_dir}/{LISTING}")
+    except SandboxFileError as exc:
+        raise _EvalError(
+            EvalStatus.ERROR, f"cannot read the list of the model's changes: {exc}"
+        ) from exc
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _refused(
+    base: dict[str, Any], reasons: list[str], timings: dict[str, float], *, applied: bool
+) -> EvalResult:
+    """The unresolved result of a patch refused before its tests ran."""
+    return EvalResult(
+        **base,
+        status=EvalStatus.UNRESOLVED,
+        patch_applied=applied,
+        log_warnings=list(reasons),
+        integrity=Integrity(violations=list(reasons)),
+        timings_s=timings,
     )
 
 
-async def _prepare_tests(sb: Sandbox, instance: Instance, *, then: str = "") -> str:
+async def _prepare_tests(
+    sb: Sandbox, instance: Instance, git: TrustedGit, *, then: str = ""
+) -> str:
     """Reset the files ``test_patch`` touches to ``base_commit``, then apply ``test_patch``;
     then run the shell ``then`` in the same ``exec`` (saves a round trip). Returns the output.
 
@@ -384,7 +475,7 @@ async def _prepare_tests(sb: Sandbox, instance: Instance, *, then: str = "") -> 
         )
         await sb.write_file(TEST_PATCH_PATH, test_patch)
         reset = reset_test_files_script(instance.base_commit, files)
-        script = f"set -e\n{reset}{apply_test_patch_script()}\n{then}"
+        script = git.script(f"set -e\n{reset}{apply_test_patch_script()}\n{then}")
     r = await sb.exec(script, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
     if not r.ok:
         raise _EvalError(

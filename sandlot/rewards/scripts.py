@@ -27,7 +27,11 @@ _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 
 
 def patch_files(patch: str) -> list[str]:
-    """Paths a unified git diff touches (both sides of renames), in order, without repeats."""
+    """Paths a unified git diff touches (both sides of renames), in order, without repeats.
+
+    For the instance's own ``test_patch`` (trusted text). What a model patch changed is never
+    read from its text: see :mod:`sandlot.rewards.integrity.changes`.
+    """
     seen: dict[str, None] = {}
     for a, b in _DIFF_HEADER.findall(patch):
         seen.setdefault(a)

@@ -13,13 +13,20 @@ from typing import Any
 
 import anyio
 import pytest
-from integrity_attacks import ATTACKS, make_patch, steal_gold_patch
+from integrity_attacks import (
+    _MAKEREPORT_HOOKWRAPPER,
+    ATTACKS,
+    RAW_ATTACKS,
+    make_patch,
+    steal_gold_patch,
+)
 from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing, need_module, needs
 
 import sandlot
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.environment import instance_spec, prepare_repo
+from sandlot.rewards.evaluate import evaluate, evaluate_in_sandbox
 from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
 from sandlot.rewards.runner import run_evaluation
@@ -219,3 +226,124 @@ def test_the_evaluation_sandbox_holds_no_dataset_or_gold_patch(
 
     found = json.loads(anyio.run(scan).strip().splitlines()[-1])
     assert found == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("attack", list(RAW_ATTACKS))
+def test_the_repository_decides_what_a_patch_changed(
+    attack: str,
+    backend: str,
+    local_instances: dict[str, Instance],
+    sandbox_root: Path,
+) -> None:
+    inst = _on(backend, local_instances[TARGET])
+    patch, (outcome, detail) = RAW_ATTACKS[attack](inst)
+    result = _evaluate(inst, patch, backend)
+    assert result.status is EvalStatus.UNRESOLVED, (result.error, result.log[-2000:])
+    assert not result.resolved and result.reward == 0.0
+    if outcome == "reverted":
+        assert result.patch_applied, result.error
+        assert detail in {r.path for r in result.reverted_files}, result.model_dump(exclude={"log"})
+    else:
+        assert any(detail in v for v in result.integrity.violations), result.integrity
+        assert result.integrity.triggered and result.log_warnings
+
+
+# What an agent with a shell in the repository plants for the evaluator's git (the same-sandbox
+# mode): hooks, core.fsmonitor, core.pager, filters and diff drivers, an include, a hooks path,
+# a moved work tree; each would touch a marker. Then changes git would not show: a conftest
+# committed, a runner section in a skip-worktree pyproject.toml.
+_MARKS = "/tmp/sandlot-marks"
+_PLANT = f"""
+set -e
+mkdir -p {_MARKS}
+for h in post-checkout pre-commit post-commit post-index-change reference-transaction \\
+         pre-auto-gc fsmonitor-watchman post-merge post-rewrite pre-applypatch; do
+  printf '#!/bin/sh\\ntouch {_MARKS}/hook-%s\\n' "$h" > .git/hooks/$h
+  chmod +x .git/hooks/$h
+done
+mkdir -p .githooks && cp .git/hooks/* .githooks/
+git config core.hooksPath .githooks
+git config core.fsmonitor "touch {_MARKS}/fsmonitor; true"
+git config core.pager "touch {_MARKS}/pager; cat"
+git config filter.evil.clean "touch {_MARKS}/clean; cat"
+git config filter.evil.smudge "touch {_MARKS}/smudge; cat"
+git config filter.evil.required true
+git config diff.evil.command "touch {_MARKS}/diffcmd; true"
+git config diff.evil.textconv "touch {_MARKS}/textconv; cat"
+git config diff.external "touch {_MARKS}/external; true"
+printf '[core]\\n\\tpager = "touch {_MARKS}/include; cat"\\n' > /tmp/evil.cfg
+git config include.path /tmp/evil.cfg
+printf '* filter=evil diff=evil\\n' > .gitattributes
+printf '* filter=evil diff=evil\\n' > .git/info/attributes
+rm -f {_MARKS}/*
+cat > conftest.py <<'PY'
+{_MAKEREPORT_HOOKWRAPPER}
+PY
+git -c core.hooksPath=/dev/null -c core.fsmonitor=false add -f conftest.py
+git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c user.name=a -c user.email=a@a \\
+  commit -qm tests-pass
+printf '\\n[tool.pytest.ini_options]\\naddopts = "-p no:randomly"\\n' >> pyproject.toml
+git -c core.hooksPath=/dev/null -c core.fsmonitor=false update-index --skip-worktree pyproject.toml
+rm -f {_MARKS}/*
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nothing_the_agent_planted_in_git_runs_in_the_same_sandbox(
+    backend: str, local_instances: dict[str, Instance], sandbox_root: Path
+) -> None:
+    inst = _on(backend, local_instances[TARGET])
+
+    async def run() -> tuple[EvalResult, str]:
+        async with sandlot.open(backend, instance_spec(inst, backend)) as sb:
+            await prepare_repo(sb, inst, backend)
+            r = await sb.exec(_PLANT, timeout=120, cwd=inst.workdir)
+            assert r.exit_code == 0, r.stdout + r.stderr
+            # The planted configuration runs under the repository's own git.
+            r = await sb.exec(f"git status >/dev/null; ls {_MARKS}", timeout=60, cwd=inst.workdir)
+            assert "fsmonitor" in r.stdout and "hook-" in r.stdout, r.stdout + r.stderr
+            await sb.exec(f"rm -f {_MARKS}/*", timeout=60)
+            result = await evaluate_in_sandbox(sb, inst, "(agent's changes)")
+            marks = await sb.exec(f"ls -A {_MARKS}", timeout=60)
+            return result, marks.stdout
+
+    result, marks = anyio.run(run)
+    assert marks.split() == [], "the evaluator's git ran what the agent planted"
+    reverted = {r.path for r in result.reverted_files}
+    assert {"conftest.py", "pyproject.toml"} <= reverted, result.model_dump(exclude={"log"})
+    assert result.status is EvalStatus.UNRESOLVED and not result.resolved, result.error
+
+
+@pytest.mark.parametrize("backend", [pytest.param("local", marks=needs(bwrap_missing))])
+def test_a_listing_over_the_output_cap_is_read_from_its_file(
+    backend: str, local_instances: dict[str, Instance], sandbox_root: Path
+) -> None:
+    # Many new files push the list of changes past a small output cap; the conftest at the
+    # end of the list is still found and reverted.
+    inst = local_instances[TARGET]
+    noise = "".join(
+        f"--- /dev/null\n+++ b/minicalc/data/file_{i:04d}_{'x' * 60}.txt\n@@ -0,0 +1 @@\n+{i}\n"
+        for i in range(300)
+    )
+    patch = noise + RAW_ATTACKS["headerless_conftest"](inst)[0]
+    result = _evaluate(inst, patch, backend, sandbox_options={"max_output_bytes": 8000})
+    assert result.status is EvalStatus.UNRESOLVED, result.error
+    assert "conftest.py" in {r.path for r in result.reverted_files}
+
+
+@pytest.mark.parametrize("backend", [pytest.param("local", marks=needs(bwrap_missing))])
+def test_a_symlink_in_the_way_of_test_patch_is_reverted_even_where_allowed(
+    backend: str, local_instances: dict[str, Instance], sandbox_root: Path
+) -> None:
+    # With ``tests`` exempted by integrity_allow, the symlink replacing it still stands where
+    # test_patch writes (git apply would refuse to write through it: an error, not a grade).
+    inst = Instance.model_validate(
+        {**local_instances[TARGET].model_dump(), "integrity_allow": ["tests", "tests/*"]}
+    )
+    patch = RAW_ATTACKS["symlink_tests_inside"](inst)[0]
+    result = _evaluate(inst, patch, backend)
+    assert result.status is EvalStatus.UNRESOLVED, result.error
+    reasons = {r.path: r.reason for r in result.reverted_files}
+    assert "in the way of the instance's test_patch" in reasons.get("tests", ""), reasons
+    assert result.integrity.channel is ChannelState.VERIFIED

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from sandlot.datasets.instance import Instance
+from sandlot.rewards.integrity.changes import Changes
 from sandlot.rewards.integrity.policy import (
     RevertedFile,
     RevertPolicy,
@@ -14,10 +15,10 @@ from sandlot.rewards.integrity.policy import (
     select,
 )
 from sandlot.rewards.scripts import patch_files, reset_test_files_script
+from sandlot.rewards.trusted_git import TrustedGit
 from sandlot.sandboxes.base import Sandbox, output_tail
 
 _STEP_TIMEOUT_S = 600.0
-_GIT = "git -c core.quotepath=off"
 
 
 class RevertError(Exception):
@@ -25,16 +26,20 @@ class RevertError(Exception):
 
 
 async def revert_test_infrastructure(
-    sb: Sandbox, instance: Instance, model_patch: str | None
+    sb: Sandbox,
+    instance: Instance,
+    changes: Changes,
+    git: TrustedGit,
 ) -> list[RevertedFile]:
-    """Find the model's changes to test infrastructure in ``instance.workdir`` and undo them.
+    """Undo the model's changes to test infrastructure in ``instance.workdir``.
 
     Args:
         sb: the sandbox holding the repository with the model's changes applied.
         instance: supplies ``base_commit``, ``test_patch`` and the ``integrity_allow`` policy.
-        model_patch: the applied patch; its files are the changes. ``None``: the changes are
-            whatever differs from ``base_commit`` in the working tree (tracked or not, outside
-            ``site-packages``), as in :func:`~sandlot.rewards.evaluate.evaluate_in_sandbox`.
+        changes: what the model changed, as the repository lists it
+            (:mod:`~sandlot.rewards.integrity.changes`); a symlink or new directory is judged
+            as the directory it stands for too (``tests -> elsewhere`` is test code).
+        git: the evaluator's git for this evaluation.
 
     Returns:
         The reverted files with their reasons, in path order.
@@ -44,26 +49,33 @@ async def revert_test_infrastructure(
     """
     policy = RevertPolicy.for_instance(instance)
     test_files = patch_files(instance.test_patch)
-    if model_patch is not None:
-        paths = patch_files(model_patch)
-    else:
-        paths = await _working_changes(sb, instance)
     # Only paths some rule could revert need a look at base_commit (a rule never widens for
     # a path that exists there).
     paths = [
         p
-        for p in paths
-        if p in test_files or is_sectioned(p) or path_reason(p, added=True) is not None
+        for p in changes.paths
+        if p in test_files
+        or is_sectioned(p)
+        or path_reason(p, added=True) is not None
+        or (p in changes.dir_like and _as_directory(p, test_files) is not None)
     ]
     if not paths:
         return []
-    at_base = await _paths_at_base(sb, instance, paths)
+    at_base = await _paths_at_base(sb, instance, paths, git)
     changed = [(p, p not in at_base) for p in paths]
     reverted = select(changed, policy, test_files)
+    listed = {r.path for r in reverted}
+    for path, _ in changed:
+        if path in changes.dir_like and path not in listed:
+            reason = _as_directory(path, test_files)
+            if reason and (reason == _IN_THE_WAY or not policy.allows(path)):
+                reverted.append(RevertedFile(path=path, reason=reason))
     for path, added in changed:
         if is_sectioned(path) and path not in test_files and not policy.allows(path):
             before = (
-                None if added else await _text(sb, instance, f"git show {_rev(instance, path)}")
+                None
+                if added
+                else await _text(sb, instance, git.script(f"git show {_rev(instance, path)}"))
             )
             after = await _text(sb, instance, f"cat -- {shlex.quote(path)}")
             reason = runner_sections_changed(path, before, after)
@@ -71,8 +83,8 @@ async def revert_test_infrastructure(
                 reverted.append(RevertedFile(path=path, reason=reason))
     reverted.sort(key=lambda r: r.path)
     if reverted:
-        script = "set -e\n" + reset_test_files_script(
-            instance.base_commit, [r.path for r in reverted]
+        script = git.script(
+            "set -e\n" + reset_test_files_script(instance.base_commit, [r.path for r in reverted])
         )
         r = await sb.exec(script, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
         if not r.ok:
@@ -81,6 +93,18 @@ async def revert_test_infrastructure(
                 + output_tail(r.stdout + r.stderr)
             )
     return reverted
+
+
+_IN_THE_WAY = "symlink or directory in the way of the instance's test_patch files"
+
+
+def _as_directory(path: str, test_files: list[str]) -> str | None:
+    """Why ``path``, a symlink or new directory, is reverted as the directory it stands for:
+    a test directory (``tests -> elsewhere``) or a leading path of a ``test_patch`` file."""
+    if any(f.startswith(path + "/") for f in test_files):
+        return _IN_THE_WAY
+    reason = path_reason(f"{path}/__init__.py", added=True)
+    return f"{reason} (as a directory)" if reason else None
 
 
 def _rev(instance: Instance, path: str) -> str:
@@ -92,28 +116,19 @@ async def _text(sb: Sandbox, instance: Instance, cmd: str) -> str | None:
     return r.stdout if r.ok else None
 
 
-async def _paths_at_base(sb: Sandbox, instance: Instance, paths: list[str]) -> set[str]:
+async def _paths_at_base(
+    sb: Sandbox, instance: Instance, paths: list[str], git: TrustedGit
+) -> set[str]:
     quoted = " ".join(shlex.quote(p) for p in paths)
-    cmd = (
-        f"{_GIT} --literal-pathspecs ls-tree -r -z --name-only "
-        f"{shlex.quote(instance.base_commit)} -- {quoted}"
+    cmd = git.script(
+        f"git --literal-pathspecs ls-tree -r -z --name-only "
+        f"{shlex.quote(instance.base_commit)} -- {quoted}\n"
     )
     r = await sb.exec(cmd, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
     if not r.ok:
         raise RevertError(
             f"cannot list the files at base_commit:\n{output_tail(r.stdout + r.stderr)}"
         )
-    return {p for p in r.stdout.split("\0") if p}
-
-
-async def _working_changes(sb: Sandbox, instance: Instance) -> list[str]:
-    cmd = (
-        f"set -e\n{_GIT} diff --no-renames --name-only -z {shlex.quote(instance.base_commit)}\n"
-        f"{_GIT} ls-files -z --others\n"
-    )
-    r = await sb.exec(cmd, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
-    if not r.ok:
-        raise RevertError(f"cannot list the model's changes:\n{output_tail(r.stdout + r.stderr)}")
-    seen = dict.fromkeys(p for p in r.stdout.split("\0") if p)
-    # An environment installed inside the repository (R2E-Gym's .venv) is not the model's patch.
-    return [p for p in seen if "site-packages/" not in p]
+    out = {p for p in r.stdout.split("\0") if p}
+    # A directory at base_commit counts as there (a symlink replacing it is restored).
+    return out | {p for p in paths if any(f.startswith(p + "/") for f in out)}
