@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _ctypes
 import os
 import shutil
 import site
@@ -91,20 +92,21 @@ def _link_tree(source: Path, dest: Path) -> None:
 def _minimal_rootfs(root: Path) -> None:
     """bash and the coreutils the file API uses (cat, head, basename, mkdir, tar, ls), this
     machine's Python (which runs the sandbox's init; its standard library found from
-    ``/usr/bin/python3`` as ``/usr/lib/pythonX.Y``) and their shared libraries under ``root``."""
+    ``/usr/bin/python3`` as ``/usr/lib/pythonX.Y``) and their shared libraries (also those of
+    ``_ctypes``, which the init needs) under ``root``."""
     python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     stdlib = Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     _link_tree(stdlib, root / "usr/lib" / stdlib.name)
     _hardlink_or_copy(python, root / "usr/bin/python3")
     programs = [
         shutil.which(p) for p in ("bash", "cat", "head", "basename", "mkdir", "tar", "ls")
-    ] + [python]
+    ] + [python, _ctypes.__file__]
     libraries: set[str] = set()
     for program in programs:
         assert program is not None
         ldd = subprocess.run(["ldd", program], capture_output=True, text=True, check=True)
         libraries.update(w for w in ldd.stdout.split() if w.startswith("/"))
-        if program != python:
+        if program not in (python, _ctypes.__file__):
             _hardlink_or_copy(os.path.realpath(program), root / "usr/bin" / Path(program).name)
     for lib in libraries:
         _hardlink_or_copy(os.path.realpath(lib), root / lib.lstrip("/"))

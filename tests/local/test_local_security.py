@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import pwd
+import shlex
 import socket
 import sys
 import uuid
@@ -164,6 +165,198 @@ async def test_no_capabilities_and_read_only_kernel_knobs() -> None:
         assert (await sb.exec("test -e /sys/kernel")).exit_code != 0
 
 
+_PROC_WRITES = """
+import os, stat
+opened, chmodded, tried = [], [], set()
+def attempt(path):
+    tried.add(path.rsplit("/", 1)[0])
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # nothing is written
+    except OSError:
+        return
+    os.close(fd)
+    opened.append(path)
+for name in os.listdir("/proc"):
+    path = "/proc/" + name
+    if name.isdigit() or os.path.islink(path):  # a process's own (self, thread-self, mounts, net)
+        continue
+    try:
+        os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode))  # its own mode: no change if allowed
+        chmodded.append(path)
+    except OSError:
+        pass
+    if not os.path.isdir(path):
+        attempt(path)
+    for root, _, files in os.walk(path):
+        for file in files:
+            attempt(os.path.join(root, file))
+for path in ("/proc/sysrq-trigger", "/proc/sys/kernel/core_pattern", "/proc/sys/kernel/hostname",
+             "/proc/irq/default_smp_affinity", "/proc/pressure/cpu", "/proc/mtrr"):
+    if os.path.exists(path):
+        attempt(path)
+        print("checked", path)
+print("opened", *opened)
+print("chmodded", *chmodded)
+print("tried", *sorted(tried))
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_no_host_wide_knob_under_proc_is_writable(zygote: bool) -> None:
+    async with open_local(zygote=zygote) as sb:
+        r = await sb.exec([sys.executable, "-c", _PROC_WRITES], timeout=60)
+        assert r.exit_code == 0, r.stderr
+        lines = {line.split()[0]: line.split()[1:] for line in r.stdout.splitlines()}
+        assert lines["opened"] == [] and lines["chmodded"] == []
+        checked = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("checked")]
+        assert "/proc/sys/kernel/core_pattern" in checked
+        # The walk reached every file of these directories (nothing hid them from it).
+        for directory in ("/proc/sys/kernel", "/proc/sys/vm", "/proc/irq", "/proc/pressure"):
+            if await anyio.Path(directory).exists():
+                assert directory in lines["tried"], directory
+        sysrq = await anyio.Path("/proc/sysrq-trigger").exists()
+        assert ("/proc/sysrq-trigger" in checked) == sysrq
+        # The same from the shell, and through another path to the same files.
+        for path in ("/proc/sys/kernel/hostname", "/proc/self/root/proc/irq/default_smp_affinity"):
+            assert (await sb.exec(f"echo x > {path}")).exit_code != 0, path
+        # Docker's masked paths read as nothing; the processes' own entries stay writable.
+        masked = await sb.exec("cat /proc/keys /proc/timer_list /proc/interrupts; ls -A /proc/acpi")
+        assert masked.stdout == ""
+        own = await sb.exec("echo 500 > /proc/self/oom_score_adj && echo renamed > /proc/self/comm")
+        assert own.exit_code == 0, own.stderr
+
+
+_TRACE_INIT = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
+def attach(pid):
+    if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
+        os.waitpid(pid, 0) if pid != 1 else time.sleep(0.1)
+        libc.ptrace(17, pid, None, None)  # PTRACE_DETACH: leave it running
+        return "attached"
+    return os.strerror(ctypes.get_errno())
+print("init", attach(1))
+child = os.fork()
+if child == 0:
+    time.sleep(30)
+    os._exit(0)
+print("own-child", attach(child))  # a debugger still works on what the command started
+os.kill(child, 9)
+for path in ("/proc/1/mem", "/proc/1/task/1/mem", "/proc/1/environ", "/proc/1/fd/0"):
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        print("read", path)
+    except OSError:
+        pass
+for path in ("/proc/1/fd", "/proc/1/task/1/fd", "/proc/1/fdinfo"):
+    try:
+        print("listed", path, *os.listdir(path))
+    except OSError:
+        pass
+pidfd = os.pidfd_open(1)
+for fd in range(16):
+    got = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd
+    if got >= 0:
+        print("took fd", fd)
+print("done")
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_a_command_cannot_trace_its_init(zygote: bool) -> None:
+    async with open_local(zygote=zygote) as sb:
+        r = await sb.exec([sys.executable, "-c", _TRACE_INIT], timeout=60)
+        assert r.exit_code == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == "init Operation not permitted"
+        assert lines[1] == "own-child attached"
+        # Nothing read, no descriptor number listed, none taken.
+        assert lines[2:] in (["listed /proc/1/fd", "listed /proc/1/task/1/fd", "done"], ["done"])
+        assert (await sb.exec("echo alive")).stdout == "alive\n"  # the init was never stopped
+
+
+_KEYRINGS = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+add_key, keyctl = calls
+for keyring in (-4, -3, -5):  # uid 0's user keyring (the host root's too), session, user session
+    key = libc.syscall(add_key, b"user", b"sandlot-probe", b"data", 4, ctypes.c_int(keyring))
+    print("add_key", keyring, "refused" if key < 0 else "added")
+    if key >= 0:
+        libc.syscall(keyctl, 21, ctypes.c_int(key), ctypes.c_int(keyring))  # KEYCTL_UNLINK
+buf = ctypes.create_string_buffer(4096)
+read = libc.syscall(keyctl, 11, ctypes.c_int(-4), buf, 4096)  # KEYCTL_READ of the user keyring
+print("keyctl read", "refused" if read < 0 else "read")
+"""
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no filter here")
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_no_kernel_keyring_shared_with_the_host(zygote: bool) -> None:
+    # Keyrings belong to a uid, not a namespace: uid 0's is the host root's and every sandbox's.
+    async with open_local(zygote=zygote) as sb:
+        r = await sb.exec([sys.executable, "-c", _KEYRINGS])
+        assert r.stdout.split("\n")[:4] == [
+            "add_key -4 refused",
+            "add_key -3 refused",
+            "add_key -5 refused",
+            "keyctl read refused",
+        ], r.stdout + r.stderr
+        # Everything else still runs under the filter.
+        assert (await sb.exec("git --version && echo ok")).stdout.endswith("ok\n")
+
+
+_REMOUNT = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = (ctypes.c_char_p,) * 3 + (ctypes.c_ulong, ctypes.c_char_p)
+def report(what, result):
+    print(what, "ok" if result == 0 else "refused")
+    sys.stdout.flush()
+os.makedirs("/tmp/m", exist_ok=True)
+# Without capabilities, then with all of them in a new user namespace (no exec: they stay).
+for stage in ("plain", "userns"):
+    if stage == "userns":
+        report("unshare", libc.unshare(0x10000000 | 0x20000 | 0x20000000 | 0x40000000))
+    report(stage + " umount", libc.umount2(b"/proc/irq", 2))
+    report(stage + " remount-rw", libc.mount(None, b"/proc/irq", None, 32 | 4096, None))
+    report(stage + " remount-proc-rw", libc.mount(None, b"/proc", None, 32 | 4096, None))
+    report(stage + " sysfs", libc.mount(b"sysfs", b"/tmp/m", b"sysfs", 1, None))
+child = os.fork()
+if child == 0:  # PID 1 of the new PID namespace, owned by our user namespace
+    report("child proc", libc.mount(b"proc", b"/tmp/m", b"proc", 2 | 4 | 8, None))
+    report("child proc-ro", libc.mount(b"proc", b"/tmp/m", b"proc", 1 | 2 | 4 | 8, None))
+    report("child bind", libc.mount(b"/proc", b"/tmp/m", None, 4096 | 16384, None))
+    try:
+        open("/tmp/m/irq/default_smp_affinity", "w").close()
+        print("child wrote")
+    except OSError:
+        pass
+    sys.stdout.flush()
+    os._exit(0)
+os.waitpid(child, 0)
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_proc_cannot_be_remounted_from_inside(zygote: bool) -> None:
+    async with open_local(zygote=zygote) as sb:
+        r = await sb.exec([sys.executable, "-c", _REMOUNT], timeout=60)
+    results = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    # A user namespace can be made (docker's seccomp profile forbids it; we have none), but
+    # the mounts it copies are locked: /proc stays read-only where it was.
+    assert results.pop("unshare") == "ok"
+    assert results.pop("child bind") == "ok"
+    assert set(results.values()) == {"refused"}, r.stdout
+
+
 # ----------------------------------------------------------------- environment
 
 
@@ -200,6 +393,75 @@ async def test_network_is_cut_unless_allowed(loopback_listener: int) -> None:
         assert (await sb.exec("cat /proc/net/route | wc -l")).stdout.strip() == "1"
     async with open_local(network=True) as sb:
         assert (await sb.exec(connect, timeout=20)).stdout == "connected\n"
+
+
+_LISTEN = """
+import socket, sys, time
+tcp = socket.socket()
+tcp.bind(("127.0.0.1", 0))
+tcp.listen()
+abstract = socket.socket(socket.AF_UNIX)
+abstract.bind("\\0" + sys.argv[1])  # abstract: no file
+abstract.listen()
+open("port", "w").write(str(tcp.getsockname()[1]))
+time.sleep(120)
+"""
+
+_CONNECT = """
+import socket, sys
+def reach(family, address):
+    with socket.socket(family) as s:
+        s.settimeout(5)
+        try:
+            s.connect(address)
+            return "yes"
+        except OSError:
+            return "no"
+host_port, host_abstract, host_path, sibling_port, sibling_abstract = sys.argv[1:]
+print(reach(socket.AF_INET, ("127.0.0.1", int(host_port))),
+      reach(socket.AF_UNIX, "\\0" + host_abstract), reach(socket.AF_UNIX, host_path),
+      reach(socket.AF_INET, ("127.0.0.1", int(sibling_port))),
+      reach(socket.AF_UNIX, "\\0" + sibling_abstract))
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+@pytest.mark.parametrize("network", [True, False])
+async def test_what_a_sandbox_reaches_on_this_machine(
+    network: bool, zygote: bool, loopback_listener: int, visible_dir: Path
+) -> None:
+    """The README's table: with ``network=True`` the host's loopback and abstract Unix
+    sockets, and those of every other such sandbox; a Unix socket file it can see (here with
+    ``host_view="full"``) whatever ``network`` says."""
+    tag = uuid.uuid4().hex
+    host_abstract, sibling_abstract = f"sandlot-host-{tag}", f"sandlot-sibling-{tag}"
+    with (
+        socket.socket(socket.AF_UNIX) as abstract,
+        socket.socket(socket.AF_UNIX) as path_socket,
+    ):
+        abstract.bind(f"\0{host_abstract}")
+        abstract.listen()
+        path_socket.bind(str(visible_dir / "service.sock"))
+        path_socket.listen()
+        fields: dict[str, object] = {"network": network, "zygote": zygote, "host_view": "full"}
+        async with open_local(**fields) as sibling, open_local(**fields) as sb:
+            listen = f"{sys.executable} -c {shlex.quote(_LISTEN)} {shlex.quote(sibling_abstract)}"
+            started = f"{listen} >/dev/null 2>&1 & until [ -s port ]; do sleep 0.05; done"
+            port = (await sibling.exec(f"{started}; cat port", timeout=20)).stdout
+            args = [loopback_listener, host_abstract, visible_dir / "service.sock", port]
+            r = await sb.exec([sys.executable, "-c", _CONNECT, *map(str, args), sibling_abstract])
+    assert r.exit_code == 0, r.stderr
+    reached = dict(zip(["tcp", "abstract", "path", "sibling tcp", "sibling abstract"],
+                       r.stdout.split(), strict=True))  # fmt: skip
+    expected = "yes" if network else "no"
+    assert reached == {
+        "tcp": expected,
+        "abstract": expected,
+        "path": "yes",
+        "sibling tcp": expected,
+        "sibling abstract": expected,
+    }, r.stderr
 
 
 # ----------------------------------------------------------------- processes

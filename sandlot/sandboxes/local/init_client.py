@@ -222,6 +222,7 @@ class InitProcess:
         cgroup_procs: Sequence[str],
         prefix: str,
         log_path: Path,
+        seccomp: bytes | None = None,
     ) -> InitProcess:
         """Spawn ``[*jail, python, -I, -S, -c, SOURCE or LOADER, ...]`` and wait until the init
         is ready.
@@ -238,6 +239,8 @@ class InitProcess:
                 starts and before it runs anything.
             prefix: see the class.
             log_path: host file receiving the init's and bwrap's stderr.
+            seccomp: a seccomp filter bwrap loads before it runs the init (``--seccomp``),
+                with a jail.
 
         Raises:
             InitDied: the init (or bwrap) exited before it was ready; the message holds its
@@ -248,9 +251,16 @@ class InitProcess:
         info, info_w = os.pipe() if jail else (-1, -1)
         code = _compiled_init() if our_python else None
         head = [jail[0], "--info-fd", str(info_w), *jail[1:]] if jail else []
+        fds: tuple[int, ...] = (theirs.fileno(), info_w) if jail else (theirs.fileno(),)
+        program = -1
+        if jail and seccomp:
+            program, program_w = os.pipe()  # far below a pipe's capacity: written at once
+            os.write(program_w, seccomp)
+            os.close(program_w)
+            head[1:1] = ["--seccomp", str(program)]
+            fds += (program,)
         argv = [*head, python, "-I", "-S", "-c", INIT_SOURCE if code is None else _LOADER]
         argv += [str(theirs.fileno()), limits]
-        fds = (theirs.fileno(), info_w) if jail else (theirs.fileno(),)
         try:
             process = _spawn_logged(argv, env, cwd, fds, log_path, code)
         except BaseException:
@@ -262,6 +272,8 @@ class InitProcess:
             theirs.close()
             if jail:
                 os.close(info_w)
+            if program >= 0:
+                os.close(program)
         init = cls(SpawnedProcess(process), ours, prefix, jailed=bool(jail))
         try:
             with anyio.fail_after(_READY_BUDGET_S):

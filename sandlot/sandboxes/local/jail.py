@@ -13,8 +13,12 @@ plus, read-only at their own paths, the interpreters the init and the environmen
 binding ``/`` itself, leaves room to create new mount points such as the default workdir
 ``/testbed``. Then:
 
-* fresh ``/proc`` (its ``/proc/sys`` bound read-only: with uid 0 many sysctls, e.g.
-  ``kernel.core_pattern``, are writable without any capability) and a minimal ``/dev``;
+* fresh ``/proc`` in which nothing but the processes' own directories is writable: every
+  other top-level entry bound read-only on itself (with uid 0 and no capability, many
+  sysctls such as ``kernel.core_pattern``, ``/proc/irq/*/smp_affinity``, ``/proc/pressure/*``
+  and ``/proc/bus/pci`` are writable, and ``chmod`` of any top-level entry changes its mode
+  for the whole machine), Docker's masked paths (:data:`PROC_MASKED`) covered, and the init's
+  descriptor directories (:data:`INIT_FDS`) covered; and a minimal ``/dev``;
 * private, writable: the workdir, ``/tmp`` and ``$HOME`` (``/sandlot/home``), all host
   directories of this sandbox; a tmpfs ``/run``;
 * with an environment recipe, the cached virtual environment read-only at its own path and a
@@ -24,11 +28,15 @@ binding ``/`` itself, leaves room to create new mount points such as the default
   read-only directory or ``/dev/null``, and so is the host directory holding all sandboxes
   when it would be visible;
 * new PID, IPC, UTS (and, unless the spec allows network, network) namespaces; all capabilities
-  dropped; a new session (no TIOCSTI into our terminal); killed when ``bwrap`` dies.
+  dropped; the seccomp filter :func:`keyring_filter`; a new session (no TIOCSTI into our
+  terminal); killed when ``bwrap`` dies.
 
 ``/sys`` is left out: most of it is writable by uid 0 without capabilities.
 
-Every mount costs bwrap a re-read of the mount table, so the mount list is kept short.
+Every mount costs bwrap a re-read of the mount table, so the mount list is kept short; the
+about 50 of ``/proc`` cost a ``zygote=False`` start 6 ms on 2 idle cores, up to 15 under load
+(a zygote's spare makes them with ``mount(2)`` in about 1.3 ms, before it is asked for a
+sandbox).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +81,54 @@ ETC_CREDENTIALS: tuple[str, ...] = (
 )
 """Credentials under ``/etc`` masked in every ``image="host"`` jail (password hashes, TLS and
 SSH host private keys, registry logins)."""
+
+PROC_MASKED = frozenset(
+    {"acpi", "asound", "interrupts", "kcore", "keys", "latency_stats", "sched_debug", "scsi",
+     "timer_list", "timer_stats"}
+)  # fmt: skip
+"""Top-level ``/proc`` entries covered in every jail by an empty read-only directory or
+``/dev/null``: Docker's default ``maskedPaths`` under ``/proc`` (moby,
+``daemon/pkg/oci/defaults.go``). Every other top-level entry that is not a process's (see
+:func:`proc_covered`) is bound read-only on itself."""
+
+
+# seccomp(2): struct seccomp_data is (int nr, u32 arch, ...); audit architectures and the
+# numbers of add_key, request_key and keyctl on each (native, then compat).
+_SECCOMP_ARCHES = {
+    "x86_64": ((0xC000003E, (248, 249, 250)), (0x40000003, (286, 287, 288))),
+    "aarch64": ((0xC00000B7, (217, 218, 219)), (0x40000028, (309, 310, 311))),
+}
+_X32_BIT = 0x40000000  # x86_64's x32 ABI: the same numbers with this bit
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_AND_K, _BPF_RET_K = 0x20, 0x15, 0x54, 0x06
+_RET_ALLOW, _RET_EPERM, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+
+
+@functools.cache
+def keyring_filter(machine: str | None = None) -> bytes | None:
+    """A seccomp filter (``struct sock_filter`` array, as ``bwrap --seccomp`` reads it) that
+    fails ``add_key``, ``request_key`` and ``keyctl`` with ``EPERM``, as Docker's default
+    profile does, and every system call of an unknown architecture with ``ENOSYS``; ``None``
+    on a machine without numbers here (``machine``: :func:`os.uname`'s, by default).
+
+    The kernel's keyrings are per user, not per namespace: a command of any sandbox (uid 0)
+    could otherwise add keys to, and read the keys of, uid 0's user keyring, which the host's
+    root and every other sandbox share.
+    """
+    arches = _SECCOMP_ARCHES.get(machine or os.uname().machine)
+    if arches is None:
+        return None
+    program: list[tuple[int, int, int, int]] = [(_BPF_LD_W_ABS, 0, 0, 4)]  # arch
+    for arch, numbers in arches:
+        block: list[tuple[int, int, int, int]] = [(_BPF_LD_W_ABS, 0, 0, 0)]  # nr
+        if arch == 0xC000003E:
+            block.append((_BPF_AND_K, 0, 0, 0xFFFFFFFF & ~_X32_BIT))
+        for i, number in enumerate(numbers):
+            # to the EPERM return after the last comparison
+            block.append((_BPF_JEQ_K, len(numbers) - i, 0, number))
+        block += [(_BPF_RET_K, 0, 0, _RET_ALLOW), (_BPF_RET_K, 0, 0, _RET_EPERM)]
+        program += [(_BPF_JEQ_K, 0, len(block), arch), *block]
+    program.append((_BPF_RET_K, 0, 0, _RET_ENOSYS))
+    return b"".join(struct.pack("=HBBI", *op) for op in program)
 
 
 @dataclass(frozen=True)
@@ -184,12 +241,13 @@ def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     Raises:
         OSError: the image root cannot be listed, or a directory cannot be created.
     """
-    argv = _system_argv(config)
+    empty = dirs.ensure(dirs.empty, 0o555)
+    argv = _system_argv(config, _proc_argv(empty))
     argv += ["--bind", str(dirs.tmp), "/tmp", "--bind", str(dirs.home), JAIL_HOME]
     argv += ["--bind", str(dirs.work), config.workdir]
     for source, dest in _read_only_binds(config):
         argv += ["--ro-bind", source, dest]
-    argv += _masks_argv(config, dirs.ensure(dirs.empty, 0o555))
+    argv += _masks_argv(config, empty)
     if config.environment is not None:
         argv += ["--bind", str(dirs.ensure(dirs.overlay)), JAIL_OVERLAY]
     return [*argv, *_namespaces_argv(config), "--cap-drop", "ALL"]
@@ -223,7 +281,8 @@ def zygote_jail(config: JailConfig, sandboxes_mount: str, keep: str) -> ZygoteJa
     """
     assert config.sandboxes_dir is not None
     covered = ["/tmp", "/run", JAIL_HOME, config.workdir]
-    argv = _system_argv(config)
+    # Each child mounts its own /proc over this one (and covers it as _proc_argv does).
+    argv = _system_argv(config, ["--proc", "/proc"])
     argv += ["--dir", "/tmp", "--dir", JAIL_HOME, "--dir", config.workdir]
     argv += ["--bind", str(config.sandboxes_dir), sandboxes_mount]
     if config.environment is not None:
@@ -240,11 +299,53 @@ def zygote_jail(config: JailConfig, sandboxes_mount: str, keep: str) -> ZygoteJa
     return ZygoteJail([*argv, *_namespaces_argv(config), "--chdir", "/"], kept)
 
 
-def _system_argv(config: JailConfig) -> list[str]:
-    argv = [config.bwrap, *_top_level(config.rootfs, config.host_view)]
-    argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
-    if os.path.exists("/proc/sysrq-trigger"):
-        argv += ["--ro-bind", "/dev/null", "/proc/sysrq-trigger"]
+INIT_FDS = ("/proc/1/fd", "/proc/1/task/1/fd")
+"""Covered by an empty read-only directory in every jail, whose PID 1 is the init (bwrap's
+``--as-pid-1``, a zygote's spare) and single-threaded: the init is not dumpable, so no command
+can open its descriptors, but the owner of ``/proc/1/fd`` (uid 0, as every command) may still
+list their numbers."""
+
+
+def proc_covered(proc: str = "/proc") -> list[tuple[str, bool]]:
+    """(name, is a directory) of each top-level entry of the procfs at ``proc`` that describes
+    the machine rather than a process: all but the PID directories and the symlinks (``self``,
+    ``thread-self``, ``mounts``, ``net``: each leads into the reader's own PID directory).
+
+    Listed anew for every jail: a kernel module loaded since (sound, SCSI, a GPU driver) adds
+    entries. The zygote's copy of this rule is ``zygote._cover_proc``.
+    """
+    with os.scandir(proc) as entries:
+        return [
+            (entry.name, entry.is_dir(follow_symlinks=False))
+            for entry in entries
+            if not entry.name.isdigit() and not entry.is_symlink()
+        ]
+
+
+def _proc_argv(empty: Path) -> list[str]:
+    """A fresh ``/proc`` whose every entry outside the processes' own is read-only (with uid 0
+    and no capability, ``/proc/irq/*/smp_affinity``, ``/proc/pressure/*``, ``/proc/bus/pci``
+    and many sysctls are writable, and ``chmod`` of any top-level entry changes its mode for
+    the whole machine) or, for :data:`PROC_MASKED`, covered by ``empty`` or ``/dev/null``.
+
+    The sources are the host's entries, which show the same kernel-wide state (those that
+    depend on a namespace read the reader's, e.g. ``sysvipc``); ``-try``: an entry that
+    vanished since it was listed (a module unloaded) is skipped.
+    """
+    argv = ["--proc", "/proc"]
+    for name, is_dir in proc_covered():
+        path = f"/proc/{name}"
+        if name in PROC_MASKED:
+            argv += ["--ro-bind-try", str(empty) if is_dir else "/dev/null", path]
+        else:
+            argv += ["--ro-bind-try", path, path]
+    for path in INIT_FDS:
+        argv += ["--ro-bind", str(empty), path]
+    return argv
+
+
+def _system_argv(config: JailConfig, proc: list[str]) -> list[str]:
+    argv = [config.bwrap, *_top_level(config.rootfs, config.host_view), *proc]
     return [*argv, "--dev", "/dev", "--tmpfs", "/run"]
 
 

@@ -59,6 +59,7 @@ from sandlot.sandboxes.local.jail import (
     JailConfig,
     check_workdir,
     jail_argv,
+    keyring_filter,
 )
 from sandlot.sandboxes.local.limits import Limits, init_limits
 from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
@@ -357,6 +358,7 @@ class LocalSandbox(Sandbox):
                 cgroup_procs=[str(c.procs_file) for c in self._cgroups],
                 prefix=self.id,
                 log_path=self._dirs.root / "init.log",
+                seccomp=keyring_filter() if config is not None else None,
             )
         except InitDied as exc:
             raise SandboxStartError(

@@ -14,12 +14,15 @@ The zygote keeps one such child ready, its namespaces made, waiting for a sandbo
 request then costs a few mounts, and the fork of the next spare happens after the reply.
 
 This file is a standalone script (standard library only), run as
-``python -I -S -c LOADER FD OWN_NET WORKDIR OVERLAY KEPT...`` as PID 1 of a jail whose
-``bwrap`` keeps its capabilities (it never runs a command itself), with the sandboxes'
-directory bound at :data:`SANDBOXES` and ``INIT`` (the init's code object) in its globals.
-``OWN_NET`` (a network namespace per sandbox) and ``OVERLAY`` (bind ``/sandlot/overlay``) are
-``1`` or ``0``; ``KEPT[i]`` is where the read-only bind at ``KEEP/i`` goes once the child's own
-directories cover its parent (an environment under ``/tmp``; see
+``python -I -S -c LOADER FD OWN_NET WORKDIR OVERLAY MASKED FILTER KEPT...`` as PID 1 of a
+jail whose ``bwrap`` keeps its capabilities (it never runs a command itself), with the
+sandboxes' directory bound at :data:`SANDBOXES` and ``INIT`` (the init's code object) in its
+globals. ``OWN_NET`` (a network namespace per sandbox) and ``OVERLAY`` (bind
+``/sandlot/overlay``) are ``1`` or ``0``; ``MASKED`` the names of the ``/proc`` entries to
+cover, joined by commas (:data:`sandlot.sandboxes.local.jail.PROC_MASKED`); ``FILTER`` the
+seccomp filter in hex, empty for none (:func:`sandlot.sandboxes.local.jail.keyring_filter`);
+``KEPT[i]`` is where the read-only bind at ``KEEP/i`` goes once the child's own directories
+cover its parent (an environment under ``/tmp``; see
 :func:`sandlot.sandboxes.local.jail.zygote_jail`).
 
 Protocol, over the ``AF_UNIX``/``SOCK_SEQPACKET`` socket at file descriptor ``FD`` (one packet
@@ -32,15 +35,19 @@ per message, fields separated by NUL bytes):
   ``limits`` the init's ``LIMITS``. The child speaks the init's protocol on that socket; when
   it cannot be made it sends ``E message`` there instead and exits.
 
-A spare child, before it is asked (``mount(2)``, ``unshare(2)``):
+A spare child, before it is asked (``mount(2)``, ``unshare(2)``), makes itself undumpable
+(``init.prepare``), then:
 
 1. is PID 1 of a new PID namespace (``unshare(CLONE_NEWPID)`` before the fork, then ``setns``
    back, so the next spare gets its own); enters new mount, IPC, UTS (and, with ``OWN_NET``,
    network) namespaces;
-2. mounts a fresh ``/proc`` (``/proc/sys`` and ``/proc/sysrq-trigger`` read-only), a private
-   ``/dev/shm``, ``/dev/pts`` and ``/run``, and makes ``/dev`` read-only, since every child
-   shares the zygote's; brings loopback up in its own network namespace;
-3. empties its capability bounding set (``capabilities(7)``): nothing it runs can gain one.
+2. mounts a fresh ``/proc`` (every top-level entry but the PID directories and the symlinks
+   into them read-only, ``MASKED`` ones and its own ``fd`` directories covered, as
+   :mod:`sandlot.sandboxes.local.jail` describes), a private ``/dev/shm``, ``/dev/pts`` and
+   ``/run``, and makes ``/dev`` read-only, since every child shares the zygote's; brings
+   loopback up in its own network namespace;
+3. empties its capability bounding set (``capabilities(7)``): nothing it runs can gain one;
+   loads ``FILTER`` (``seccomp(2)``), inherited by everything it runs.
 
 Once asked, for sandbox ``name``:
 
@@ -82,14 +89,17 @@ _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 1
 
-# own network namespace, workdir, overlay, kept (see the module docstring)
-_Shape = tuple[bool, str, bool, list[str]]
+# own network namespace, workdir, overlay, masked /proc entries, seccomp filter, kept (see the
+# module docstring)
+_Shape = tuple[bool, str, bool, frozenset[str], bytes, list[str]]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -160,15 +170,47 @@ def _drop_capabilities() -> None:
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-def _prepare(own_net: bool) -> None:
+def _cover_proc(masked: frozenset[str]) -> None:
+    """Make every top-level entry of the fresh ``/proc`` that describes the machine rather
+    than a process (all but the PID directories and the symlinks into them) read-only, or
+    cover it when ``masked``: an empty read-only tmpfs, or ``/dev/null``. The same rule as
+    :func:`sandlot.sandboxes.local.jail.proc_covered`, applied to the jail's own procfs."""
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    with os.scandir("/proc") as entries:
+        found = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries
+                 if not e.name.isdigit() and not e.is_symlink()]  # fmt: skip
+    for name, is_dir in found:
+        path = "/proc/" + name
+        if name in masked and is_dir:
+            _mount("tmpfs", path, "tmpfs", flags | _MS_RDONLY, "mode=0555")
+            continue
+        # A fresh procfs has nothing mounted below: no MS_REC, and its flags are known.
+        _mount("/dev/null" if name in masked else path, path, None, _MS_BIND)
+        _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
+    # We are PID 1 of this procfs, and the init: see jail.INIT_FDS.
+    _mount("tmpfs", "/proc/1/fd", "tmpfs", flags | _MS_RDONLY, "mode=0500")
+    _mount("/proc/1/fd", "/proc/1/task/1/fd", None, _MS_BIND)
+
+
+class _Program(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_char_p))  # struct sock_fprog
+
+
+def _install_filter(program: bytes) -> None:
+    """Load the seccomp filter ``program`` (``struct sock_filter`` array); we still hold
+    ``CAP_SYS_ADMIN``, so no ``no_new_privs`` is needed yet."""
+    fprog = _Program(len(program) // 8, program)
+    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
+           "seccomp")  # fmt: skip
+
+
+def _prepare(own_net: bool, masked: frozenset[str], program: bytes) -> None:
     """Steps 1 to 3 of the module docstring (the PID namespace is the zygote's doing)."""
     namespaces = _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | (_CLONE_NEWNET if own_net else 0)
     _check(_libc.unshare(namespaces), "unshare")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    _bind("/proc/sys", "/proc/sys", readonly=True)
-    if os.path.exists("/proc/sysrq-trigger"):
-        _bind("/dev/null", "/proc/sysrq-trigger", readonly=True)
+    _cover_proc(masked)
     _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
     _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC,
            "newinstance,ptmxmode=0666,mode=620")  # fmt: skip
@@ -177,6 +219,8 @@ def _prepare(own_net: bool) -> None:
     if own_net:
         _loopback_up()
     _empty_bounding_set()
+    if program:
+        _install_filter(program)
 
 
 def _serve_sandbox(
@@ -230,7 +274,7 @@ gc.freeze()
 
 def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
     """A forked spare: prepare, say so on ``sock``, wait for a sandbox, serve it, exit."""
-    own_net, workdir, overlay, kept = shape
+    own_net, workdir, overlay, masked, program, kept = shape
     try:
         wake_r = _INIT["prepare"]()[0]  # type: ignore[operator]  # replaces the zygote's pipe
         for fd in inherited:
@@ -241,7 +285,7 @@ def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
         for target in (0, 1, 2):
             os.dup2(null, target)
         os.close(null)
-        _prepare(own_net)
+        _prepare(own_net, masked, program)
     except BaseException as exc:  # reported, whatever it is
         sock.send(b"E\0" + f"cannot set up the sandbox's jail: {exc}".encode(errors="replace"))
         os._exit(1)
@@ -390,4 +434,6 @@ def serve(fd: int, shape: _Shape) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), (sys.argv[2] == "1", sys.argv[3], sys.argv[4] == "1", sys.argv[5:]))
+    fd, own_net, workdir, overlay, masked, program, *kept = sys.argv[1:]
+    shape = (own_net == "1", workdir, overlay == "1", frozenset(masked.split(",")))
+    serve(int(fd), (*shape, bytes.fromhex(program), kept))

@@ -41,7 +41,7 @@ from sandlot.sandboxes.local.init_client import (
     check_ready,
     spawn,
 )
-from sandlot.sandboxes.local.jail import JailConfig, zygote_jail
+from sandlot.sandboxes.local.jail import PROC_MASKED, JailConfig, keyring_filter, zygote_jail
 from sandlot.sandboxes.local.peer import InitDied, Peer
 
 log = logging.getLogger("sandlot.sandboxes.local")
@@ -154,7 +154,8 @@ class Zygote:
         jail = zygote_jail(config, _SANDBOXES, _KEEP)
         own_net, overlay = not config.network, config.environment is not None
         argv = [*jail.argv, "--", python, "-I", "-S", "-c", _LOADER, str(theirs.fileno())]
-        argv += ["01"[own_net], config.workdir, "01"[overlay], *jail.kept]
+        argv += ["01"[own_net], config.workdir, "01"[overlay], ",".join(sorted(PROC_MASKED))]
+        argv += [(keyring_filter() or b"").hex(), *jail.kept]
         # Unnamed (O_TMPFILE): nothing to remove when a zygote dies with its thread.
         log_file = tempfile.TemporaryFile(dir=config.sandboxes_dir)  # noqa: SIM115 (closed below)
         try:
