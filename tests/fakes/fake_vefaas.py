@@ -222,7 +222,7 @@ class FakeVefaas:
         self._api_server = self._serve(_ApiHandler, self.api_port)
 
     def stop(self) -> None:
-        for inst in list(self.instances.values()):
+        for inst in self._instances():
             self._kill_instance(inst)
         for server in self._servers:
             server.shutdown()
@@ -251,9 +251,14 @@ class FakeVefaas:
             self.faults_served.append((action, fault))
             return fault
 
+    def _instances(self) -> list[Instance]:
+        """A snapshot: request threads insert while others iterate."""
+        with self.lock:
+            return list(self.instances.values())
+
     def leaked(self) -> list[Instance]:
         """Instances nobody asked to kill (an instance whose command exited counts too)."""
-        return [i for i in self.instances.values() if not i.kill_requested]
+        return [i for i in self._instances() if not i.kill_requested]
 
     @property
     def endpoint(self) -> str:
@@ -278,7 +283,7 @@ class FakeVefaas:
         }
 
     def live(self) -> list[Instance]:
-        return [i for i in self.instances.values() if i.status == "Running"]
+        return [i for i in self._instances() if i.status == "Running"]
 
     def actions(self, name: str) -> list[dict[str, Any]]:
         return [body for action, body in self.calls if action == name]
@@ -373,6 +378,7 @@ class FakeVefaas:
 
     def _ListSandboxes(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         wanted = body.get("Metadata") or {}
+        instances = self._instances()
         rows = [
             {
                 "Id": i.id,
@@ -381,7 +387,7 @@ class FakeVefaas:
                 "FunctionId": i.function_id,
                 **i.failure(),
             }
-            for i in self.instances.values()
+            for i in instances
             if i.function_id == body.get("FunctionId")
             and all(i.metadata.get(k) == v for k, v in wanted.items())
         ]
