@@ -9,6 +9,7 @@ Field names follow the SWE-bench harness dataset schema (``instance_id``, ``repo
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from typing import Any
 
@@ -50,6 +51,14 @@ def _as_test_list(value: Any, field: str) -> list[str]:
     return list(value)
 
 
+_NEW_FILE = re.compile(r"^--- /dev/null\n\+\+\+ b/(.+)$", re.MULTILINE)
+
+
+def created_files(test_patch: str) -> list[str]:
+    """The files a unified diff creates (``--- /dev/null`` then ``+++ b/<path>``), in order."""
+    return _NEW_FILE.findall(test_patch)
+
+
 class Instance(BaseModel):
     """An SWE-bench style instance.
 
@@ -80,6 +89,12 @@ class Instance(BaseModel):
         test_cmd: the command that runs the tests; derived from ``swebench`` specs when absent.
         log_parser: name of a ``swebench.harness.log_parsers`` function (``parse_log_pytest``).
         eval_timeout: limit for running the tests, in seconds.
+        graded_paths: where the environment holds what grades the instance (hidden tests,
+            their runner, expected outputs), absolute or relative to ``workdir``; filled by
+            each dataset's converter (R2E-Gym: :data:`sandlot.datasets.r2e_gym.GRADED_PATHS`).
+            The agent's sandbox deletes them, with the files ``test_patch`` creates, before
+            the model's first turn (:meth:`graded_artefacts`); the evaluation's fresh sandbox
+            keeps them.
     """
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
@@ -102,6 +117,7 @@ class Instance(BaseModel):
     test_cmd: str | None = None
     log_parser: str | None = None
     eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0)
+    graded_paths: list[str] = Field(default_factory=list)
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -115,6 +131,39 @@ class Instance(BaseModel):
         if not value or not all(n.strip() for n in names):
             raise ValueError("image must be a non-empty name or a non-empty {backend: name} map")
         return value
+
+    @field_validator("graded_paths", mode="before")
+    @classmethod
+    def _graded_paths(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if hasattr(value, "tolist"):  # numpy arrays coming out of parquet readers
+            value = value.tolist()
+        if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
+            return value  # pydantic names the type error
+        for path in value:
+            if (
+                not path.strip()
+                or posixpath.normpath(path) in ("/", "//", ".")
+                or (".." in path.split("/"))
+            ):
+                raise ValueError(
+                    f"graded_paths: {path!r} is not a file or directory below '/' or the "
+                    "workdir (the agent's sandbox deletes each one)"
+                )
+        return list(value)
+
+    def graded_artefacts(self) -> list[str]:
+        """Absolute paths that must not exist in the agent's sandbox: :attr:`graded_paths`
+        (relative ones joined to ``workdir``) and the files ``test_patch`` creates, in order,
+        without duplicates."""
+        paths = [*self.graded_paths, *created_files(self.test_patch)]
+        found: list[str] = []
+        for path in paths:
+            full = posixpath.normpath(posixpath.join(self.workdir, path))
+            if full not in found and full != posixpath.normpath(self.workdir):
+                found.append(full)
+        return found
 
     def image_for(self, backend: str) -> str:
         """The image this instance runs in on ``backend``.

@@ -52,6 +52,12 @@ fi"""
 """R2E-Gym's ``DockerRuntime.setup_env``: its venv on ``PATH``, no stale bytecode, the graded
 tests and their runner out of ``/testbed``."""
 
+GRADED_PATHS = ("/root/r2e_tests", "/root/run_tests.sh", "/r2e_tests", "r2e_tests", "run_tests.sh")
+"""``Instance.graded_paths`` of R2E-Gym rows: where its images keep the hidden tests and their
+runner (``/r2e_tests``, the repository's ``r2e_tests`` and ``run_tests.sh``) and where
+:data:`SETUP_CMD` moves them (``/root``). The agent's sandbox deletes them at set-up; the
+evaluation's fresh sandbox gets them from the image."""
+
 TEST_CMD = """\
 rm -rf r2e_tests && ln -s /root/r2e_tests r2e_tests
 bash /root/run_tests.sh

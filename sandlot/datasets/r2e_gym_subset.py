@@ -30,8 +30,10 @@ no file path), for reports and for ``sandlot data validate``. Only the columns n
 :data:`KEPT` stay in the instance.
 
 Environment: ``post_setup_cmd`` sets up R2E-Gym's layout (``r2e_gym.SETUP_CMD``); the hidden tests
-and ``run_tests.sh`` move out of the repository to ``/root``. ``DEPLOYMENT=local`` is not
-supported: the graded tests exist only inside the images.
+and ``run_tests.sh`` move out of the repository to ``/root``. ``graded_paths`` lists them
+(``r2e_gym.GRADED_PATHS``): the agent's sandbox deletes them before the model's first turn, the
+evaluation's fresh sandbox keeps them. ``DEPLOYMENT=local`` is not supported: the graded tests
+exist only inside the images.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
         problem_statement=issue.group(1).strip() if issue else statement,
         test_cmd=r2e_gym.TEST_CMD,
         log_parser=r2e_gym.R2E_GYM_LOG_PARSER,
+        graded_paths=list(r2e_gym.GRADED_PATHS),
     )
     data.update(
         image_environment(record, image, IMAGE_PATH[ImageFamily.R2E_GYM], r2e_gym.SETUP_CMD)

@@ -206,6 +206,7 @@ def _instance(name: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
             PASS_TO_PASS=[],
             test_cmd=r2e_gym.TEST_CMD,
             log_parser=r2e_gym.R2E_GYM_LOG_PARSER,
+            graded_paths=list(r2e_gym.GRADED_PATHS),
         )
     return data
 

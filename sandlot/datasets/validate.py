@@ -258,6 +258,16 @@ def row_problems(row: TaskRow, index: int | None = None) -> list[Problem]:
                 "re-run `sandlot data prepare r2e_gym_subset`",
             )
         )
+    if inst.log_parser == R2E_GYM_LOG_PARSER and not inst.graded_paths:
+        problems.append(
+            Problem(
+                index,
+                f"{_METADATA}.graded_paths",
+                "an R2E-Gym row that names no graded_paths: the agent's sandbox would keep the "
+                "hidden tests and run_tests.sh of the image, where the agent can read them",
+                "re-run `sandlot data prepare r2e_gym_subset` (or `sandlot data convert`)",
+            )
+        )
     if not inst.FAIL_TO_PASS:
         problems.append(
             Problem(

@@ -6,7 +6,8 @@ under verl (the trainer's token-in/token-out policy), so what is evaluated is wh
 An episode, as uni-agent's and SWE-agent's loops run it:
 
 1. open the row's sandbox (``instance_spec`` + the config's ``sandbox`` block; the row's own
-   environment wins), put the repository at ``base_commit`` and run its setup;
+   environment wins), put the repository at ``base_commit``, run its setup and delete what
+   grades the instance (:mod:`sandlot.rollout.graded`: hidden tests, their runner);
 2. build the :class:`~sandlot.tools.Toolbox`; turns of policy → tool calls (native, or parsed
    from text with ``tool_parser``) → tools → observations, until ``submit``/``finish``, a turn
    without a tool call, ``max_turns``, ``max_total_tokens``, a generation cut at its length or
@@ -14,7 +15,8 @@ An episode, as uni-agent's and SWE-agent's loops run it:
    ``timeout_budget`` tool timeouts, or a dead sandbox;
 3. take the model patch (what ``submit`` returned, else ``git diff`` against ``base_commit``);
 4. grade it with :func:`~sandlot.rewards.evaluate.evaluate` in a fresh sandbox (``reward.mode:
-   fresh``) or in the agent's sandbox (``same``).
+   fresh``) or in the agent's sandbox (``same``; the graded files are put back from a host
+   copy first, and the trajectory warns that processes the agent left could touch them).
 
 Every sandbox is closed on every path. :func:`run_episode` never raises but for cancellation:
 a failed start, a failed setup or a model-server failure is a trajectory with
@@ -25,9 +27,11 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -39,6 +43,7 @@ from sandlot.errors import SandboxError
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.evaluate import evaluate, evaluate_in_sandbox
 from sandlot.rollout.config import AgentConfig
+from sandlot.rollout.graded import GradedFiles, remove_graded, restore_graded
 from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError
 from sandlot.rollout.trajectory import ExitReason, Observation, Step, Trajectory
 from sandlot.sandboxes.base import Sandbox
@@ -285,6 +290,36 @@ class _Episode:
             log.warning("%s: no model patch: %s", self.instance.instance_id, exc)
 
 
+_warned_same = False
+
+
+async def _remove_graded(ep: _Episode, sb: Sandbox, copy_to: Path | None) -> GradedFiles:
+    """Delete the instance's graded files from the agent's sandbox (copied to ``copy_to``
+    first, for reward mode ``same``); record and log loudly what could not be deleted, and
+    that mode ``same`` puts them back in the sandbox the agent had a shell in."""
+    global _warned_same
+    graded = await remove_graded(sb, ep.instance, copy_to=copy_to)
+    leak = graded.leak_warning(ep.instance)
+    if leak:
+        ep.traj.warnings.append(leak)
+        log.warning("GRADED FILES READABLE BY THE AGENT: %s", leak)
+    if graded.copies:
+        ep.traj.warnings.append(
+            "reward mode 'same': the graded files were deleted for the episode and are put "
+            "back into the agent's sandbox for the grading, where processes the agent left "
+            "running can read or change them; use reward mode 'fresh' for training"
+        )
+        if not _warned_same:
+            _warned_same = True
+            log.warning(
+                "reward mode 'same' grades %s and other instances with graded files in the "
+                "agent's own sandbox: processes the agent left running can read or change the "
+                "hidden tests put back for the grading; use reward mode 'fresh' for training",
+                ep.instance.instance_id,
+            )
+    return graded
+
+
 async def run_episode(
     row: TaskRow,
     policy: Policy,
@@ -317,6 +352,8 @@ async def run_episode(
     traj.model_name_or_path = model_name_or_path
     reward = config.reward
     evaluated = False
+    same = reward.mode == "same"
+    copies = tempfile.TemporaryDirectory(prefix="sandlot-graded-") if same else None
     try:
         options = sandbox_options or config.sandbox.options_for(backend)
         spec = episode_spec(row, config, backend)
@@ -327,11 +364,13 @@ async def run_episode(
                 await sb.start()
             with timer("setup"):
                 await prepare_repo(sb, ep.instance, backend)
+                graded = await _remove_graded(ep, sb, Path(copies.name) if copies else None)
             with timer("agent"):
                 await ep.run_turns(sb)
             await ep.take_patch(sb)
-            if reward.mode == "same" and traj.exit_reason is not ExitReason.SANDBOX_DEAD:
+            if same and traj.exit_reason is not ExitReason.SANDBOX_DEAD:
                 with timer("eval"):
+                    await restore_graded(sb, graded)
                     traj.eval = await evaluate_in_sandbox(
                         sb,
                         ep.instance,
@@ -365,6 +404,9 @@ async def run_episode(
         log.exception("episode %s/%d failed unexpectedly", traj.instance_id, sample)
         ep.end(ExitReason.INFRA_ERROR, f"unexpected {type(exc).__name__}: {exc}")
         traj.retryable = False
+    finally:
+        if copies is not None:
+            copies.cleanup()
     traj.reward = traj.eval.reward if traj.eval is not None else 0.0
     timer.timings["total"] = time.monotonic() - started
     traj.timings_s = timer.timings

@@ -82,6 +82,8 @@ class Trajectory(BaseModel):
             that does not parse, an unknown tool, arguments that are not a JSON object or that
             the tool rejects).
         attempts: how many times the episode was started (infrastructure retries).
+        warnings: what makes the reward less trustworthy, e.g. graded files the agent's
+            sandbox kept (:mod:`sandlot.rollout.graded`).
     """
 
     instance_id: str
@@ -101,6 +103,7 @@ class Trajectory(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     timings_s: dict[str, float] = Field(default_factory=dict)
     attempts: int = 1
+    warnings: list[str] = Field(default_factory=list)
 
     @property
     def resolved(self) -> bool:

@@ -12,7 +12,7 @@ from dataprep_support import EXAMPLES, MINICALC_BASE, fixture_rows, run_prepare
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.prepare import SourceError
 from sandlot.datasets.r2e_commit import gold_patch, is_test_file
-from sandlot.datasets.r2e_gym import parse_log
+from sandlot.datasets.r2e_gym import GRADED_PATHS, SETUP_CMD, parse_log
 from sandlot.datasets.r2e_gym_subset import passing_tests
 from sandlot.datasets.swebench_specs import resolve_log_parser
 from sandlot.datasets.validate import validate_file
@@ -210,3 +210,57 @@ def test_validate_flags_r2e_rows_prepared_with_the_old_grading(tmp_path: Path) -
     pq.write_table(pa.Table.from_pylist([record]), old)
     [problem] = validate_file(old).errors
     assert problem.field.endswith("log_parser") and "re-run" in problem.fix
+
+
+def test_r2e_rows_name_their_graded_files_and_validate_wants_them(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = run_prepare("r2e_gym_subset", tmp_path, "docker").path
+    inst = _r2e_instance(tmp_path)
+    assert inst.graded_paths == list(GRADED_PATHS)
+    assert inst.graded_artefacts() == [
+        "/root/r2e_tests",
+        "/root/run_tests.sh",
+        "/r2e_tests",
+        "/testbed/r2e_tests",
+        "/testbed/run_tests.sh",
+    ]
+    # Every place R2E-Gym's set-up moves them to is listed.
+    assert {"/root/run_tests.sh", "/root/r2e_tests"} <= {
+        word.rstrip(";") for word in SETUP_CMD.split() if word.startswith("/root/r")
+    }
+    [record] = pq.read_table(path).to_pylist()
+    meta = json.loads(record["extra_info"]["tools_kwargs"]["reward"]["metadata"])
+    del meta["graded_paths"]  # what sandlot wrote before the agent's sandbox deleted them
+    record["extra_info"]["tools_kwargs"]["reward"]["metadata"] = json.dumps(meta)
+    old = tmp_path / "old.parquet"
+    pq.write_table(pa.Table.from_pylist([record]), old)
+    [problem] = validate_file(old).errors
+    assert problem.field.endswith("graded_paths") and "re-run" in problem.fix
+
+
+@pytest.mark.parametrize("path", ["/", "//", "/.", "", ".", "./", "..", "../x", "a/../../b"])
+def test_graded_paths_never_name_the_root_the_workdir_or_a_parent(path: str) -> None:
+    with pytest.raises(ValueError, match="graded_paths"):
+        Instance(
+            instance_id="x", base_commit="a", test_patch="", FAIL_TO_PASS=["t"], graded_paths=[path]
+        )
+
+
+def test_graded_artefacts_add_the_files_test_patch_creates() -> None:
+    test_patch = (
+        "diff --git a/tests/test_new.py b/tests/test_new.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/tests/test_new.py\n@@ -0,0 +1 @@\n+def test_x(): pass\n"
+        "diff --git a/tests/test_old.py b/tests/test_old.py\n"
+        "--- a/tests/test_old.py\n+++ b/tests/test_old.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    inst = Instance(
+        instance_id="x",
+        base_commit="a",
+        test_patch=test_patch,
+        FAIL_TO_PASS=["t"],
+        graded_paths=["/opt/hidden", "tests/test_new.py"],
+        workdir="/repo",
+    )
+    assert inst.graded_artefacts() == ["/opt/hidden", "/repo/tests/test_new.py"]

@@ -16,7 +16,7 @@ from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH
 from sandlot.datasets.loaders import DatasetError, load_instances
 from sandlot.datasets.r2e_commit import gold_patch
-from sandlot.datasets.r2e_gym import R2E_GYM_LOG_PARSER, SETUP_CMD, TEST_CMD
+from sandlot.datasets.r2e_gym import GRADED_PATHS, R2E_GYM_LOG_PARSER, SETUP_CMD, TEST_CMD
 from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.validate import validate_file
 from sandlot.rollout.rows import load_rows
@@ -156,6 +156,7 @@ def test_convert_rewrites_into_sandlot_rows(tmp_path: Path) -> None:
         "test_power",
     ]
     assert (inst.test_cmd, inst.post_setup_cmd, inst.base_commit) == (TEST_CMD, SETUP_CMD, "HEAD")
+    assert inst.graded_paths == list(GRADED_PATHS)
 
 
 def test_eval_and_the_agent_loop_read_both_layouts(tmp_path: Path) -> None:
