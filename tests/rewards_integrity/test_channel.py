@@ -21,6 +21,7 @@ from sandlot.rewards.integrity.channel import (
     channel_unavailable,
     judge_records,
     runs_pytest,
+    wrap_pytest,
 )
 
 TESTS = """
@@ -349,6 +350,12 @@ def test_runs_pytest() -> None:
         ("bin/test sympy/core", "does not run pytest"),
         ("head -n 5 x.txt; pytest -rA tests", None),
         ("pytest -rA tests/test_ns.py", None),
+        ("X=1 /opt/env/bin/python3.9 -m pytest -rA && echo done", None),
+        ("if true; then py.test a; fi", None),
+        ("timeout 60 pytest -rA", "cannot wrap"),
+        ("python -X dev -m pytest -rA", "cannot wrap"),
+        ("coverage run -m pytest -rA", "cannot wrap"),
+        ("pip install pytest; pytest -rA", "cannot wrap"),
     ],
 )
 def test_channel_unavailable_names_why(test_cmd: str, why: str | None) -> None:
@@ -367,3 +374,68 @@ def test_plugin_source_is_python_3_6() -> None:
         for n in ast.walk(ast.parse(PLUGIN_SOURCE.read_text()))
         if isinstance(n, ast.ImportFrom) and n.module
     }
+
+
+def test_every_pytest_invocation_calls_the_bootstrap() -> None:
+    assert wrap_pytest("pytest -rA a.py") == "__sandlot_pytest script pytest -rA a.py"
+    assert (
+        wrap_pytest("cd x && PYTHONPATH=. python3 -m pytest -q; /v/bin/py.test b")
+        == "cd x && PYTHONPATH=. __sandlot_pytest module python3 -q; "
+        "__sandlot_pytest script /v/bin/py.test b"
+    )
+    assert wrap_pytest("./tests/runtests.py --parallel 1") == "./tests/runtests.py --parallel 1"
+
+
+def test_the_pytest_script_runs_through_the_bootstrap_and_a_second_session_gets_no_key(
+    tmp_path: Path,
+) -> None:
+    # `pytest` (the console script: its #! line names the interpreter), twice.
+    bindir = str(Path(sys.executable).parent)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "test_a.py").write_text(TESTS)
+    token = secrets.token_hex(4)
+    run = ChannelRun(
+        module=f"sandlot_channel_{token}",
+        directory=str(tmp_path / f"channel-{token}"),
+        key=secrets.token_bytes(32),
+    )
+    done = subprocess.run(
+        ["bash", "-c", run.command("pytest -rA -p no:cacheprovider; pytest -p no:cacheprovider")],
+        cwd=project,
+        input=run.stdin,
+        capture_output=True,
+        timeout=120,
+        env={"PATH": f"{bindir}:/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
+    out = done.stdout.decode()
+    assert out.count("1 failed, 2 passed") == 2, out
+    verdict = judge_records(Path(run.records_path).read_text(), run.key)
+    assert verdict.violations == [], out
+    assert verdict.statuses["test_a.py::test_bad"] == "FAILED"
+
+
+def test_a_sitecustomize_of_the_repository_on_pythonpath_never_runs(tmp_path: Path) -> None:
+    hook = "import os\nos.environ['SHADOWED'] = '1'\n"
+    probe = "import os\n\ndef test_probe():\n    assert 'SHADOWED' not in os.environ\n"
+    files = {"lib/sitecustomize.py": hook, "sitecustomize.py": hook, "test_p.py": probe}
+    project = tmp_path / "project"
+    for rel, text in files.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    token = secrets.token_hex(4)
+    run = ChannelRun(
+        module=f"sandlot_channel_{token}",
+        directory=str(tmp_path / f"channel-{token}"),
+        key=secrets.token_bytes(32),
+    )
+    done = subprocess.run(
+        ["bash", "-c", run.command(f"{sys.executable} -m pytest -rA -p no:cacheprovider")],
+        cwd=project,
+        input=run.stdin,
+        capture_output=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(project / "lib")},
+    )
+    verdict = judge_records(Path(run.records_path).read_text(), run.key)
+    assert verdict.statuses == {"test_p.py::test_probe": "PASSED"}, done.stdout.decode()

@@ -2,12 +2,16 @@
 
 :mod:`sandlot.rewards.integrity.pytest_channel` (see its docstring for the record format and the
 threat model) is written into the sandbox under a fresh random module name for every run, so a
-file of the repository cannot shadow it. The test command runs behind a preamble that moves the
-command's standard input (a pipe carrying the per-run key, hex, one line) to fd 3, opens the
-records file on fd 4, and loads the plugin through ``PYTEST_ADDOPTS``; the plugin reads the key,
-closes both descriptors and takes its variables out of the environment before any test code
-runs. The records file is read back after the command and checked with the key, which never
-entered the sandbox in any other way.
+file of the repository cannot shadow it. The shell running the test command moves its standard
+input, a pipe holding the per-run key (hex, one line), to fd 3 without reading it and gives the
+tests ``/dev/null``; every pytest invocation of the command (``pytest``, ``py.test``, ``python -m
+pytest``, at a command position) is rewritten to a shell function that starts the plugin file
+itself as a bootstrap (``python -S``, ``PYTHONPATH`` unset) with the key on a pipe (fd 3). The
+bootstrap turns the key into an HMAC object and closes the pipe before anything outside the
+standard library is importable, loads pytest and the plugin with no directory of the
+repository on ``sys.path``, and only then puts the repository's paths back and calls
+``pytest.main(plugins=[plugin])``. The records file is read back after the command and checked
+with the key, which never entered the sandbox in any other way.
 """
 
 from __future__ import annotations
@@ -28,6 +32,66 @@ from sandlot.rewards.scripts import EVAL_DIR
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_channel.py")
 # A pytest invocation as a word of the command: ``pytest``, ``py.test``, ``python -m pytest``.
 _PYTEST_WORD = re.compile(r"(?:^|[\s;&|(`/])(?:py\.test|pytest)(?=$|[\s;&|)`])")
+# A pytest invocation the channel can wrap: at a command position (start of a line, after
+# ``;``, ``&``, ``|``, ``(``, ``{``, ``then``/``do``/``else``/``time``, past ``NAME=value``
+# assignments), ``[dir/]pytest``, ``[dir/]py.test`` or ``[dir/]python[X.Y] -m pytest``.
+_WORD_CHARS = r"[^\s;&|()<>'\"`$]"
+_INVOCATION = re.compile(
+    r"(?P<pre>(?:^|[;&|({]|\b(?:then|do|else|time)\b)\s*(?:[A-Za-z_]\w*=\S*\s+)*)"
+    rf"(?:(?P<python>(?:{_WORD_CHARS}*/)?python[0-9.]*)\s+-m\s+pytest"
+    rf"|(?P<script>(?:{_WORD_CHARS}*/)?(?:py\.test|pytest)))"
+    r"(?=$|[\s;&|)])",
+    re.M,
+)
+# The shell function each wrapped invocation calls: ``__sandlot_pytest module|script WORD
+# ARGS``. It finds the Python that would run pytest (the interpreter word, or the pytest
+# script's ``#!`` line), and starts the plugin file as the bootstrap with the key on fd 3.
+_RUN_FUNCTION = "__sandlot_pytest"
+_RUN_FUNCTION_SOURCE = r"""__sandlot_pytest() {
+  { __sl_x=; case $- in *x*) __sl_x=1; set +x;; esac; } 2>/dev/null
+  local __sl_how=$1 __sl_what=$2 __sl_py= __sl_line= __sl_a= __sl_b= __sl_rc=0
+  shift 2
+  __sl_py=$(command -v "$__sl_what") || __sl_py=
+  if [ "$__sl_how" = script ] && [ -n "$__sl_py" ]; then
+    __sl_what=$__sl_py
+    __sl_py=
+    IFS= read -r __sl_line < "$__sl_what" || true
+    case $__sl_line in "#!"*)
+      __sl_line=${__sl_line#??}
+      __sl_line=${__sl_line# }
+      __sl_a=${__sl_line%% *}
+      __sl_b=${__sl_line#"$__sl_a"}
+      __sl_b=${__sl_b# }
+      __sl_b=${__sl_b%% *}
+      case ${__sl_a##*/} in
+        env) __sl_py=$(command -v "$__sl_b") || __sl_py= ;;
+        *) __sl_py=$__sl_a ;;
+      esac ;;
+    esac
+    case ${__sl_py##*/} in python*|pypy*) ;; *)
+      # pip's script for a long interpreter path: line 2 is '''exec' "/path/python" "$0" "$@"
+      { IFS= read -r __sl_line; IFS= read -r __sl_line; } < "$__sl_what" || true
+      __sl_line=${__sl_line#"'''exec' \""}
+      __sl_py=${__sl_line%%\"*}
+      case ${__sl_py##*/} in python*|pypy*) ;; *) __sl_py= ;; esac ;;
+    esac
+  fi
+  if [ -z "$__sl_py" ]; then
+    echo "sandlot: no Python found for $__sl_what; the pytest channel is not loaded"
+    cat <&3 >/dev/null  # the key is dropped unread, never left to this pytest
+    if [ "$__sl_how" = script ]; then command "$__sl_what" "$@" 3<&-
+    else command "$__sl_what" -m pytest "$@" 3<&-; fi
+  else
+    ( export __SANDLOT_PYTHONPATH="${PYTHONPATH-}" __SANDLOT_PYTHONPATH_SET="${PYTHONPATH+1}"
+      unset PYTHONPATH
+      exec "$__sl_py" -S @PLUGIN@ @MODULE@ @RECORDS@ "$__sandlot_root" "$__sl_how" "$__sl_what" "$@"
+    )
+  fi
+  __sl_rc=$?
+  if [ -n "$__sl_x" ]; then set -x; fi
+  return $__sl_rc
+}
+"""
 # pytest-xdist's options that start workers: -n 4, -nauto, --numprocesses=2, --dist load.
 _XDIST_OPTION = re.compile(r"\s(?:-n\s*\S|--numprocesses\b|--dist\b)")
 # pytest's -rA statuses, worst first (a test with a failing teardown is an ERROR).
@@ -53,6 +117,13 @@ def channel_unavailable(test_cmd: str) -> str | None:
     """
     if not runs_pytest(test_cmd):
         return "the test command does not run pytest; graded from the log and the exit status"
+    wrapped = {m.end() for m in _INVOCATION.finditer(test_cmd)}
+    if any(w.end() not in wrapped for w in _PYTEST_WORD.finditer(test_cmd)):
+        return (
+            "the test command starts pytest in a way the channel cannot wrap (only `pytest`, "
+            "`py.test` and `python -m pytest` at a command position are); graded from the log "
+            "and the exit status"
+        )
     for line in test_cmd.splitlines():
         found = _PYTEST_WORD.search(line)
         if found and _XDIST_OPTION.search(line, found.end()):
@@ -82,22 +153,42 @@ class ChannelRun:
 
     def command(self, test_cmd: str) -> str:
         """``test_cmd`` behind the preamble that writes the plugin (a here-document: its
-        source is no secret) and hands it its descriptors.
+        source is no secret), takes the key and defines the function every pytest invocation
+        of ``test_cmd`` is rewritten to call (see :func:`wrap_pytest`).
 
-        Standard input of the tests becomes ``/dev/null``; ``PYTEST_ADDOPTS`` and
-        ``PYTHONPATH`` keep the values the environment already had, after the plugin's.
+        The key pipe (the command's standard input) moves to fd 3, unread by the shell: the
+        first bootstrap drains it, later pytest invocations find it empty. Standard input of
+        the tests is ``/dev/null``.
         """
         d, m = shlex.quote(self.directory), shlex.quote(self.module)
+        plugin = f"{d}/{m}.py"
+        function = (
+            _RUN_FUNCTION_SOURCE.replace("@PLUGIN@", plugin)
+            .replace("@MODULE@", m)
+            .replace("@RECORDS@", shlex.quote(self.records_path))
+        )
         return (
             "exec 2>&1\n"
-            f"mkdir -p {d} && cat > {d}/{m}.py <<'{_PLUGIN_EOF}'\n"
+            f"mkdir -p {d} && cat > {plugin} <<'{_PLUGIN_EOF}'\n"
             f"{PLUGIN_SOURCE.read_text()}{_PLUGIN_EOF}\n"
-            f"exec 3<&0 0</dev/null 4>>{shlex.quote(self.records_path)}\n"
-            f"export SANDLOT_CHANNEL={m} SANDLOT_CHANNEL_DIR={d}\n"
-            f'export PYTEST_ADDOPTS="-p {self.module}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}"\n'
-            f'export PYTHONPATH={d}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
-            f"{test_cmd}"
+            "exec 3<&0 0</dev/null\n"
+            "__sandlot_root=$PWD\n"
+            f"{function}"
+            f"{wrap_pytest(test_cmd)}"
         )
+
+
+def wrap_pytest(test_cmd: str) -> str:
+    """``test_cmd`` with each pytest invocation at a command position calling the channel's
+    shell function: ``pytest ARGS`` → ``__sandlot_pytest script pytest ARGS``, ``python3 -m
+    pytest ARGS`` → ``__sandlot_pytest module python3 ARGS``."""
+
+    def call(m: re.Match[str]) -> str:
+        if m["python"]:
+            return f"{m['pre']}{_RUN_FUNCTION} module {m['python']}"
+        return f"{m['pre']}{_RUN_FUNCTION} script {m['script']}"
+
+    return _INVOCATION.sub(call, test_cmd)
 
 
 def new_channel() -> ChannelRun:

@@ -2,19 +2,24 @@
 # (runs on the sandbox's interpreter, Python >= 3.6 and any pytest >= 3.6: untyped on purpose)
 """sandlot's pytest plugin: per-test outcomes on a channel the code under test does not share.
 
-This file is copied into the evaluation sandbox under a random module name and loaded with
-``-p <name>`` (through ``PYTEST_ADDOPTS``), so pytest imports it before any conftest and before
-any module of the repository. It runs on the sandbox's interpreter: standard library only,
-Python >= 3.6, pytest >= 3.6 (old-style ``hookwrapper`` hooks, as every pytest and pluggy
-release since then supports).
+This file is copied into the evaluation sandbox under a random module name and run as its own
+bootstrap: the runner's shell function starts ``python -S <this file> NAME RECORDS ROOT
+module|script TARGET ARGS`` in place of ``python -m pytest ARGS`` / ``pytest ARGS`` (see
+:func:`_boot`). It runs on the sandbox's interpreter: standard library only, Python >= 3.6,
+pytest >= 3.6 (old-style ``hookwrapper`` hooks, as every pytest and pluggy release since then
+supports).
 
-The runner starts the test command with two extra file descriptors:
+* fd 3: a pipe holding one line, the per-run key (hex). It is read by :func:`_take_key`, the
+  first thing this file does when run, before anything but the standard library is importable,
+  and closed; the pipe is then empty, so nothing run later (the tests, a child, a sibling
+  reading ``/proc/<ppid>/fd/3``) can read it. The key becomes an HMAC object and the raw bytes
+  are zeroed; it is never in the environment, argv or a file.
+* the records file, outside the repository, opened on a close-on-exec descriptor >= 200.
 
-* fd 3: a pipe holding one line, the per-run key (hex). It is read here, at import, and closed;
-  the pipe is then empty, so nothing run later (the tests, a child, a sibling reading
-  ``/proc/<ppid>/fd/3``) can read it. The key is never in the environment, argv or a file.
-* fd 4: the channel, a file outside the repository. It is moved to a close-on-exec descriptor
-  >= 200 and fd 4 closed.
+pytest, then this file again under NAME (the plugin), are imported with no directory of the
+repository on ``sys.path``; the repository's paths come back only once the channel is open, and
+a ``sys.meta_path`` finder keeps the modules pytest, the standard library and installed
+packages import from resolving to files of the repository for the rest of the run.
 
 Each record is one line, ``<json>\\t<hex HMAC-SHA256(key, json)>``, with a sequence number
 ``n`` counting from 0: ``start``, ``items`` (the ids pytest collected, right before the run
@@ -26,25 +31,197 @@ the innermost ``pytest_runtest_<when>`` wrapper); ``inner``, the report outcome 
 (innermost ``pytest_runtest_makereport`` wrapper); ``outer``, the outcome of the report as it
 reached ``pytest_runtest_logreport`` (outermost wrapper, before any other implementation).
 
-Threat model: the code under test runs in this process and could, knowing this plugin, find
-its state in memory. What it cannot do without targeting sandlot by name is forge a record:
+Threat model: nothing of the repository runs before the key is taken; the code under test runs
+in this process afterwards and could, knowing this plugin, find its state in memory and sign
+with it. What it cannot do without targeting sandlot by name is forge a record:
 hook wrappers, rewritten reports, shadowed runners, printed lines, monkeypatched pytest or
 pluggy internals, direct hook calls and early exits all leave records that disagree, or no
 ``end`` record. The runner (``sandlot.rewards.integrity.channel``) decides.
 """
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import sys
 
-import pytest
-
 KEY_FD = 3
-CHANNEL_FD = 4
-ENV_NAME = "SANDLOT_CHANNEL"
-ENV_DIR = "SANDLOT_CHANNEL_DIR"
+# What the runner's shell function hands the bootstrap besides argv (popped at once).
+ENV_PYTHONPATH = "__SANDLOT_PYTHONPATH"
+ENV_PYTHONPATH_SET = "__SANDLOT_PYTHONPATH_SET"
+
+
+def _take_key():
+    """Read the key (hex, one line) from fd 3, close it, and return an HMAC object of it, or
+    ``None`` (a later pytest session of the same test command gets an empty line).
+
+    The raw key lives only in two bytearrays zeroed before this returns.
+    """
+    buf = bytearray(160)
+    got = 0
+    try:
+        while got < len(buf) and buf.find(b"\n", 0, got) < 0:
+            n = os.readv(KEY_FD, [memoryview(buf)[got:]])
+            if not n:
+                break
+            got += n
+        os.close(KEY_FD)
+    except OSError:
+        return None
+    end = buf.find(b"\n", 0, got)
+    size = (end if end >= 0 else got) // 2
+    key = bytearray(size)
+    try:
+        for i in range(size):
+            key[i] = int(buf[2 * i : 2 * i + 2], 16)
+        mac = hmac.new(key, digestmod=hashlib.sha256) if size else None
+    except ValueError:
+        mac = None
+    for i in range(len(buf)):
+        buf[i] = 0
+    for i in range(size):
+        key[i] = 0
+    return mac
+
+
+# -- the bootstrap: ``python -S <this file> NAME RECORDS ROOT module|script TARGET ARGS...``
+
+
+def _inside(path, root):
+    path = os.path.realpath(path or os.curdir)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+class _RunnerImports:
+    """A ``sys.meta_path`` finder: a top-level module imported by code that is not the
+    repository's (pytest, pluggy, the standard library, installed packages, this bootstrap)
+    comes from the start-up path when that path has it, so no file of the repository or of a
+    ``PYTHONPATH`` directory inside it can stand in for a module the runner imports, now or
+    lazily later (``pdb`` in ``pytest_configure``, ``tomllib`` for ``pyproject.toml``, ...).
+    Imports made by the repository's own code resolve as they always do."""
+
+    def __init__(self, safe_path, root):
+        import importlib.machinery
+
+        self._find = importlib.machinery.PathFinder.find_spec
+        self._path = safe_path
+        self._root = root
+
+    def _importer_is_repository(self):
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not (filename.startswith("<frozen") or "importlib" in filename):
+                return filename.startswith(self._root.rstrip(os.sep) + os.sep)
+            frame = frame.f_back
+        return False
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or "." in name or self._importer_is_repository():
+            return None
+        return self._find(name, self._path)
+
+
+def _boot(mac):
+    """Start pytest as ``python -m pytest ARGS`` (``module``) or the script ``TARGET ARGS``
+    (``script``) would, with this file loaded as the plugin ``NAME``, in this order:
+
+    1. (at import, before this runs) the key read from fd 3 and turned into an HMAC object,
+       the raw bytes zeroed: the interpreter runs with ``-S``, ``PYTHONPATH`` unset and this
+       file's directory as ``sys.path[0]``, so only the standard library is importable yet;
+    2. ``site`` without ``sitecustomize``/``usercustomize`` or the user site, then every
+       ``sys.path`` entry inside the repository (ROOT) set aside;
+    3. pytest and the plugin imported, the channel opened (``start`` record, snapshot of
+       pytest's internals), the records file on a close-on-exec descriptor;
+    4. only then the repository's ways in put back where the real command has them:
+       ``PYTHONPATH``, the entries set aside, the user site, ``sitecustomize`` and
+       ``usercustomize``, ``sys.path[0]`` (the working directory, or the script's directory),
+       with :class:`_RunnerImports` first on ``sys.meta_path``;
+    5. ``pytest.main(ARGS, plugins=[plugin])``.
+    """
+    name, records, root, mode, target = sys.argv[1:6]
+    args = sys.argv[6:]
+    root = os.path.realpath(root)
+    pythonpath = os.environ.pop(ENV_PYTHONPATH, "")
+    if os.environ.pop(ENV_PYTHONPATH_SET, ""):
+        os.environ["PYTHONPATH"] = pythonpath
+    fd = None
+    if mac is not None:
+        import fcntl
+
+        raw = os.open(records, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = fcntl.fcntl(raw, fcntl.F_DUPFD, 200)
+        fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+        os.close(raw)
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
+    for hook in ("sitecustomize", "usercustomize"):
+        sys.modules[hook] = None
+    import site
+
+    site.ENABLE_USER_SITE = False
+    site.main()
+    set_aside = [(i, p) for i, p in enumerate(sys.path) if _inside(p, root)]
+    for i, _ in reversed(set_aside):
+        del sys.path[i]
+    import importlib.util
+
+    try:
+        import pytest
+    except ImportError:
+        # pytest itself is the repository (pytest-dev/pytest installed from its work tree):
+        # the runner is the code under test, trusted by definition; the key is already taken.
+        for i, p in set_aside:
+            sys.path.insert(i, p)
+        set_aside = []
+        try:
+            import pytest
+        except ImportError:
+            if mode != "module":
+                raise
+            # What ``python -m pytest`` says without pytest (the runner's missing_runner reads it).
+            sys.stderr.write(sys.executable + ": No module named pytest\n")
+            raise SystemExit(1) from None
+    spec = importlib.util.spec_from_file_location(name, os.path.join(here, name + ".py"))
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    if mac is not None:
+        plugin._start(mac, fd)
+
+    entries = [p for p in pythonpath.split(os.pathsep) if pythonpath]
+    safe = [p for p in entries if not _inside(p, root)] + list(sys.path)
+    finder = _RunnerImports(safe, root)
+    sys.meta_path.insert(0, finder)
+    for i, p in set_aside:
+        sys.path.insert(i, p)
+    sys.path[:0] = entries
+    if not os.environ.get("PYTHONNOUSERSITE") and site.check_enableusersite():
+        site.ENABLE_USER_SITE = True
+        site.addsitedir(site.getusersitepackages())
+    for hook in ("sitecustomize", "usercustomize"):
+        del sys.modules[hook]  # from the start-up path only, never from the repository
+        if (hook == "sitecustomize" or site.ENABLE_USER_SITE) and finder.find_spec(hook):
+            with contextlib.suppress(ImportError):
+                __import__(hook)
+    if mode == "module":
+        argv0 = os.path.join(os.path.dirname(pytest.__file__), "__main__.py")
+        first = os.getcwd()
+    else:
+        argv0 = target
+        first = os.path.dirname(os.path.realpath(target))
+    if not os.environ.get("PYTHONSAFEPATH"):
+        sys.path.insert(0, first)
+    sys.argv = [argv0, *args]
+    raise SystemExit(int(pytest.main(args, plugins=[plugin])))
+
+
+if __name__ == "__main__":
+    # The bootstrap: the key becomes an HMAC object and its descriptor is closed before any
+    # import from outside the standard library; the rest of this file runs as the plugin copy.
+    _boot(_take_key())
+
+import pytest  # noqa: E402
 
 # pytest and pluggy internals whose replacement would change what a test run reports; checked
 # after collection, after every test and at the end of the session.
@@ -150,8 +327,8 @@ def _static(owner, attr):
 class _Channel:
     """Signed, numbered records written to a private descriptor."""
 
-    def __init__(self, key, fd):
-        self._mac = hmac.new(key, digestmod=hashlib.sha256)
+    def __init__(self, mac, fd):
+        self._mac = mac
         self._fd = fd
         self._seq = 0
 
@@ -165,51 +342,6 @@ class _Channel:
         data = (body + "\t" + mac.hexdigest() + "\n").encode("utf-8")
         while data:
             data = data[os.write(self._fd, data) :]
-
-
-def _scrub_environment():
-    """Take this plugin out of the environment the tests and their children see."""
-    name = os.environ.pop(ENV_NAME, "")
-    directory = os.environ.pop(ENV_DIR, "")
-    opts = os.environ.get("PYTEST_ADDOPTS", "").split()
-    if opts[:2] == ["-p", name]:
-        rest = " ".join(opts[2:])
-        if rest:
-            os.environ["PYTEST_ADDOPTS"] = rest
-        else:
-            os.environ.pop("PYTEST_ADDOPTS", None)
-    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != directory]
-    if any(path):
-        os.environ["PYTHONPATH"] = os.pathsep.join(path)
-    else:
-        os.environ.pop("PYTHONPATH", None)
-    return name
-
-
-def _open():
-    """The channel of this run, or ``None`` when this process is not the one the runner
-    started (a child pytest that inherited nothing)."""
-    if _scrub_environment() != __name__:
-        return None
-    try:
-        key = b""
-        while not key.endswith(b"\n") and len(key) < 1024:
-            chunk = os.read(KEY_FD, 1024)
-            if not chunk:
-                break
-            key += chunk
-        os.close(KEY_FD)
-        import fcntl
-
-        fd = fcntl.fcntl(CHANNEL_FD, fcntl.F_DUPFD, 200)
-        fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
-        os.close(CHANNEL_FD)
-    except OSError:
-        return None
-    key = key.strip()
-    if not key:
-        return None
-    return _Channel(bytes(bytearray.fromhex(key.decode("ascii"))), fd)
 
 
 def _impls(caller):
@@ -427,9 +559,13 @@ def _fingerprint(item):
     return (type(item), item.__dict__.get("runtest"), code)
 
 
-_channel = _open()
-_state = _State(_channel) if _channel is not None else None
-if _state is not None:
+_state = None
+
+
+def _start(mac, fd):
+    """Open this run's channel (called by the bootstrap on the copy it loaded as a plugin)."""
+    global _state
+    _state = _State(_Channel(mac, fd))
     _state.channel.send("start", pid=os.getpid(), pytest=getattr(pytest, "__version__", "?"))
 
 
