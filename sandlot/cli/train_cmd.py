@@ -193,24 +193,23 @@ def _preflight(opts: Any, cfg: Any) -> None:
 
     config = load_agent_config(opts.agent_config)
     table = Table("check", "result")
-    problems = []
+    problems: list[Any] = []
+
+    def record(check: str, found: list[Any], ok: str = "ok") -> None:
+        problems.extend(found)
+        table.add_row(check, "FAILED" if found else ok)
+
     try:
         bundles = preflight.gpu_bundles(cfg, opts.mode)
         found = preflight.cluster_problems(preflight.ray_nodes(), bundles)
     except ConnectionError as exc:
         found = [preflight.Problem("ray cluster", str(exc), "run --preflight on the head node")]
-    problems += found
-    table.add_row("ray cluster", "ok" if not found else "FAILED")
-    found = preflight.credential_problems(config)
-    problems += found
+    record("ray cluster", found)
     backend = config.sandbox.resolved_backend()
-    table.add_row(f"{backend} credentials", "ok" if not found else "FAILED")
-    found = preflight.logger_problems(cfg)
-    problems += found
-    table.add_row("trainer.logger", "ok" if not found else "FAILED")
+    record(f"{backend} credentials", preflight.credential_problems(config))
+    record("trainer.logger", preflight.logger_problems(cfg))
     found, seconds = anyio.run(preflight.sandbox_problems, config, opts.train_file)
-    problems += found
-    table.add_row("one sandbox", f"ok ({seconds:.1f} s)" if not found else "FAILED")
+    record("one sandbox", found, ok=f"ok ({seconds:.1f} s)")
     Console(stderr=True).print(table)
     if problems:
         raise click.ClickException("\n".join(f"- {p}" for p in problems))
