@@ -61,6 +61,9 @@ class Integrity(BaseModel):
             ``EvalResult.reverted_files``).
         log_consistent: the test log agrees with the channel on every FAIL_TO_PASS and
             PASS_TO_PASS test it mentions (``None`` without a channel).
+        lingering_stopped: in the agent's own sandbox, how many processes the agent left
+            running were killed before the tests ran (``None``: a fresh sandbox, or the caller
+            did not stop them; see ``sandlot.rewards.lingering``).
         violations: reasons the run was not trusted; any makes the instance unresolved.
     """
 
@@ -68,6 +71,7 @@ class Integrity(BaseModel):
     channel_note: str = ""
     reverted_files: int = 0
     log_consistent: bool | None = None
+    lingering_stopped: int | None = None
     violations: list[str] = Field(default_factory=list)
 
     @property

@@ -42,6 +42,7 @@ from sandlot.datasets.rows import TaskRow
 from sandlot.errors import SandboxError
 from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.evaluate import evaluate, evaluate_in_sandbox
+from sandlot.rewards.lingering import ProcessBaseline, stop_lingering
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.graded import GradedFiles, remove_graded, restore_graded
 from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError
@@ -306,15 +307,17 @@ async def _remove_graded(ep: _Episode, sb: Sandbox, copy_to: Path | None) -> Gra
     if graded.copies:
         ep.traj.warnings.append(
             "reward mode 'same': the graded files were deleted for the episode and are put "
-            "back into the agent's sandbox for the grading, where processes the agent left "
-            "running can read or change them; use reward mode 'fresh' for training"
+            "back into the agent's sandbox for the grading; the processes the agent left are "
+            "killed first, but what it changed outside the repository (the interpreter, "
+            "installed packages, pytest) stays; use reward mode 'fresh' for training"
         )
         if not _warned_same:
             _warned_same = True
             log.warning(
                 "reward mode 'same' grades %s and other instances with graded files in the "
-                "agent's own sandbox: processes the agent left running can read or change the "
-                "hidden tests put back for the grading; use reward mode 'fresh' for training",
+                "agent's own sandbox, where it was root: what it changed outside the "
+                "repository (the interpreter, installed packages, pytest) can change the "
+                "result; use reward mode 'fresh' for training",
                 ep.instance.instance_id,
             )
     return graded
@@ -365,11 +368,15 @@ async def run_episode(
             with timer("setup"):
                 await prepare_repo(sb, ep.instance, backend)
                 graded = await _remove_graded(ep, sb, Path(copies.name) if copies else None)
+                # Before the first turn: nothing in it is the agent's (see rewards.lingering).
+                baseline = await ProcessBaseline.take(sb) if same else None
             with timer("agent"):
                 await ep.run_turns(sb)
             await ep.take_patch(sb)
             if same and traj.exit_reason is not ExitReason.SANDBOX_DEAD:
                 with timer("eval"):
+                    # Killed before the graded files are back, so none of them sees those.
+                    stopped = await stop_lingering(sb, baseline) if baseline else None
                     await restore_graded(sb, graded)
                     traj.eval = await evaluate_in_sandbox(
                         sb,
@@ -378,6 +385,7 @@ async def run_episode(
                         model_name_or_path=model_name_or_path,
                         timeout=reward.eval_timeout,
                     )
+                    traj.eval.integrity.lingering_stopped = stopped
                 evaluated = True
         finally:
             await sb.close()
