@@ -15,6 +15,7 @@ import anyio
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import spec_environment
 from sandlot.errors import SandboxSetupError
+from sandlot.rewards.history import hide_future
 from sandlot.rewards.scripts import EVAL_DIR, fetch_repo_script
 from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe
@@ -74,7 +75,8 @@ def instance_spec(instance: Instance, backend: str) -> SandboxSpec:
 
 async def prepare_repo(sb: Sandbox, instance: Instance, backend: str | None = None) -> None:
     """Put the repository at ``base_commit`` into ``workdir``, run the environment recipe's
-    repository steps (``pre_install``, ``install``), then ``post_setup_cmd``.
+    repository steps (``pre_install``, ``install``), then ``post_setup_cmd``; then leave only
+    ``HEAD``'s history in the repository (:func:`sandlot.rewards.history.hide_future`).
 
     ``backend`` (default: ``sb.name``) selects the recipe as :func:`instance_environment` does.
 
@@ -107,6 +109,7 @@ async def prepare_repo(sb: Sandbox, instance: Instance, backend: str | None = No
         await _run_setup(sb, command, instance.workdir, step="environment install")
     if instance.post_setup_cmd:
         await _run_setup(sb, instance.post_setup_cmd, instance.workdir, step="post_setup_cmd")
+    await hide_future(sb, instance)
 
 
 async def _run_setup(sb: Sandbox, script: str, cwd: str, *, step: str) -> None:
