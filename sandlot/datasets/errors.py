@@ -13,8 +13,10 @@ import functools
 import os
 from typing import Any
 
+from sandlot.errors import SandlotError
 
-class DatasetError(ValueError):
+
+class DatasetError(SandlotError, ValueError):
     """A dataset file or one of its records is invalid.
 
     Attributes:

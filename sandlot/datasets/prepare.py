@@ -44,6 +44,7 @@ from sandlot.datasets.prompts import PromptTemplate
 from sandlot.datasets.rows import DEFAULT_AGENT_NAME, TaskRow, build_row
 from sandlot.datasets.sources import Record, read_source
 from sandlot.datasets.validate import ValidationReport, row_problems, validate_file
+from sandlot.errors import SandlotError
 
 
 class SourceError(DatasetMessageError):
@@ -127,7 +128,7 @@ class PrepareResult:
     rejected_path: Path | None = None
 
 
-class OutputDirError(OSError):
+class OutputDirError(SandlotError, OSError):
     """The output directory cannot be created or written."""
 
 

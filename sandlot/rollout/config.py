@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandlot.datasets.prompts import PROMPT_FIELDS
+from sandlot.errors import SandlotError
 from sandlot.sandboxes.registry import available_backends, get_backend, resolve_backend_name
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.tools.parsers import PARSERS
@@ -42,7 +43,7 @@ from sandlot.tools.toolbox import DEFAULT_TOOLS, TOOLS
 _ROW_FIELDS = frozenset({"image", "workdir", "environment"})
 
 
-class ConfigError(ValueError):
+class ConfigError(SandlotError, ValueError):
     """``agent_config.yaml`` is unreadable or invalid; the message names the key path."""
 
 
