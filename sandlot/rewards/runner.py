@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import resolve_test_cmd
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.report import instance_report, run_report
 from sandlot.rewards.result import EvalResult

@@ -15,7 +15,7 @@ from sandlot.cli.main import cli
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.rewards.environment import instance_spec, prepare_repo
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalStatus
 from sandlot.rewards.runner import run_evaluation

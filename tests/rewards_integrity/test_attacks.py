@@ -26,7 +26,7 @@ import sandlot
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.rewards.environment import instance_spec, prepare_repo
-from sandlot.rewards.evaluate import evaluate, evaluate_in_sandbox
+from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
 from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
 from sandlot.rewards.runner import run_evaluation
