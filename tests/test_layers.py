@@ -16,6 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "sandlot"
 LAYERS = [
     "errors",
+    "settings",
     "result",
     "_optional",
     "runtimes",

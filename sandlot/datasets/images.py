@@ -20,12 +20,12 @@ row's environment gives the agent and the tests the same interpreter without a l
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Literal, get_args
 
 from sandlot.datasets.errors import DatasetMessageError
 from sandlot.sandboxes.images import IMAGE_TEMPLATES, ImageFamily, image_key
+from sandlot.settings import settings
 
 Deployment = Literal["local", "docker", "modal", "vefaas"]
 """Where the sandboxes of a prepared dataset run."""
@@ -64,7 +64,7 @@ def resolve_deployment(value: str | None = None) -> Deployment:
         UnknownDeploymentError: the name is not one of :data:`DEPLOYMENTS`; the message lists
             them.
     """
-    raw = value if value is not None else os.environ.get(DEPLOYMENT_ENV) or DEFAULT_DEPLOYMENT
+    raw = value if value is not None else settings().deployment or DEFAULT_DEPLOYMENT
     name = raw.strip().lower()
     for known in DEPLOYMENTS:
         if name == known:

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from sandlot.datasets.errors import DatasetMessageError
+from sandlot.settings import settings
 
 REPO_MIRROR_ENV = "SANDLOT_REPO_MIRROR"
 
@@ -42,7 +43,7 @@ def resolve_mirror(value: str | os.PathLike[str] | None) -> Path:
     Raises:
         LocalDeploymentError: neither is set.
     """
-    raw = value if value is not None else os.environ.get(REPO_MIRROR_ENV)
+    raw = value if value is not None else settings().repo_mirror
     if not raw:
         raise LocalDeploymentError(
             f"DEPLOYMENT=local needs a directory of git mirrors: set {REPO_MIRROR_ENV} or pass "
