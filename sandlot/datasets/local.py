@@ -28,7 +28,7 @@ from sandlot.settings import settings
 REPO_MIRROR_ENV = "SANDLOT_REPO_MIRROR"
 
 
-class LocalDeploymentError(DatasetMessageError):
+class LocalRowError(DatasetMessageError):
     """A local row cannot be built (no mirror directory given)."""
 
 
@@ -41,11 +41,11 @@ def resolve_mirror(value: str | os.PathLike[str] | None) -> Path:
     """The mirror directory: ``value``, else ``$SANDLOT_REPO_MIRROR``, made absolute.
 
     Raises:
-        LocalDeploymentError: neither is set.
+        LocalRowError: neither is set.
     """
     raw = value if value is not None else settings().repo_mirror
     if not raw:
-        raise LocalDeploymentError(
+        raise LocalRowError(
             f"DEPLOYMENT=local needs a directory of git mirrors: set {REPO_MIRROR_ENV} or pass "
             "--repo-mirror (it holds one repository per repo, named <owner>__<name>)"
         )

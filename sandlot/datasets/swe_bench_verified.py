@@ -50,15 +50,15 @@ REQUIRED = (
 
 
 def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
-    """One SWE-bench row → ``Instance`` fields for ``ctx.deployment``."""
+    """One SWE-bench row → ``Instance`` fields for ``ctx.backend``."""
     data = dict(record)
     instance_id = str(record["instance_id"])
-    if ctx.deployment == "local":
+    if ctx.backend == "local":
         commands = install_commands(str(record["repo"]), str(record["version"]))
         data.update(local_environment(record, ctx, "\n".join(commands) or None))
     else:
         image = image_name(
-            ImageFamily.SWE_BENCH, instance_id, ctx.deployment, overrides=ctx.image_overrides
+            ImageFamily.SWE_BENCH, instance_id, ctx.backend, overrides=ctx.image_overrides
         )
         data.update(image_environment(record, image, IMAGE_PATH[ImageFamily.SWE_BENCH], None))
     return data

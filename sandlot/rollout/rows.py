@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sandlot.datasets.images import DEPLOYMENTS
+from sandlot.datasets.images import ROW_BACKENDS
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import SUFFIXES, DatasetError, instance_from_record, iter_records
 from sandlot.datasets.prompts import PromptTemplate
@@ -56,7 +56,7 @@ def load_rows(
     else:
         raise FileNotFoundError(f"dataset not found: {root}")
     template = PromptTemplate()
-    deployment = backend if backend in DEPLOYMENTS else "local"
+    row_backend = backend if backend in ROW_BACKENDS else "local"
     rows: list[TaskRow] = []
     seen: set[str] = set()
     for file in files:
@@ -69,7 +69,7 @@ def load_rows(
             seen.add(instance.instance_id)
             # One backend per run: its image, so a row's env and metadata agree.
             instance = instance.model_copy(update={"image": image or instance.image_for(backend)})
-            rows.append(_row(record, instance, template, len(rows), file.stem, deployment))
+            rows.append(_row(record, instance, template, len(rows), file.stem, row_backend))
     if instance_ids:
         missing = sorted(set(instance_ids) - seen)
         if missing:
@@ -85,7 +85,7 @@ def _row(
     template: PromptTemplate,
     index: int,
     data_source: str,
-    deployment: Any,
+    backend: Any,
 ) -> TaskRow:
     if isinstance(record, Mapping) and "instance_id" not in record and "extra_info" in record:
         row = TaskRow.from_record(record)
@@ -101,5 +101,5 @@ def _row(
         prompt=template.render(instance),
         data_source=data_source,
         reward_name="swe_bench",
-        deployment=deployment,
+        backend=backend,
     )
