@@ -45,10 +45,10 @@ from typing import Any
 
 from sandlot.datasets import r2e_gym
 from sandlot.datasets.command import run_preprocessor
-from sandlot.datasets.environment import image_environment
 from sandlot.datasets.images import IMAGE_PATH, ImageNameError, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
 from sandlot.datasets.r2e_commit import gold_patch
+from sandlot.datasets.row_fields import image_environment
 from sandlot.sandboxes.images import ImageFamily
 
 REQUIRED = (

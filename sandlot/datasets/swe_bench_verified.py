@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandlot.datasets.command import run_preprocessor
-from sandlot.datasets.environment import image_environment, local_environment
 from sandlot.datasets.images import IMAGE_PATH, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor
+from sandlot.datasets.row_fields import image_environment, local_environment
 from sandlot.datasets.swebench_specs import install_commands
 from sandlot.sandboxes.images import ImageFamily
 

@@ -36,10 +36,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandlot.datasets.command import run_preprocessor
-from sandlot.datasets.environment import image_environment, local_environment
 from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
+from sandlot.datasets.row_fields import image_environment, local_environment
 from sandlot.datasets.swebench_specs import test_directives
 from sandlot.sandboxes.images import ImageFamily
 

@@ -40,12 +40,12 @@ from sandlot.datasets.instance import Instance
 from sandlot.datasets.prompts import PROMPT_FIELDS, PromptLeakError, find_leak
 from sandlot.datasets.rows import TaskRow
 from sandlot.errors import SandboxError
-from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
+from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.graded import GradedFiles, remove_graded, restore_graded
 from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError
-from sandlot.rollout.trajectory import ExitReason, Observation, Step, Trajectory
+from sandlot.rollout.trajectory import ExitReason, Step, ToolObservation, Trajectory
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.spec import SandboxSpec
@@ -255,7 +255,7 @@ class _Episode:
             result = await toolbox.call(call.name, call.arguments)
             output = _clip(_redact(result.output, self.secrets), limit)
             step.observations.append(
-                Observation(
+                ToolObservation(
                     tool=call.name,
                     arguments=_redact_value(call.arguments, self.secrets),
                     output=output,
