@@ -1,7 +1,7 @@
 """Every ```python block of README.md and docs/*.md runs as written and prints what it says.
 
 Each block runs as a script in a fresh interpreter (``python example.py``) whose working
-directory is a temporary one holding a link to the checkout's ``examples/``, with this checkout
+directory is a temporary one holding a copy of the checkout's ``examples/``, with this checkout
 first on ``PYTHONPATH`` and ``SANDLOT_BACKEND``/``DEPLOYMENT`` unset (so ``local`` is the
 default). The lines it prints must be, in order, the ``# <expected>`` comments of its
 ``print(...)`` lines, with runs of whitespace collapsed.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -90,7 +91,7 @@ def test_example_runs_and_prints_what_it_says(example: Example, tmp_path: Path) 
             missing(f"{example.where} needs {example.part}: {reason}")
     elif (reason := bwrap_missing()) is not None:
         missing(f"{example.where} runs on the local backend: {reason}")
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")  # a block may build in it
     script = tmp_path / "example.py"
     script.write_text(prelude + example.code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("SANDLOT_BACKEND", "DEPLOYMENT")}
