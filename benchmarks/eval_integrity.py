@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.result import EvalResult
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "swe-mini"

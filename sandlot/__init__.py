@@ -4,6 +4,7 @@ async with sandlot.open("local", post_setup_cmd="...") as sb:
     r = await sb.exec("python -c 'print(1+1)'", timeout=10)
 """
 
+from sandlot.errors import SandlotError
 from sandlot.sandboxes import (
     TIMEOUT_EXIT_CODE,
     BackendNotFoundError,
@@ -40,6 +41,7 @@ __all__ = [
     "SandboxSetupError",
     "SandboxSpec",
     "SandboxStartError",
+    "SandlotError",
     "__version__",
     "available_backends",
     "get_backend",

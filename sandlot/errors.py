@@ -1,14 +1,22 @@
-"""Error hierarchy of the sandbox layer.
+"""sandlot's error root and the error hierarchy of the sandbox layer.
 
-Every infrastructure failure raised by a backend is a :class:`SandboxError`. Each error says
-whether retrying the same operation can help (``retryable``), so schedulers can decide without
-parsing messages. A command that exits non-zero is *not* an error: it is an ``ExecResult``.
+Every public error of the package derives from :class:`SandlotError` (each layer's own root,
+e.g. ``DatasetError`` or ``RolloutError``, sits under it, mixed with the stdlib class callers
+already catch, such as ``ValueError``), so ``except sandlot.SandlotError`` catches whatever
+sandlot raises on purpose. Every infrastructure failure raised by a backend is a
+:class:`SandboxError`. Each sandbox error says whether retrying the same operation can help
+(``retryable``), so schedulers can decide without parsing messages. A command that exits
+non-zero is *not* an error: it is an ``ExecResult``.
 """
 
 from __future__ import annotations
 
 
-class SandboxError(Exception):
+class SandlotError(Exception):
+    """Root of every public sandlot error; catch it to handle whatever sandlot raises."""
+
+
+class SandboxError(SandlotError):
     """Base class of every sandbox failure.
 
     Attributes:

@@ -15,7 +15,7 @@ from requirements import EVAL, need_module
 import sandlot
 from sandlot.datasets.instance import Instance
 from sandlot.result import ExecResult
-from sandlot.rewards.environment import instance_environment, instance_spec
+from sandlot.rewards.instance_setup import instance_environment, instance_spec
 from sandlot.rewards.missing_runner import missing_runner
 from sandlot.sandboxes.base import NoOptions, Sandbox
 from sandlot.sandboxes.environment import CONTAINER_ENV_DIR, EnvironmentRecipe

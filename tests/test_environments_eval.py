@@ -13,7 +13,7 @@ from requirements import EVAL, bwrap_missing, need_module, needs
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.local import venv

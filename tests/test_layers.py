@@ -1,33 +1,31 @@
-"""The package's layers import downward only (DESIGN.md, "Layers"), lazy imports included.
+"""The package's layers import downward only, lazy imports included.
 
-From the bottom: the I/O-free leaves (``sandlot.errors``, ``sandlot.result``,
-``sandlot._optional``), ``runtimes/`` (what runs inside a sandbox; knows no backend),
-``sandboxes/``, ``testing/`` (simulated sandboxes), ``tools/``, ``datasets/``, ``rewards/``,
-``rollout/``, ``trainer/``, ``cli/``. An import inside a function counts as much as one at the top.
+The order is the chart of ``docs/architecture.md`` ("Layers"): the first word of each line of
+the block under its ``<!-- layers: ... -->`` marker, top to bottom. An import inside a function
+counts as much as one at the top.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "sandlot"
-LAYERS = [
-    "errors",
-    "result",
-    "_optional",
-    "runtimes",
-    "sandboxes",
-    "testing",
-    "tools",
-    "datasets",
-    "rewards",
-    "rollout",
-    "trainer",
-    "cli",
-]
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "sandlot"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def chart_layers(markdown: str) -> list[str]:
+    """The layers of the chart in ``markdown``, bottom first."""
+    chart = re.search(r"<!-- layers:.*?-->\n```text\n(.*?)```", markdown, re.S)
+    assert chart, "docs/architecture.md lost its layer chart (the block under <!-- layers: -->)"
+    return [line.split()[0] for line in chart[1].splitlines() if line.strip()][::-1]
+
+
+LAYERS = chart_layers(ARCHITECTURE.read_text(encoding="utf-8"))
 
 
 def _layer(module: str) -> str | None:
@@ -53,7 +51,7 @@ def _modules() -> list[Path]:
 def test_no_import_climbs_a_layer(path: Path) -> None:
     rel = path.relative_to(PACKAGE)
     own = rel.parts[0] if len(rel.parts) > 1 else rel.stem
-    assert own in LAYERS, f"{rel}: a new top-level module or package needs a place in LAYERS"
+    assert own in LAYERS, f"{rel}: a new top-level module or package needs a line in the chart"
     upward = [
         f"line {line}: {module}"
         for line, module in _imports(path)
@@ -68,3 +66,10 @@ def test_the_rule_catches_an_upward_import(tmp_path: Path) -> None:
     assert [m for _, m in _imports(module) if _layer(m) == "sandboxes"] == [
         "sandlot.sandboxes.base"
     ]
+
+
+def test_the_chart_is_read_bottom_first_and_covers_every_sub_package() -> None:
+    doc = "<!-- layers: x -->\n```text\ncli   top\n\nerrors  bottom\n```\n"
+    assert chart_layers(doc) == ["errors", "cli"]
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert packages - set(LAYERS) == set(), "a sub-package is missing from the chart"

@@ -9,8 +9,8 @@ import pytest
 
 from sandlot.datasets.instance import Instance
 from sandlot.rewards.predictions import Prediction, PredictionsError, load_predictions
-from sandlot.rewards.report import run_report
 from sandlot.rewards.result import EvalResult, EvalStatus
+from sandlot.rewards.run_report import run_report
 
 
 def _inst(iid: str) -> Instance:

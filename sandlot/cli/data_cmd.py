@@ -16,7 +16,7 @@ from rich.table import Table
 
 from sandlot.datasets.command import prepare_command, print_summary
 from sandlot.datasets.convert import SOURCES, convert_file
-from sandlot.datasets.images import DEPLOYMENTS
+from sandlot.datasets.images import ROW_BACKENDS
 from sandlot.datasets.prepare import Preprocessor
 from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.uni_agent import LAYOUT as UNI_AGENT
@@ -88,8 +88,10 @@ def validate_command(file: Path) -> None:
 @click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
+    "--backend",
     "--deployment",
-    type=click.Choice(DEPLOYMENTS),
+    "backend",
+    type=click.Choice(ROW_BACKENDS),
     default=None,
     help="sandbox.backend of the rows [default: vefaas for veFaaS registry images, else docker].",
 )
@@ -99,11 +101,11 @@ def validate_command(file: Path) -> None:
     help="Leave invalid rows out and list them in <output>.rejected.jsonl.",
 )
 def convert_command(
-    layout: str, source: Path, output: Path, deployment: Any, skip_invalid: bool
+    layout: str, source: Path, output: Path, backend: Any, skip_invalid: bool
 ) -> None:
     """Rewrite SOURCE (rows of another tool) into sandlot rows at OUTPUT (parquet)."""
     try:
-        result = convert_file(source, output, backend=deployment, skip_invalid=skip_invalid)
+        result = convert_file(source, output, backend=backend, skip_invalid=skip_invalid)
     except (OSError, ValueError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
     print_summary(Console(stderr=True), result.report)

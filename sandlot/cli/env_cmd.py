@@ -15,7 +15,7 @@ from sandlot.cli.gc_cmd import parse_duration
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.errors import EnvironmentBuildError
-from sandlot.rewards.environment import instance_environment
+from sandlot.rewards.instance_setup import instance_environment
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.local.venv import cache_dir, list_environments, prune_environments
 from sandlot.sandboxes.registry import get_backend

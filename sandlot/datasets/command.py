@@ -3,8 +3,9 @@
 :class:`~sandlot.datasets.prepare.Preprocessor`.
 
 It lives in ``datasets/`` so the ``python -m`` entry points need nothing from ``sandlot.cli``.
-The deployment is ``--deployment``, else ``$DEPLOYMENT``, else ``docker`` (real SWE rows run in
-their per-instance images); the command says which one it chose when neither was given.
+The backend is ``--backend`` (alias ``--deployment``), else ``$DEPLOYMENT``, else ``docker``
+(real SWE rows run in their per-instance images); the command says which one it chose when
+neither was given.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sandlot.datasets.images import (
-    DEFAULT_DEPLOYMENT,
+    DEFAULT_ROW_BACKEND,
     DEPLOYMENT_ENV,
-    UnknownDeploymentError,
-    resolve_deployment,
+    UnknownBackendError,
+    resolve_row_backend,
 )
 from sandlot.datasets.local import REPO_MIRROR_ENV
 from sandlot.datasets.prepare import PrepareOptions, Preprocessor, prepare
@@ -30,28 +31,31 @@ from sandlot.datasets.validate import ValidationReport
 from sandlot.sandboxes.images import load_image_overrides
 
 
-def _deployment_option(pre: Preprocessor) -> Any:
-    """``--deployment``/``$DEPLOYMENT``, checked against the deployments ``pre`` supports."""
+def _backend_option(pre: Preprocessor) -> Any:
+    """``--backend``/``--deployment``/``$DEPLOYMENT``, checked against the backends ``pre``
+    supports."""
 
     def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
         try:
-            deployment = resolve_deployment(value)
-        except UnknownDeploymentError as exc:
+            backend = resolve_row_backend(value)
+        except UnknownBackendError as exc:
             raise click.BadParameter(str(exc)) from None
-        if deployment not in pre.deployments:
+        if backend not in pre.backends:
             raise click.BadParameter(
-                f"{pre.name} cannot be prepared for {deployment!r}; supported: "
-                f"{', '.join(pre.deployments)}"
+                f"{pre.name} cannot be prepared for {backend!r}; supported: "
+                f"{', '.join(pre.backends)}"
             )
-        return deployment
+        return backend
 
-    default = f"; default {DEFAULT_DEPLOYMENT}" if DEFAULT_DEPLOYMENT in pre.deployments else ""
+    default = f"; default {DEFAULT_ROW_BACKEND}" if DEFAULT_ROW_BACKEND in pre.backends else ""
     return click.option(
+        "--backend",
         "--deployment",
+        "backend",
         envvar=DEPLOYMENT_ENV,
         default=None,
         callback=resolve,
-        help=f"Where the rows run (image naming): {' | '.join(pre.deployments)} "
+        help=f"Where the rows run (image naming): {' | '.join(pre.backends)} "
         f"[env {DEPLOYMENT_ENV}{default}].",
     )
 
@@ -64,7 +68,7 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         pre.name,
         context_settings={"help_option_names": ["-h", "--help"]},
         help=f"Convert {pre.hf_id} (or --input) into <local-save-dir>/"
-        f"{pre.output_stem}_<deployment>.parquet ({{split}} is --split). The source schema, "
+        f"{pre.output_stem}_<backend>.parquet ({{split}} is --split). The source schema, "
         f"image names and row schema are in docs/datasets.md.",
     )
     @click.option(
@@ -89,7 +93,7 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         help="Keep the first N rows (after the --seed shuffle).",
     )
     @click.option("--seed", type=int, default=None, help="Shuffle the rows with this seed.")
-    @_deployment_option(pre)
+    @_backend_option(pre)
     @click.option(
         "--repo-mirror",
         envvar=REPO_MIRROR_ENV,
@@ -123,7 +127,7 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         split: str,
         max_instances: int | None,
         seed: int | None,
-        deployment: Any,
+        backend: Any,
         repo_mirror: str | None,
         prompt_template: Path | None,
         image_overrides: Path | None,
@@ -134,7 +138,7 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         try:
             options = PrepareOptions(
                 local_save_dir=local_save_dir,
-                deployment=deployment,
+                backend=backend,
                 input=input_,
                 split=split,
                 max_instances=max_instances,
@@ -149,13 +153,13 @@ def prepare_command(pre: Preprocessor) -> click.Command:
             )
             console.print(
                 f"[bold]sandlot data prepare[/] {pre.name}: {input_ or pre.hf_id} → "
-                f"deployment [cyan]{deployment}[/]"
+                f"backend [cyan]{backend}[/]"
             )
-            if ctx.get_parameter_source("deployment") == click.core.ParameterSource.DEFAULT:
+            if ctx.get_parameter_source("backend") == click.core.ParameterSource.DEFAULT:
                 click.echo(
-                    f"deployment: {deployment} (the default; ${DEPLOYMENT_ENV} is unset, "
-                    f"choose with {DEPLOYMENT_ENV}= or --deployment: "
-                    f"{', '.join(pre.deployments)})",
+                    f"backend: {backend} (the default; ${DEPLOYMENT_ENV} is unset, "
+                    f"choose with {DEPLOYMENT_ENV}= or --backend: "
+                    f"{', '.join(pre.backends)})",
                     err=True,
                 )
             result = prepare(pre, options)
@@ -188,7 +192,7 @@ def print_summary(console: Console, report: ValidationReport) -> None:
     table.add_row("rows", str(report.rows))
     table.add_row("repos", top(report.repos))
     table.add_row("images", top(report.images, 2))
-    table.add_row("deployments", top(report.deployments))
+    table.add_row("backends", top(report.backends))
     table.add_row("data sources", top(report.data_sources))
     table.add_row("agent names", top(report.agent_names))
     table.add_row("extra columns (kept)", ", ".join(report.extra_columns) or "none")

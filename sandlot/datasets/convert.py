@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sandlot.datasets.images import Deployment
+from sandlot.datasets.images import RowBackend
 from sandlot.datasets.loaders import DatasetError, iter_records
 from sandlot.datasets.prepare import write_checked
 from sandlot.datasets.rows import TaskRow
@@ -42,7 +42,7 @@ def convert_file(
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
     *,
-    backend: Deployment | None = None,
+    backend: RowBackend | None = None,
     skip_invalid: bool = False,
 ) -> ConvertResult:
     """Rewrite the uni-agent parquet (or JSONL) file ``source`` into sandlot rows at ``output``.
@@ -80,7 +80,7 @@ def convert_file(
     return ConvertResult(target, len(rows), report, rejected, report_path)
 
 
-def _row(src: Path, where: str, record: object, index: int, backend: Deployment | None) -> TaskRow:
+def _row(src: Path, where: str, record: object, index: int, backend: RowBackend | None) -> TaskRow:
     if not isinstance(record, dict) or not is_uni_agent_row(record):
         raise DatasetError(
             src,

@@ -2,8 +2,8 @@
 
 It is a ``ValueError`` (what callers of data code catch). Errors about a record of a file carry
 its location (:class:`DatasetError` itself); the others are told in one message
-(:class:`DatasetMessageError` and its subclasses: unknown deployment, image name, test spec,
-prompt leak, source field, uni-agent row, local deployment). ``OutputDirError`` stays an
+(:class:`DatasetMessageError` and its subclasses: unknown backend, image name, test spec,
+prompt leak, source field, uni-agent row, local backend). ``OutputDirError`` stays an
 ``OSError``: it is about the file system.
 """
 
@@ -13,8 +13,10 @@ import functools
 import os
 from typing import Any
 
+from sandlot.errors import SandlotError
 
-class DatasetError(ValueError):
+
+class DatasetError(SandlotError, ValueError):
     """A dataset file or one of its records is invalid.
 
     Attributes:

@@ -1,7 +1,7 @@
-"""Image names per deployment: the one place that says which image runs which instance where.
+"""Image names per backend: the one place that says which image runs which instance where.
 
-A *deployment* (``$DEPLOYMENT``) is where the sandboxes of a dataset run: ``local``, ``docker``,
-``modal`` or ``vefaas``. The container deployments take their names from the table of image
+A *backend* (``$DEPLOYMENT``) is where the sandboxes of a dataset run: ``local``, ``docker``,
+``modal`` or ``vefaas``. The container backends take their names from the table of image
 families and backends in :mod:`sandlot.sandboxes.images` (:data:`IMAGE_TEMPLATES`, shared with
 the backends); :func:`image_name` fills it in for one instance. ``local`` runs on the host (image
 ``"host"``) with the repository cloned from a mirror directory (see ``sandlot.datasets.local``),
@@ -20,20 +20,20 @@ row's environment gives the agent and the tests the same interpreter without a l
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Literal, get_args
 
 from sandlot.datasets.errors import DatasetMessageError
 from sandlot.sandboxes.images import IMAGE_TEMPLATES, ImageFamily, image_key
+from sandlot.settings import settings
 
-Deployment = Literal["local", "docker", "modal", "vefaas"]
+RowBackend = Literal["local", "docker", "modal", "vefaas"]
 """Where the sandboxes of a prepared dataset run."""
 
-DEPLOYMENTS: tuple[Deployment, ...] = get_args(Deployment)
+ROW_BACKENDS: tuple[RowBackend, ...] = get_args(RowBackend)
 DEPLOYMENT_ENV = "DEPLOYMENT"
-DEFAULT_DEPLOYMENT: Deployment = "docker"
-"""The deployment of prepared rows when ``$DEPLOYMENT`` is unset: real SWE rows run in their
+DEFAULT_ROW_BACKEND: RowBackend = "docker"
+"""The backend of prepared rows when ``$DEPLOYMENT`` is unset: real SWE rows run in their
 per-instance images. (``sandlot.open`` and ``sandlot eval`` default to the ``local`` backend,
 which needs no daemon; they run a prepared row on the backend its ``sandbox.backend`` names.)"""
 LOCAL_IMAGE = "host"
@@ -48,48 +48,48 @@ IMAGE_PATH: dict[ImageFamily, str] = {
 """``PATH`` of the test environment inside each family's images."""
 
 
-class UnknownDeploymentError(DatasetMessageError):
-    """``DEPLOYMENT`` names no known deployment."""
+class UnknownBackendError(DatasetMessageError):
+    """``DEPLOYMENT`` names no known backend."""
 
 
 class ImageNameError(DatasetMessageError):
     """An image name cannot be built for an instance (a template field is missing)."""
 
 
-def resolve_deployment(value: str | None = None) -> Deployment:
-    """Return ``value``, else ``$DEPLOYMENT``, else :data:`DEFAULT_DEPLOYMENT`, checked and
+def resolve_row_backend(value: str | None = None) -> RowBackend:
+    """Return ``value``, else ``$DEPLOYMENT``, else :data:`DEFAULT_ROW_BACKEND`, checked and
     lower-cased.
 
     Raises:
-        UnknownDeploymentError: the name is not one of :data:`DEPLOYMENTS`; the message lists
+        UnknownBackendError: the name is not one of :data:`ROW_BACKENDS`; the message lists
             them.
     """
-    raw = value if value is not None else os.environ.get(DEPLOYMENT_ENV) or DEFAULT_DEPLOYMENT
+    raw = value if value is not None else settings().deployment or DEFAULT_ROW_BACKEND
     name = raw.strip().lower()
-    for known in DEPLOYMENTS:
+    for known in ROW_BACKENDS:
         if name == known:
             return known
-    raise UnknownDeploymentError(
-        f"unknown deployment {raw!r}; set {DEPLOYMENT_ENV} (or --deployment) to one of: "
-        f"{', '.join(DEPLOYMENTS)}"
+    raise UnknownBackendError(
+        f"unknown backend {raw!r}; set {DEPLOYMENT_ENV} (or --backend) to one of: "
+        f"{', '.join(ROW_BACKENDS)}"
     )
 
 
 def image_name(
     family: ImageFamily,
     instance_id: str,
-    deployment: Deployment,
+    backend: RowBackend,
     *,
     source_image: str | None = None,
     commit: str | None = None,
     overrides: Mapping[str, str] | None = None,
 ) -> str:
-    """The image that runs ``instance_id`` of ``family`` on ``deployment``.
+    """The image that runs ``instance_id`` of ``family`` on ``backend``.
 
     Args:
         family: the dataset's image family.
         instance_id: the instance; an entry for it in ``overrides`` wins over the table.
-        deployment: ``local`` gives :data:`LOCAL_IMAGE`; the others use
+        backend: ``local`` gives :data:`LOCAL_IMAGE`; the others use
             :data:`~sandlot.sandboxes.images.IMAGE_TEMPLATES`.
         source_image: the image the source row names (``{source_image}``).
         commit: the instance's commit hash (``{commit10}``).
@@ -100,16 +100,16 @@ def image_name(
     """
     if overrides and instance_id in overrides:
         return overrides[instance_id]
-    if deployment == "local":
+    if backend == "local":
         return LOCAL_IMAGE
-    template = IMAGE_TEMPLATES[family][deployment]
+    template = IMAGE_TEMPLATES[family][backend]
     if "{source_image}" in template and not source_image:
         raise ImageNameError(
-            f"{instance_id}: {family.value} images on {deployment} are named by the source row's "
+            f"{instance_id}: {family.value} images on {backend} are named by the source row's "
             "docker_image, which is empty; add it to the row or to the image override map"
         )
     if "{commit10}" in template and not commit:
-        raise ImageNameError(f"{instance_id}: {family.value} images on {deployment} need a commit")
+        raise ImageNameError(f"{instance_id}: {family.value} images on {backend} need a commit")
     return template.format(
         key=image_key(instance_id), source_image=source_image or "", commit10=(commit or "")[:10]
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,36 @@ def iter_instances(path: str | os.PathLike[str]) -> Iterator[Instance]:
     Same inputs, order and errors as :func:`load_instances`; a file is read lazily, so an error
     in a record is raised once iteration reaches it.
     """
+    for entry in walk_dataset(path):
+        yield entry.instance
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One record of a dataset walk.
+
+    Attributes:
+        file: the file it came from.
+        where: its place in the file (``"line 3"``, ``"row 0"``, ...).
+        record: the record as read (a verl row keeps its prompt and ``extra_info`` here).
+        instance: the record validated into an :class:`Instance`.
+    """
+
+    file: Path
+    where: str
+    record: Any
+    instance: Instance
+
+
+def walk_dataset(path: str | os.PathLike[str]) -> Iterator[DatasetEntry]:
+    """Walk a dataset: a ``.jsonl``/``.json``/``.parquet`` file, or a directory of them (its
+    files in name order, not recursive). The one walk every dataset reader shares.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        DatasetError: unsupported file type, a directory without dataset files, an invalid
+            record, or a repeated ``instance_id`` (naming where it was first seen).
+    """
     root = Path(path)
     if root.is_dir():
         files = sorted(p for p in root.iterdir() if p.is_file() and p.suffix in SUFFIXES)
@@ -86,7 +117,6 @@ def iter_instances(path: str | os.PathLike[str]) -> Iterator[Instance]:
     for file in files:
         for where, record in iter_records(file):
             instance = instance_from_record(record, source=file, where=where)
-            here = f"{file}, {where}"
             if instance.instance_id in first_seen:
                 raise DatasetError(
                     file,
@@ -95,8 +125,8 @@ def iter_instances(path: str | os.PathLike[str]) -> Iterator[Instance]:
                     instance_id=instance.instance_id,
                     fields=("instance_id",),
                 )
-            first_seen[instance.instance_id] = here
-            yield instance
+            first_seen[instance.instance_id] = f"{file}, {where}"
+            yield DatasetEntry(file, where, record, instance)
 
 
 def instance_from_record(record: Any, *, source: str | os.PathLike[str], where: str) -> Instance:

@@ -8,7 +8,7 @@ source repository, named after its ``owner/name`` with ``/`` replaced by ``__``:
 
 A local row has image ``"host"`` and ``repo_source`` = the absolute path of its mirror; the
 ``local`` backend uploads it, clones it into ``workdir`` and checks out ``base_commit``
-(``sandlot.rewards.environment.prepare_repo``), then runs the row's ``post_setup_cmd``, which
+(``sandlot.rewards.instance_setup.prepare_repo``), then runs the row's ``post_setup_cmd``, which
 holds the dataset's install commands. Those run inside the bubblewrap jail, without network,
 on the row's test environment: its ``environment`` recipe (SWE-rebench rows carry the
 ``python`` and ``pip_packages`` of their ``install_config``; SWE-bench rows get swebench's spec
@@ -23,11 +23,12 @@ import os
 from pathlib import Path
 
 from sandlot.datasets.errors import DatasetMessageError
+from sandlot.settings import settings
 
 REPO_MIRROR_ENV = "SANDLOT_REPO_MIRROR"
 
 
-class LocalDeploymentError(DatasetMessageError):
+class LocalRowError(DatasetMessageError):
     """A local row cannot be built (no mirror directory given)."""
 
 
@@ -40,11 +41,11 @@ def resolve_mirror(value: str | os.PathLike[str] | None) -> Path:
     """The mirror directory: ``value``, else ``$SANDLOT_REPO_MIRROR``, made absolute.
 
     Raises:
-        LocalDeploymentError: neither is set.
+        LocalRowError: neither is set.
     """
-    raw = value if value is not None else os.environ.get(REPO_MIRROR_ENV)
+    raw = value if value is not None else settings().repo_mirror
     if not raw:
-        raise LocalDeploymentError(
+        raise LocalRowError(
             f"DEPLOYMENT=local needs a directory of git mirrors: set {REPO_MIRROR_ENV} or pass "
             "--repo-mirror (it holds one repository per repo, named <owner>__<name>)"
         )

@@ -1,7 +1,7 @@
 """Write :class:`~sandlot.datasets.rows.TaskRow` files with pyarrow under one fixed schema.
 
 Every file gets the same Arrow types (:func:`row_arrow_schema`), whatever its rows hold, so files
-of different datasets and deployments concatenate (``datasets.concatenate_datasets`` in verl's
+of different datasets and backends concatenate (``datasets.concatenate_datasets`` in verl's
 ``RLHFDataset`` needs equal features). Files are written to a temporary name in the target
 directory, checked, and renamed into place, so a crash or a rejected file never leaves a
 half-written dataset behind nor replaces a good one. New files get the usual permissions

@@ -12,11 +12,11 @@ it requires, and a ``convert`` function from one source record to the fields of 
 4. renders the prompt (:class:`~sandlot.datasets.prompts.PromptTemplate`), builds the
    :class:`~sandlot.datasets.rows.TaskRow` and checks that it would run
    (:func:`sandlot.datasets.validate.row_problems`: tests to grade, a known log parser, a
-   test command, an image the deployment can pull, no solution in the prompt). Every problem
+   test command, an image the backend can pull, no solution in the prompt). Every problem
    is a :class:`~sandlot.datasets.loaders.DatasetError` naming the input, the record, the
    instance and the field; by default the first one stops the run, with ``skip_invalid`` the
-   record is left out and listed in ``<stem>_<deployment>.rejected.jsonl``;
-5. writes the rows to a temporary file next to ``<local_save_dir>/<stem>_<deployment>.parquet``
+   record is left out and listed in ``<stem>_<backend>.rejected.jsonl``;
+5. writes the rows to a temporary file next to ``<local_save_dir>/<stem>_<backend>.parquet``
    (:func:`sandlot.datasets.parquet.write_rows`), re-reads it with
    :func:`sandlot.datasets.validate.validate_file` and renames it into place only if every
    row passes: a file it leaves behind is one ``sandlot data validate`` accepts, and a failed
@@ -35,15 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.datasets.errors import DatasetMessageError
-from sandlot.datasets.images import Deployment
+from sandlot.datasets.images import RowBackend
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import DatasetError, instance_from_record
-from sandlot.datasets.local import LocalDeploymentError, resolve_mirror
+from sandlot.datasets.local import LocalRowError, resolve_mirror
 from sandlot.datasets.parquet import write_rows, write_text_atomic
 from sandlot.datasets.prompts import PromptTemplate
 from sandlot.datasets.rows import DEFAULT_AGENT_NAME, TaskRow, build_row
 from sandlot.datasets.sources import Record, read_source
 from sandlot.datasets.validate import ValidationReport, row_problems, validate_file
+from sandlot.errors import SandlotError
 
 
 class SourceError(DatasetMessageError):
@@ -62,7 +63,7 @@ class SourceError(DatasetMessageError):
 class ConvertContext:
     """What a conversion needs besides the record."""
 
-    deployment: Deployment
+    backend: RowBackend
     image_overrides: Mapping[str, str] = field(default_factory=dict)
     repo_mirror: Path | None = None
     """Set for ``local``: the directory of git mirrors (``sandlot.datasets.local``)."""
@@ -80,11 +81,11 @@ class Preprocessor:
         hf_id: the Hugging Face dataset read when no ``--input`` is given; also the rows'
             ``data_source``.
         default_split: the split read from ``hf_id``.
-        output_stem: output file name before ``_<deployment>.parquet``; ``{split}`` is replaced.
+        output_stem: output file name before ``_<backend>.parquet``; ``{split}`` is replaced.
         reward_name: ``tools_kwargs.reward.name`` of the rows.
         required: source fields every record must have (non-null).
         convert: source record → ``Instance`` fields; raises :class:`SourceError`.
-        deployments: the deployments the source supports.
+        backends: the backends the source supports.
     """
 
     name: str
@@ -94,7 +95,7 @@ class Preprocessor:
     reward_name: str
     required: tuple[str, ...]
     convert: Convert
-    deployments: tuple[Deployment, ...] = ("local", "docker", "modal", "vefaas")
+    backends: tuple[RowBackend, ...] = ("local", "docker", "modal", "vefaas")
 
 
 @dataclass
@@ -102,7 +103,7 @@ class PrepareOptions:
     """The knobs of one run (the CLI options of ``sandlot data prepare``)."""
 
     local_save_dir: Path
-    deployment: Deployment
+    backend: RowBackend
     input: str | None = None
     split: str | None = None
     max_instances: int | None = None
@@ -127,21 +128,21 @@ class PrepareResult:
     rejected_path: Path | None = None
 
 
-class OutputDirError(OSError):
+class OutputDirError(SandlotError, OSError):
     """The output directory cannot be created or written."""
 
 
 def output_path(pre: Preprocessor, options: PrepareOptions) -> Path:
-    """``<local_save_dir>/<stem>_<deployment>.parquet``."""
+    """``<local_save_dir>/<stem>_<backend>.parquet``."""
     stem = pre.output_stem.format(split=options.split or pre.default_split)
-    return Path(options.local_save_dir).expanduser() / f"{stem}_{options.deployment}.parquet"
+    return Path(options.local_save_dir).expanduser() / f"{stem}_{options.backend}.parquet"
 
 
 def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
     """Run the pipeline of the module docstring.
 
     Raises:
-        LocalDeploymentError: ``local`` is not supported by ``pre`` or has no mirror directory.
+        LocalRowError: ``local`` is not supported by ``pre`` or has no mirror directory.
         FileNotFoundError: the input file does not exist.
         DatasetError: a record is invalid (names input, record, instance and field), repeats an
             ``instance_id``, or would not run (:func:`~sandlot.datasets.validate.row_problems`);
@@ -151,19 +152,19 @@ def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
         OutputDirError: the output directory cannot be created or written (checked first).
         ImportError: ``datasets`` (Hugging Face input) or ``pyarrow`` is missing.
     """
-    if options.deployment not in pre.deployments:
-        raise LocalDeploymentError(
-            f"{pre.name} cannot be prepared for DEPLOYMENT={options.deployment}; supported: "
-            f"{', '.join(pre.deployments)}"
+    if options.backend not in pre.backends:
+        raise LocalRowError(
+            f"{pre.name} cannot be prepared for DEPLOYMENT={options.backend}; supported: "
+            f"{', '.join(pre.backends)}"
         )
     if options.max_instances is not None and options.max_instances < 0:
         raise DatasetMessageError(f"max_instances must be >= 0, got {options.max_instances}")
     target = output_path(pre, options)
     _check_writable(target.parent)
     ctx = ConvertContext(
-        deployment=options.deployment,
+        backend=options.backend,
         image_overrides=options.image_overrides,
-        repo_mirror=resolve_mirror(options.repo_mirror) if options.deployment == "local" else None,
+        repo_mirror=resolve_mirror(options.repo_mirror) if options.backend == "local" else None,
     )
     source = options.input or pre.hf_id
     records = _select(read_source(source, split=options.split or pre.default_split), options)
@@ -248,7 +249,7 @@ def _build(
         prompt=prompt,
         data_source=pre.hf_id,
         reward_name=pre.reward_name,
-        deployment=options.deployment,
+        backend=options.backend,
         agent_name=options.agent_name,
     )
     problems = row_problems(row)

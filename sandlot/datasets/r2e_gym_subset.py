@@ -45,10 +45,10 @@ from typing import Any
 
 from sandlot.datasets import r2e_gym
 from sandlot.datasets.command import run_preprocessor
-from sandlot.datasets.environment import image_environment
 from sandlot.datasets.images import IMAGE_PATH, ImageNameError, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
 from sandlot.datasets.r2e_commit import gold_patch
+from sandlot.datasets.row_fields import image_environment
 from sandlot.sandboxes.images import ImageFamily
 
 REQUIRED = (
@@ -86,7 +86,7 @@ def passing_tests(expected_output_json: str) -> list[str]:
 
 
 def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
-    """One R2E-Gym row → ``Instance`` fields for ``ctx.deployment``."""
+    """One R2E-Gym row → ``Instance`` fields for ``ctx.backend``."""
     try:
         commit = json.loads(record["parsed_commit_content"])
         base_commit = str(commit["old_commit_hash"])
@@ -105,7 +105,7 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
         image = image_name(
             ImageFamily.R2E_GYM,
             instance_id,
-            ctx.deployment,
+            ctx.backend,
             source_image=record.get("docker_image"),
             commit=commit_hash,
             overrides=ctx.image_overrides,
@@ -140,7 +140,7 @@ PREPROCESSOR = Preprocessor(
     reward_name="r2e_gym",
     required=REQUIRED,
     convert=convert,
-    deployments=("docker", "modal", "vefaas"),
+    backends=("docker", "modal", "vefaas"),
 )
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from pydantic import (
     model_validator,
 )
 
-from sandlot.datasets.images import Deployment
+from sandlot.datasets.images import RowBackend
 from sandlot.datasets.instance import Instance, is_remote_source
 from sandlot.datasets.uni_agent import is_uni_agent_row, to_sandlot_record
 
@@ -83,7 +83,7 @@ class SandboxHints(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Deployment
+    backend: RowBackend
     network: bool = False
 
 
@@ -194,18 +194,18 @@ def build_row(
     prompt: list[dict[str, str]],
     data_source: str,
     reward_name: str,
-    deployment: Deployment,
+    backend: RowBackend,
     agent_name: str = DEFAULT_AGENT_NAME,
 ) -> TaskRow:
     """The row of ``instance``: its environment fields copied into ``tools_kwargs.env``."""
     env = EnvKwargs(
-        image=instance.image_for(deployment),
+        image=instance.image_for(backend),
         post_setup_cmd=instance.post_setup_cmd,
         workdir=instance.workdir,
         repo_source=instance.repo_source,
         env_variables=instance.env,
         sandbox=SandboxHints(
-            backend=deployment,
+            backend=backend,
             network=bool(instance.repo_source and is_remote_source(instance.repo_source)),
         ),
     )

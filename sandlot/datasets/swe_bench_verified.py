@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandlot.datasets.command import run_preprocessor
-from sandlot.datasets.environment import image_environment, local_environment
 from sandlot.datasets.images import IMAGE_PATH, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor
+from sandlot.datasets.row_fields import image_environment, local_environment
 from sandlot.datasets.swebench_specs import install_commands
 from sandlot.sandboxes.images import ImageFamily
 
@@ -50,15 +50,15 @@ REQUIRED = (
 
 
 def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
-    """One SWE-bench row → ``Instance`` fields for ``ctx.deployment``."""
+    """One SWE-bench row → ``Instance`` fields for ``ctx.backend``."""
     data = dict(record)
     instance_id = str(record["instance_id"])
-    if ctx.deployment == "local":
+    if ctx.backend == "local":
         commands = install_commands(str(record["repo"]), str(record["version"]))
         data.update(local_environment(record, ctx, "\n".join(commands) or None))
     else:
         image = image_name(
-            ImageFamily.SWE_BENCH, instance_id, ctx.deployment, overrides=ctx.image_overrides
+            ImageFamily.SWE_BENCH, instance_id, ctx.backend, overrides=ctx.image_overrides
         )
         data.update(image_environment(record, image, IMAGE_PATH[ImageFamily.SWE_BENCH], None))
     return data

@@ -36,10 +36,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandlot.datasets.command import run_preprocessor
-from sandlot.datasets.environment import image_environment, local_environment
 from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
+from sandlot.datasets.row_fields import image_environment, local_environment
 from sandlot.datasets.swebench_specs import test_directives
 from sandlot.sandboxes.images import ImageFamily
 
@@ -59,7 +59,7 @@ DROPPED = ("requirements", "environment")
 
 
 def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
-    """One SWE-rebench row → ``Instance`` fields for ``ctx.deployment``."""
+    """One SWE-rebench row → ``Instance`` fields for ``ctx.backend``."""
     config = record["install_config"]
     if not isinstance(config, Mapping):
         raise SourceError("install_config", f"must be an object, got {type(config).__name__}")
@@ -77,7 +77,7 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
     data["log_parser"] = config.get("log_parser") or "parse_log_pytest"
     cleanup = strip_future_history_cmd(str(record["base_commit"]))
     run_tests = " ".join([test_cmd, *directives])
-    if ctx.deployment == "local":
+    if ctx.backend == "local":
         setup = "\n".join([cleanup, *map(str, pre_install), install]).strip()
         data.update(local_environment(record, ctx, setup))
         # The local backend builds this as a cached virtualenv: the row's tests never run on
@@ -91,7 +91,7 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
         image = image_name(
             ImageFamily.SWE_REBENCH,
             str(record["instance_id"]),
-            ctx.deployment,
+            ctx.backend,
             overrides=ctx.image_overrides,
         )
         data.update(image_environment(record, image, IMAGE_PATH[ImageFamily.SWE_REBENCH], cleanup))

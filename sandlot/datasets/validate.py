@@ -88,7 +88,7 @@ class ValidationReport:
     extra_columns: list[str] = field(default_factory=list)
     repos: Counter[str] = field(default_factory=Counter)
     images: Counter[str] = field(default_factory=Counter)
-    deployments: Counter[str] = field(default_factory=Counter)
+    backends: Counter[str] = field(default_factory=Counter)
     data_sources: Counter[str] = field(default_factory=Counter)
     agent_names: Counter[str] = field(default_factory=Counter)
     layout: str = "sandlot"
@@ -385,7 +385,7 @@ def _records(parquet: Any) -> Iterator[dict[str, Any]]:
 def _count(report: ValidationReport, row: TaskRow) -> None:
     report.repos[row.instance.repo or "<none>"] += 1
     report.images[row.extra_info.tools_kwargs.env.image] += 1
-    report.deployments[row.extra_info.tools_kwargs.env.sandbox.backend] += 1
+    report.backends[row.extra_info.tools_kwargs.env.sandbox.backend] += 1
     report.data_sources[row.data_source] += 1
     report.agent_names[row.agent_name] += 1
 

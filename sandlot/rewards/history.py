@@ -8,7 +8,7 @@ agent finds it with ``git log --all --grep '#<PR>'`` and ``git show`` (SWE-bench
 "Repo State Loopholes During Agentic Evaluation"; mini-swe-agent issue #787 saw frontier
 models do it on 11-21 % of SWE-bench Pro tasks); a model patch can do the same while the tests
 run (``git show <fix>:module.py``, executed at import). So once the repository is set up
-(:func:`sandlot.rewards.environment.prepare_repo`, for the agent's sandbox and the
+(:func:`sandlot.rewards.instance_setup.prepare_repo`, for the agent's sandbox and the
 evaluation's alike) :func:`hide_future`
 keeps ``HEAD`` (and the branch it names; ``base_commit`` under ``refs/sandlot/base_commit`` where
 it is not an ancestor of ``HEAD``) and deletes every other ref (branches, tags, remotes

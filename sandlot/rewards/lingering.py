@@ -1,6 +1,6 @@
 """Processes the agent left running, stopped before its own sandbox grades it (mode ``same``).
 
-In the agent's own sandbox (:func:`sandlot.rewards.evaluate.evaluate_in_sandbox`) a process the
+In the agent's own sandbox (:func:`sandlot.rewards.evaluation.evaluate_in_sandbox`) a process the
 agent started in the background outlives its episode: it could wait for the test command and
 open ``/proc/<pid>/fd/3`` (the pytest channel's key pipe) before the bootstrap reads it, or
 rewrite a graded file between the reset and the run. The sandbox's own processes (its init,

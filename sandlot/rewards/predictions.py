@@ -16,11 +16,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sandlot.datasets.instance import Instance
+from sandlot.errors import SandlotError
 
 GOLD = "gold"
 
 
-class PredictionsError(ValueError):
+class PredictionsError(SandlotError, ValueError):
     """A predictions file is malformed; the message names the file, the line and the fix."""
 
 

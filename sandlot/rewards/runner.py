@@ -23,10 +23,10 @@ from pydantic import BaseModel
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import resolve_test_cmd
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.predictions import Prediction
-from sandlot.rewards.report import instance_report, run_report
 from sandlot.rewards.result import EvalResult
+from sandlot.rewards.run_report import instance_report, run_report
 from sandlot.rewards.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, eval_script, patch_files
 
 REPORT_FILE = "report.json"

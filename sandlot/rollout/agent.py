@@ -14,7 +14,7 @@ An episode, as uni-agent's and SWE-agent's loops run it:
    a conversation the model's context no longer holds (``ContextLengthError``),
    ``timeout_budget`` tool timeouts, or a dead sandbox;
 3. take the model patch (what ``submit`` returned, else ``git diff`` against ``base_commit``);
-4. grade it with :func:`~sandlot.rewards.evaluate.evaluate` in a fresh sandbox (``reward.mode:
+4. grade it with :func:`~sandlot.rewards.evaluate` in a fresh sandbox (``reward.mode:
    fresh``) or in the agent's sandbox (``same``; the graded files are put back from a host
    copy first, and the trajectory warns that processes the agent left could touch them).
 
@@ -40,13 +40,13 @@ from sandlot.datasets.instance import Instance
 from sandlot.datasets.prompts import PROMPT_FIELDS, PromptLeakError, find_leak
 from sandlot.datasets.rows import TaskRow
 from sandlot.errors import SandboxError
-from sandlot.rewards.environment import instance_spec, prepare_repo
-from sandlot.rewards.evaluate import evaluate, evaluate_in_sandbox
+from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
+from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.lingering import ProcessBaseline, stop_lingering
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.graded import GradedFiles, remove_graded, restore_graded
 from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError
-from sandlot.rollout.trajectory import ExitReason, Observation, Step, Trajectory
+from sandlot.rollout.trajectory import ExitReason, Step, ToolObservation, Trajectory
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.spec import SandboxSpec
@@ -256,7 +256,7 @@ class _Episode:
             result = await toolbox.call(call.name, call.arguments)
             output = _clip(_redact(result.output, self.secrets), limit)
             step.observations.append(
-                Observation(
+                ToolObservation(
                     tool=call.name,
                     arguments=_redact_value(call.arguments, self.secrets),
                     output=output,

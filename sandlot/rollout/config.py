@@ -33,8 +33,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandlot.datasets.prompts import PROMPT_FIELDS
+from sandlot.errors import SandlotError
 from sandlot.sandboxes.registry import available_backends, get_backend, resolve_backend_name
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.settings import settings
 from sandlot.tools.parsers import PARSERS
 from sandlot.tools.toolbox import DEFAULT_TOOLS, TOOLS
 
@@ -42,7 +44,7 @@ from sandlot.tools.toolbox import DEFAULT_TOOLS, TOOLS
 _ROW_FIELDS = frozenset({"image", "workdir", "environment"})
 
 
-class ConfigError(ValueError):
+class ConfigError(SandlotError, ValueError):
     """``agent_config.yaml`` is unreadable or invalid; the message names the key path."""
 
 
@@ -78,7 +80,7 @@ class SandboxConfig(BaseModel):
 
     def resolved_backend(self) -> str:
         """``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``, then this block's ``backend``."""
-        override = os.environ.get("SANDLOT_BACKEND") or os.environ.get("DEPLOYMENT")
+        override = settings().backend or settings().deployment
         return resolve_backend_name(override or self.backend)
 
     def options_for(self, backend: str) -> BaseModel:

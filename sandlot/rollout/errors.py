@@ -1,8 +1,10 @@
 """The rollout's errors: one root, :class:`RolloutError`, so ``sandlot rollout`` can report
 every way a run cannot go as asked in one place."""
 
+from sandlot.errors import SandlotError
 
-class RolloutError(Exception):
+
+class RolloutError(SandlotError):
     """The rollout cannot run as asked (the message says why and what to do)."""
 
 

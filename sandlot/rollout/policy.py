@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sandlot.errors import SandlotError
 from sandlot.tools.parsers import ToolCall
 
 Message = dict[str, Any]
@@ -42,7 +43,7 @@ class PolicyTurn:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class PolicyError(Exception):
+class PolicyError(SandlotError):
     """The model server failed (connection, 5xx, 429 after retries): an infrastructure fault,
     not the model's. ``retryable`` says whether running the episode again may succeed."""
 

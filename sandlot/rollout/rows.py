@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from sandlot.datasets.images import DEPLOYMENTS
+from sandlot.datasets.images import ROW_BACKENDS
 from sandlot.datasets.instance import Instance
-from sandlot.datasets.loaders import SUFFIXES, DatasetError, instance_from_record, iter_records
+from sandlot.datasets.loaders import DatasetError, walk_dataset
 from sandlot.datasets.prompts import PromptTemplate
 from sandlot.datasets.rows import TaskRow, build_row
 
@@ -44,36 +43,18 @@ def load_rows(
         ValueError: an instance has no image for ``backend``, or its prompt would leak the
             solution.
     """
-    root = Path(path)
-    if root.is_dir():
-        files = sorted(p for p in root.iterdir() if p.is_file() and p.suffix in SUFFIXES)
-        if not files:
-            raise DatasetError(root, f"directory holds no dataset file ({', '.join(SUFFIXES)})")
-    elif root.exists():
-        if root.suffix not in SUFFIXES:
-            raise DatasetError(root, f"unsupported file type {root.suffix!r}; expected {SUFFIXES}")
-        files = [root]
-    else:
-        raise FileNotFoundError(f"dataset not found: {root}")
     template = PromptTemplate()
-    deployment = backend if backend in DEPLOYMENTS else "local"
+    row_backend = backend if backend in ROW_BACKENDS else "local"
     rows: list[TaskRow] = []
-    seen: set[str] = set()
-    for file in files:
-        for where, record in iter_records(file):
-            instance = instance_from_record(record, source=file, where=where)
-            if instance.instance_id in seen:
-                raise DatasetError(
-                    file, "duplicate instance_id", where=where, instance_id=instance.instance_id
-                )
-            seen.add(instance.instance_id)
-            # One backend per run: its image, so a row's env and metadata agree.
-            instance = instance.model_copy(update={"image": image or instance.image_for(backend)})
-            rows.append(_row(record, instance, template, len(rows), file.stem, deployment))
+    for entry in walk_dataset(path):
+        # One backend per run: its image, so a row's env and metadata agree.
+        instance = entry.instance
+        instance = instance.model_copy(update={"image": image or instance.image_for(backend)})
+        rows.append(_row(entry.record, instance, template, len(rows), entry.file.stem, row_backend))
     if instance_ids:
-        missing = sorted(set(instance_ids) - seen)
+        missing = sorted(set(instance_ids) - {r.instance.instance_id for r in rows})
         if missing:
-            raise DatasetError(root, f"not in the dataset: {', '.join(missing)}")
+            raise DatasetError(path, f"not in the dataset: {', '.join(missing)}")
         wanted = set(instance_ids)
         rows = [r for r in rows if r.instance.instance_id in wanted]
     return rows
@@ -85,7 +66,7 @@ def _row(
     template: PromptTemplate,
     index: int,
     data_source: str,
-    deployment: Any,
+    backend: Any,
 ) -> TaskRow:
     if isinstance(record, Mapping) and "instance_id" not in record and "extra_info" in record:
         row = TaskRow.from_record(record)
@@ -101,5 +82,5 @@ def _row(
         prompt=template.render(instance),
         data_source=data_source,
         reward_name="swe_bench",
-        deployment=deployment,
+        backend=backend,
     )

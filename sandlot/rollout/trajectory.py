@@ -29,7 +29,7 @@ class ExitReason(str, Enum):
         return self in (ExitReason.SUBMITTED, ExitReason.FINISHED)
 
 
-class Observation(BaseModel):
+class ToolObservation(BaseModel):
     """One tool call and what it gave back."""
 
     tool: str
@@ -45,7 +45,7 @@ class Step(BaseModel):
 
     turn: int
     content: str
-    observations: list[Observation] = Field(default_factory=list)
+    observations: list[ToolObservation] = Field(default_factory=list)
     format_error: str | None = None
     model_s: float = 0.0
     tools_s: float = 0.0

@@ -54,10 +54,10 @@ from typing import Literal
 
 import yaml
 
+from sandlot.settings import settings
+
 RegistryBackend = Literal["docker", "modal", "vefaas"]
 """The backends that pull per-instance images from a registry (``local`` runs on the host)."""
-
-OVERRIDES_ENV = "SANDLOT_IMAGE_OVERRIDES"
 
 
 class ImageFamily(str, Enum):
@@ -125,7 +125,7 @@ def env_overrides() -> dict[str, str]:
         FileNotFoundError: the variable names a missing file.
         ValueError: the file is not a JSON/YAML object of names.
     """
-    path = os.environ.get(OVERRIDES_ENV)
+    path = settings().image_overrides
     return load_image_overrides(path) if path else {}
 
 

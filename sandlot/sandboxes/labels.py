@@ -26,10 +26,11 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandlot.settings import settings
+
 log = logging.getLogger("sandlot.sandboxes")
 
 RUN_ID_ENV = "SANDLOT_RUN_ID"
-STATE_DIR_ENV = "SANDLOT_STATE_DIR"
 RUN_ID = "sandlot.run_id"
 CREATED_AT = "sandlot.created_at"
 OWNER = "sandlot.owner"
@@ -41,7 +42,7 @@ _lock = threading.Lock()
 
 def state_dir() -> Path:
     """Where sandlot keeps per-user state (the run log)."""
-    explicit = os.environ.get(STATE_DIR_ENV)
+    explicit = settings().state_dir
     if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
@@ -55,7 +56,7 @@ def pin_run_id() -> str:
     so that their child processes still inherit the run's id without a run-log record.
     """
     with _lock:
-        value = os.environ.get(RUN_ID_ENV)
+        value = settings().run_id
         if not value:
             value = uuid.uuid4().hex[:12]
             os.environ[RUN_ID_ENV] = value

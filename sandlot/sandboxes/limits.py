@@ -17,24 +17,13 @@ it sleeps; a permanent error (bad image, bad credentials) fails at once. The att
 start share a wall budget of ``budget_s`` seconds, counted from the first slot acquisition
 (waiting in the queue for a slot does not consume it).
 
-Settings come from ``SandboxSpec.start_limits`` when given, else from environment variables:
-
-=================================  =========  ==================================================
-variable                           default    meaning
-=================================  =========  ==================================================
-``SANDLOT_MAX_STARTING``           64         STARTING slots per process (0: no cap)
-``SANDLOT_CLUSTER_MAX_STARTING``   256        STARTING slots per Ray cluster (0: no cluster cap)
-``SANDLOT_START_ATTEMPTS``         3          attempts per start (1: no retry)
-``SANDLOT_START_BACKOFF_S``        2.0        first backoff in seconds, doubled per retry
-``SANDLOT_START_BACKOFF_MAX_S``    30.0       backoff ceiling in seconds
-``SANDLOT_START_BUDGET_S``         900.0      wall budget of one start's attempts, in seconds
-=================================  =========  ==================================================
+Settings come from ``SandboxSpec.start_limits`` when given, else from the environment variables
+``SANDLOT_MAX_STARTING``, ``SANDLOT_START_*`` ... (:mod:`sandlot.settings` lists them).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -45,20 +34,13 @@ import anyio
 from anyio.lowlevel import RunVar
 from pydantic import BaseModel, ConfigDict, Field
 
-log = logging.getLogger("sandlot.sandboxes.limits")
+from sandlot.settings import settings
 
-_ENV = {
-    "max_starting": "SANDLOT_MAX_STARTING",
-    "cluster_max_starting": "SANDLOT_CLUSTER_MAX_STARTING",
-    "max_attempts": "SANDLOT_START_ATTEMPTS",
-    "backoff_s": "SANDLOT_START_BACKOFF_S",
-    "backoff_max_s": "SANDLOT_START_BACKOFF_MAX_S",
-    "budget_s": "SANDLOT_START_BUDGET_S",
-}
+log = logging.getLogger("sandlot.sandboxes.limits")
 
 
 class StartLimits(BaseModel):
-    """How sandboxes start at scale. Defaults are those of the table in the module docstring.
+    """How sandboxes start at scale (the defaults: :mod:`sandlot.settings`).
 
     Attributes:
         max_starting: STARTING slots per process (per event loop); ``0`` disables the cap.
@@ -85,10 +67,12 @@ class StartLimits(BaseModel):
         """The defaults overridden by the ``SANDLOT_*`` environment variables that are set.
 
         Raises:
-            pydantic.ValidationError: a variable holds an invalid value (the message names it).
+            SettingsError: a variable is not a number (the message names it).
+            pydantic.ValidationError: a value is out of range (the message names the field).
         """
-        values = {field: os.environ[var] for field, var in _ENV.items() if os.environ.get(var)}
-        return cls.model_validate(values)
+        return cls.model_validate(
+            settings().model_dump(include=set(cls.model_fields), exclude_none=True)
+        )
 
     def backoff(self, retry: int) -> float:
         """Seconds to sleep before retry number ``retry`` (1 for the 2nd attempt).

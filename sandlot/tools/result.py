@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from sandlot.errors import SandlotError
+
 ToolStatus = Literal["ok", "error", "format_error", "timeout"]
 
 
@@ -30,5 +32,5 @@ class ToolResult(BaseModel):
     patch: str | None = None
 
 
-class ToolError(Exception):
+class ToolError(SandlotError):
     """Raised by a tool for a failure the model should read (becomes ``status="error"``)."""

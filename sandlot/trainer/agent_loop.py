@@ -57,6 +57,7 @@ from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import AgentConfig, load_agent_config
 from sandlot.rollout.policy import ContextLengthError, Message, PolicyError, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason, Trajectory
+from sandlot.settings import settings
 from sandlot.trainer.drift import check_drift, drifted_tokens
 from sandlot.trainer.mapping import DEFAULT_MASKED_EXITS, TokenBuffer, to_agent_loop_output
 
@@ -249,7 +250,7 @@ class SandlotAgentLoop(AgentLoopBase):
         # verl passes the YAML entry's name and consumes the row's agent_name column.
         self.agent_name = str(kwargs.get("name") or DEFAULT_AGENT_NAME)
         super().__init__(*args, **kwargs)
-        path = agent_config or os.environ.get(AGENT_CONFIG_ENV)
+        path = agent_config or settings().agent_config
         if not path:
             raise ValueError(
                 f"SandlotAgentLoop needs agent_config (in the agent_loop_config_path YAML entry) "

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import yaml
 
+from sandlot.errors import SandlotError
 from sandlot.rollout.config import load_agent_config
 from sandlot.trainer.mapping import DEFAULT_MASKED_EXITS
 
@@ -47,7 +48,7 @@ ENTRY = {
 """Each mode's entry module and its Hydra config name."""
 
 
-class LaunchError(ValueError):
+class LaunchError(SandlotError, ValueError):
     """The options or the composed config cannot run; the message names the knob."""
 
 

@@ -156,7 +156,7 @@ def test_a_known_repo_and_version_needs_no_test_cmd(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("deployment", "image", "message"),
+    ("backend", "image", "message"),
     [
         (
             "modal",
@@ -168,7 +168,7 @@ def test_a_known_repo_and_version_needs_no_test_cmd(tmp_path: Path) -> None:
     ],
 )
 def test_an_image_that_does_not_fit_the_deployment(
-    tmp_path: Path, deployment: str, image: str, message: str
+    tmp_path: Path, backend: str, image: str, message: str
 ) -> None:
     overrides = tmp_path / "overrides.json"
     overrides.write_text(json.dumps({"textkit__textkit-1": image}))
@@ -179,7 +179,7 @@ def test_an_image_that_does_not_fit_the_deployment(
         "--input",
         str(FIXTURES / "swe_bench_verified.jsonl"),
     ]
-    args += ["--local-save-dir", str(tmp_path / "out"), "--deployment", deployment]
+    args += ["--local-save-dir", str(tmp_path / "out"), "--backend", backend]
     result = CliRunner().invoke(cli, [*args, "--image-overrides", str(overrides)])
     assert result.exit_code == 1, result.output
     assert message in result.output and "line 2" in result.output
@@ -246,7 +246,7 @@ def test_r2e_help_offers_only_the_deployments_it_accepts(tmp_path: Path) -> None
     shown = _module("r2e_gym_subset", "--help")
     assert shown.returncode == 0
     assert "docker | modal | vefaas" in " ".join(shown.stdout.split())
-    assert "local" not in shown.stdout.split("--deployment", 1)[1].split("--repo-mirror")[0]
+    assert "local" not in shown.stdout.split("--backend", 1)[1].split("--repo-mirror")[0]
     refused = _module(
         "r2e_gym_subset", "--local-save-dir", str(tmp_path), env={"DEPLOYMENT": "local"}
     )
@@ -258,7 +258,7 @@ def test_prepare_says_which_deployment_it_chose(tmp_path: Path) -> None:
     args = ["--input", str(FIXTURES / "swe_rebench.jsonl"), "--local-save-dir", str(tmp_path)]
     chosen = _module("swe_rebench", *args)
     assert chosen.returncode == 0, chosen.stderr
-    assert "deployment: docker (the default; $DEPLOYMENT is unset" in chosen.stderr
+    assert "backend: docker (the default; $DEPLOYMENT is unset" in chosen.stderr
     assert (tmp_path / "swe_rebench_filtered_docker.parquet").exists()
     told = _module("swe_rebench", *args, env={"DEPLOYMENT": "modal"})
     assert told.returncode == 0 and "the default" not in told.stderr
@@ -282,8 +282,8 @@ def test_every_dataset_error_has_one_root_and_survives_pickling() -> None:
     import pickle
 
     from sandlot.datasets.errors import DatasetError as Root
-    from sandlot.datasets.images import ImageNameError, UnknownDeploymentError
-    from sandlot.datasets.local import LocalDeploymentError
+    from sandlot.datasets.images import ImageNameError, UnknownBackendError
+    from sandlot.datasets.local import LocalRowError
     from sandlot.datasets.prepare import SourceError
     from sandlot.datasets.prompts import PromptLeakError
     from sandlot.datasets.swebench_specs import SpecError
@@ -293,8 +293,8 @@ def test_every_dataset_error_has_one_root_and_survives_pickling() -> None:
         DatasetError("in.jsonl", "bad", where="line 2", instance_id="x", fields=("f",)),
         SourceError("install_config", "must be an object"),
         ImageNameError("no image"),
-        UnknownDeploymentError("unknown deployment"),
-        LocalDeploymentError("no mirror"),
+        UnknownBackendError("unknown backend"),
+        LocalRowError("no mirror"),
         PromptLeakError("leak"),
         SpecError("no spec"),
         UniAgentRowError("no grader"),

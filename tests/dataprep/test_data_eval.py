@@ -14,8 +14,8 @@ from requirements import EVAL, bwrap_missing, need_module, needs
 from sandlot.cli.main import cli
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
-from sandlot.rewards.environment import instance_spec, prepare_repo
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.evaluation import evaluate
+from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalStatus
 from sandlot.rewards.runner import run_evaluation

@@ -1,4 +1,4 @@
-"""Image names per deployment, the override map and DEPLOYMENT parsing."""
+"""Image names per backend, the override map and DEPLOYMENT parsing."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 from requirements import EVAL, need_module
 
 from sandlot.datasets.images import (
-    DEPLOYMENTS,
+    ROW_BACKENDS,
     ImageNameError,
-    UnknownDeploymentError,
+    UnknownBackendError,
     image_name,
-    resolve_deployment,
+    resolve_row_backend,
 )
 from sandlot.sandboxes.images import ImageFamily, image_key, load_image_overrides
 
@@ -20,7 +20,7 @@ ID = "astropy__astropy-12907"
 
 
 @pytest.mark.parametrize(
-    ("family", "deployment", "expected"),
+    ("family", "backend", "expected"),
     [
         (
             ImageFamily.SWE_BENCH,
@@ -52,8 +52,8 @@ ID = "astropy__astropy-12907"
         (ImageFamily.R2E_GYM, "local", "host"),
     ],
 )
-def test_table(family: ImageFamily, deployment: str, expected: str) -> None:
-    assert image_name(family, ID, deployment) == expected  # type: ignore[arg-type]
+def test_table(family: ImageFamily, backend: str, expected: str) -> None:
+    assert image_name(family, ID, backend) == expected  # type: ignore[arg-type]
 
 
 def test_key_matches_swebench_instance_image_key() -> None:
@@ -107,11 +107,11 @@ def test_override_map_wins_for_listed_instances_only(tmp_path: Path) -> None:
 
 def test_deployment_from_argument_environment_or_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEPLOYMENT", raising=False)
-    assert resolve_deployment() == "docker"
+    assert resolve_row_backend() == "docker"
     monkeypatch.setenv("DEPLOYMENT", " Modal ")
-    assert resolve_deployment() == "modal"
-    assert resolve_deployment("vefaas") == "vefaas"
+    assert resolve_row_backend() == "modal"
+    assert resolve_row_backend("vefaas") == "vefaas"
     monkeypatch.setenv("DEPLOYMENT", "k8s")
-    with pytest.raises(UnknownDeploymentError) as err:
-        resolve_deployment()
-    assert "k8s" in str(err.value) and all(d in str(err.value) for d in DEPLOYMENTS)
+    with pytest.raises(UnknownBackendError) as err:
+        resolve_row_backend()
+    assert "k8s" in str(err.value) and all(d in str(err.value) for d in ROW_BACKENDS)

@@ -26,7 +26,7 @@ from sandlot.cli.main import cli
 from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH
 from sandlot.datasets.loaders import DatasetError, load_instances
-from sandlot.datasets.local import LocalDeploymentError
+from sandlot.datasets.local import LocalRowError
 from sandlot.datasets.prepare import OutputDirError
 from sandlot.datasets.r2e_gym import SETUP_CMD, TEST_CMD
 from sandlot.datasets.rows import TaskRow
@@ -44,7 +44,7 @@ def _rows(path: Path) -> list[TaskRow]:
 
 
 @pytest.mark.parametrize(
-    ("name", "deployment", "file_name", "image"),
+    ("name", "backend", "file_name", "image"),
     [
         (
             "swe_bench_verified",
@@ -67,16 +67,16 @@ def _rows(path: Path) -> list[TaskRow]:
     ],
 )
 def test_fixture_becomes_valid_rows(
-    name: str, deployment: str, file_name: str, image: str, tmp_path: Path
+    name: str, backend: str, file_name: str, image: str, tmp_path: Path
 ) -> None:
-    result = run_prepare(name, tmp_path, deployment)  # type: ignore[arg-type]
+    result = run_prepare(name, tmp_path, backend)  # type: ignore[arg-type]
     assert result.path == tmp_path / file_name
     assert result.report.ok and result.rows == len(fixture_rows(name))
     rows = _rows(result.path)
     first = rows[0]
     env = first.extra_info.tools_kwargs.env
     assert env.image == image
-    assert env.sandbox.backend == deployment and env.workdir == "/testbed"
+    assert env.sandbox.backend == backend and env.workdir == "/testbed"
     assert [r.extra_info.index for r in rows] == list(range(len(rows)))
     assert [m.role for m in first.prompt] == ["system", "user"]
     assert first.agent_name == "swe_agent"
@@ -292,13 +292,13 @@ def test_local_deployment_needs_a_mirror_with_the_repository(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SANDLOT_REPO_MIRROR", raising=False)
-    with pytest.raises(LocalDeploymentError, match="SANDLOT_REPO_MIRROR"):
+    with pytest.raises(LocalRowError, match="SANDLOT_REPO_MIRROR"):
         run_prepare("swe_bench_verified", tmp_path, "local")
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match="git clone --mirror") as err:
         run_prepare("swe_bench_verified", tmp_path, "local", repo_mirror=str(tmp_path / "empty"))
     assert err.value.fields == ("repo",)
-    with pytest.raises(LocalDeploymentError, match="supported: docker, modal, vefaas"):
+    with pytest.raises(LocalRowError, match="supported: docker, modal, vefaas"):
         run_prepare("r2e_gym_subset", tmp_path, "local", repo_mirror=str(tmp_path / "empty"))
 
 

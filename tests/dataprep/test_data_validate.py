@@ -46,7 +46,7 @@ def test_prepared_file_passes_with_a_summary(prepared: Path) -> None:
         "rows",
         "repos",
         "images",
-        "deployments",
+        "backends",
         "modal (2)",
         "sandlot-examples/minicalc",
     ):

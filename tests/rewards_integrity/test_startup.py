@@ -30,10 +30,10 @@ from integrity_attacks import (
 )
 from requirements import EVAL, bwrap_missing, need_module, needs
 
-import sandlot.rewards.evaluate as evaluate_module
+import sandlot.rewards.evaluation as evaluation_module
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.integrity.channel import ChannelRun
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
 
@@ -69,7 +69,7 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> list[ChannelRun]:
     """The channel runs the evaluator draws (to look for their keys in what the tests saw),
     with the revert step turned off."""
     drawn: list[ChannelRun] = []
-    real = evaluate_module.new_channel
+    real = evaluation_module.new_channel
 
     def new_channel() -> ChannelRun:
         drawn.append(real())
@@ -78,8 +78,8 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> list[ChannelRun]:
     async def no_revert(*args: Any, **kwargs: Any) -> list[Any]:
         return []
 
-    monkeypatch.setattr(evaluate_module, "new_channel", new_channel)
-    monkeypatch.setattr(evaluate_module, "revert_test_infrastructure", no_revert)
+    monkeypatch.setattr(evaluation_module, "new_channel", new_channel)
+    monkeypatch.setattr(evaluation_module, "revert_test_infrastructure", no_revert)
     return drawn
 
 

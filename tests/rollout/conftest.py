@@ -91,7 +91,7 @@ def make_row(instances: dict[str, Instance]) -> MakeRow:
             prompt=prompt_for(instance),
             data_source="swe-mini",
             reward_name="swe",
-            deployment="local",
+            backend="local",
         )
         row.extra_info.tools_kwargs.reward.metadata = instance.model_copy(update=updates)
         return row

@@ -16,7 +16,7 @@ from requirements import EVAL, bwrap_missing, need_module, needs
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
-from sandlot.rewards.environment import instance_spec, prepare_repo
+from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
 from sandlot.rollout.graded import remove_graded, restore_graded

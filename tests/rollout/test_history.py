@@ -15,8 +15,8 @@ from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing,
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
-from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.history import hide_future
+from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
 from sandlot.rollout.policy import Message, PolicyTurn

@@ -13,7 +13,7 @@ import pytest
 from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing, need_module, needs
 
 from sandlot.datasets.instance import Instance
-from sandlot.rewards.environment import instance_spec, prepare_repo
+from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.lingering import ProcessBaseline, stop_lingering
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config

@@ -16,7 +16,7 @@ from sandlot.cli.main import cli
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.result import TestOutcome as Outcome
 from sandlot.rollout.report import MAX_TEXT_CHARS, render_report, write_report
-from sandlot.rollout.trajectory import ExitReason, Observation, Step, Trajectory
+from sandlot.rollout.trajectory import ExitReason, Step, ToolObservation, Trajectory
 
 HOSTILE = [
     "</pre></details><script>document.body.setAttribute('data-pwned', 'script')</script>",
@@ -44,14 +44,14 @@ def hostile_trajectory(i: int, sample: int = 0) -> Trajectory:
                 turn=1,
                 content=f"I will run {text}",
                 observations=[
-                    Observation(
+                    ToolObservation(
                         tool="bash",
                         arguments={"command": f"echo '{text}'"},
                         output=text * 3,
                         status="ok",
                         duration_s=0.5,
                     ),
-                    Observation(tool="bash", arguments=text, output="bad args", status="error"),
+                    ToolObservation(tool="bash", arguments=text, output="bad args", status="error"),
                 ],
                 format_error=text if i % 3 == 0 else None,
             )

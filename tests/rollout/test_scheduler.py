@@ -76,7 +76,7 @@ def row(i: int, statement: str = "fix it") -> TaskRow:
         prompt=[{"role": "user", "content": inst.problem_statement}],
         data_source="fake",
         reward_name="swe_bench",
-        deployment="local",
+        backend="local",
     )
 
 

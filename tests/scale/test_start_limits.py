@@ -7,10 +7,10 @@ import logging
 import anyio
 import pytest
 from cloud_sim import Cloud, FakeCloudSandbox
-from pydantic import ValidationError
 
 from sandlot import SandboxSpec, SandboxStartError
 from sandlot.sandboxes.limits import StartLimits, starting_gate
+from sandlot.settings import SettingsError
 
 pytestmark = pytest.mark.anyio
 
@@ -34,7 +34,7 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     got = StartLimits.from_env()
     assert (got.max_starting, got.budget_s, got.max_attempts) == (7, 12.5, 3)
     monkeypatch.setenv("SANDLOT_START_ATTEMPTS", "zero")
-    with pytest.raises(ValidationError, match="max_attempts"):
+    with pytest.raises(SettingsError, match="SANDLOT_START_ATTEMPTS"):
         StartLimits.from_env()
 
 

@@ -62,7 +62,7 @@ def rows(repos: Path) -> list[dict[str, Any]]:
             prompt=prompt,
             data_source="swe-mini",
             reward_name="swe",
-            deployment="local",
+            backend="local",
         )
         records.append(json.loads(row.model_dump_json()))
     return records

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 
 from sandlot.datasets.instance import Instance
+from sandlot.errors import SandlotError
 from sandlot.rewards.scripts import patch_files
 
 
@@ -29,7 +30,7 @@ _MARKER = "--- sandlot grader files ---"
 END_MARKER = "--- sandlot grader files end ---"
 
 
-class GraderFilesError(Exception):
+class GraderFilesError(SandlotError):
     """The grader's files could not be hashed (the message carries the output)."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from sandlot.datasets.instance import Instance
+from sandlot.errors import SandlotError
 from sandlot.rewards.integrity.changes import Changes
 from sandlot.rewards.integrity.policy import (
     RevertedFile,
@@ -21,7 +22,7 @@ from sandlot.sandboxes.base import Sandbox, output_tail
 _STEP_TIMEOUT_S = 600.0
 
 
-class RevertError(Exception):
+class RevertError(SandlotError):
     """The revert commands failed (the message carries their output)."""
 
 

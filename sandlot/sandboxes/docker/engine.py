@@ -23,14 +23,13 @@ from anyio.lowlevel import RunVar
 
 from sandlot._optional import require
 from sandlot.errors import BackendUnavailableError, SandboxError, SandboxStartError
+from sandlot.settings import settings
 
 if TYPE_CHECKING:
     from docker import DockerClient
 
 T = TypeVar("T")
 
-API_THREADS_ENV = "SANDLOT_DOCKER_API_THREADS"
-DEFAULT_API_THREADS = 32
 ENGINE_SCRIPT_HINT = 'eval "$(bash ../shared/ci/container-engine.sh)"'
 
 _limiter: RunVar[anyio.CapacityLimiter] = RunVar("sandlot_docker_api_limiter")
@@ -59,7 +58,7 @@ def sdk() -> ModuleType:
 
 def api_threads() -> int:
     """Size of the worker-thread limiter: ``$SANDLOT_DOCKER_API_THREADS``, default 32."""
-    return int(os.environ.get(API_THREADS_ENV, DEFAULT_API_THREADS))
+    return settings().docker_api_threads
 
 
 def api_limiter() -> anyio.CapacityLimiter:

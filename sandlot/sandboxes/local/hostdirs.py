@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-SANDLOT_LOCAL_ROOT_ENV = "SANDLOT_LOCAL_ROOT"
+from sandlot.settings import settings
 
 LABELS_FILE = "labels.json"
 """In each sandbox's directory: ``{"labels": {...}, "pid": caller}``, read by the reaper."""
@@ -28,8 +28,8 @@ def sandboxes_dir(configured: str | None) -> Path:
     """
     if configured:
         return Path(configured).absolute()
-    if os.environ.get(SANDLOT_LOCAL_ROOT_ENV):
-        return Path(os.environ[SANDLOT_LOCAL_ROOT_ENV]).absolute()
+    if root := settings().local_root:
+        return Path(root).absolute()
     return Path(tempfile.gettempdir()) / f"sandlot-local-{os.getuid()}"
 
 

@@ -28,6 +28,7 @@ from typing import IO
 
 import anyio
 
+from sandlot.errors import SandlotError
 from sandlot.sandboxes.local.peer import HostProcess, InitDied, Peer
 
 # The init's source without its docstring: it is the init's command line, seen in /proc.
@@ -164,7 +165,7 @@ def check_ready(message: list[bytes]) -> None:
         raise InitDied(f"unexpected first message {message!r}")
 
 
-class SpawnFailed(Exception):
+class SpawnFailed(SandlotError):
     """The init could not fork the command (e.g. the sandbox's process cap is reached)."""
 
 

@@ -11,10 +11,12 @@ from typing import Protocol
 
 import anyio
 
+from sandlot.errors import SandlotError
+
 _MAX_PACKET = 64 * 1024
 
 
-class InitDied(Exception):
+class InitDied(SandlotError):
     """The init (or the zygote) is gone: the sandbox's processes are all dead."""
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from sandlot.errors import EnvironmentBuildError
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.local.hostdirs import remove_tree
+from sandlot.settings import settings
 
 log = logging.getLogger("sandlot.sandboxes.local.venv")
 
@@ -79,7 +80,7 @@ class BuiltEnvironment:
 
 def cache_dir() -> Path:
     """``$SANDLOT_ENV_CACHE``, else ``<user cache dir>/envs`` (``~/.cache/sandlot/envs``)."""
-    configured = os.environ.get(CACHE_ENV)
+    configured = settings().env_cache
     if configured:
         return Path(configured).expanduser().absolute()
     from platformdirs import user_cache_dir
@@ -160,7 +161,7 @@ def _find_uv() -> str | None:
 
 
 def _installer() -> str:
-    forced = os.environ.get(INSTALLER_ENV, "").strip().lower()
+    forced = (settings().env_installer or "").strip().lower()
     if forced not in ("", "uv", "pip"):
         raise EnvironmentBuildError(f"{INSTALLER_ENV} must be 'uv' or 'pip', got {forced!r}")
     if forced == "pip":

@@ -22,6 +22,7 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sandlot.errors import SandlotError
 from sandlot.sandboxes.remote_shell import EXEC_MARKER_ENV
 
 JOBS_DIR = "/tmp/sandlot-jobs"
@@ -117,7 +118,7 @@ def poll_argv(job_id: str, cap: int, *, force: bool = False) -> list[str]:
     ]
 
 
-class JobLostError(Exception):
+class JobLostError(SandlotError):
     """The job directory vanished before its result was collected."""
 
 

@@ -1,4 +1,4 @@
-"""The environment fields of a converted instance, per deployment.
+"""The environment fields of a converted instance, per backend.
 
 Every source converter ends with one of these: the instance's ``image``, ``repo_source``,
 ``post_setup_cmd``, ``workdir`` (always ``/testbed``, where all three image families and the

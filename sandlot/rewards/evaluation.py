@@ -25,8 +25,8 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxSetupError,
 )
-from sandlot.rewards.environment import instance_spec, prepare_repo
 from sandlot.rewards.grading import grade
+from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.integrity.changes import (
     APPLIED,
     LISTING,

@@ -18,7 +18,7 @@ from requirements import EVAL, bwrap_missing, need_module, needs
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
-from sandlot.rewards.evaluate import evaluate
+from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.predictions import Prediction, load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import run_evaluation
@@ -277,3 +277,11 @@ def test_model_edits_to_test_files_are_undone(
     result = _run(evaluate, inst, gold_plus_tamper, backend="local")
     assert result.status is EvalStatus.RESOLVED, result.error or result.log
     _assert_no_leaks(sandbox_root)
+
+
+def test_the_package_attribute_is_the_async_function_the_readme_awaits() -> None:
+    import inspect
+
+    import sandlot.rewards
+
+    assert sandlot.rewards.evaluate is evaluate and inspect.iscoroutinefunction(evaluate)

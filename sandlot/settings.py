@@ -1,0 +1,103 @@
+"""The environment variables that configure sandlot, each documented once, here.
+
+:func:`settings` reads them from ``os.environ`` at each call (tests and ``--run-id`` set them
+while a process runs, so nothing is cached) and validates their types; the module that uses a
+value checks its range and says what it means there. An unset or empty variable is ``None``
+(or the default shown), so callers keep their own fall-backs (``~/.cache``, a temp directory).
+
+=================================  =======  ========  ===========================================
+variable                           type     default   meaning
+=================================  =======  ========  ===========================================
+``SANDLOT_BACKEND``                name     unset     backend of ``sandlot.open``, ``eval``,
+                                                      ``rollout`` when none is given
+``DEPLOYMENT``                     name     unset     uni-agent's word for the backend, read after
+                                                      ``SANDLOT_BACKEND``; the backend of prepared
+                                                      dataset rows (``docker`` when unset)
+``SANDLOT_RUN_ID``                 id       unset     the run's id, label of every sandbox it
+                                                      starts (``sandlot gc --run-id``); set by
+                                                      ``--run-id`` or on first start
+``SANDLOT_STATE_DIR``              path     unset     per-user state (the run log); else
+                                                      ``$XDG_STATE_HOME/sandlot``
+``SANDLOT_MAX_STARTING``           int      64        sandboxes in STARTING per process (0: no cap)
+``SANDLOT_CLUSTER_MAX_STARTING``   int      256       ... per Ray cluster (0: no cluster cap)
+``SANDLOT_START_ATTEMPTS``         int      3         attempts per start (1: no retry)
+``SANDLOT_START_BACKOFF_S``        seconds  2.0       first backoff, doubled per retry
+``SANDLOT_START_BACKOFF_MAX_S``    seconds  30.0      backoff ceiling
+``SANDLOT_START_BUDGET_S``         seconds  900.0     wall budget of one start's attempts
+``SANDLOT_IMAGE_OVERRIDES``        path     unset     JSON/YAML map from canonical image names to
+                                                      the names a backend pulls
+``SANDLOT_LOCAL_ROOT``             path     unset     ``local`` sandboxes' host directories; else
+                                                      ``<tmp>/sandlot-local-<uid>``
+``SANDLOT_ENV_CACHE``              path     unset     ``local`` test environments; else
+                                                      ``~/.cache/sandlot/envs``
+``SANDLOT_ENV_INSTALLER``          name     unset     ``uv`` or ``pip`` for those environments;
+                                                      unset: ``uv`` when installed
+``SANDLOT_DOCKER_API_THREADS``     int      32        worker threads for blocking Docker API calls
+``SANDLOT_REPO_MIRROR``            path     unset     git mirrors the rows of ``DEPLOYMENT=local``
+                                                      clone from
+``SANDLOT_AGENT_CONFIG``           path     unset     ``agent_config.yaml`` of verl's agent loop
+=================================  =======  ========  ===========================================
+
+The start limits stay ``None`` when unset so that :class:`sandlot.sandboxes.limits.StartLimits`
+holds their defaults (the table shows them). Variables that sandlot sets for its own processes
+(``SANDLOT_EXEC_ID``, ``SANDLOT_ENV_OVERLAY``, ...) are protocol, not settings, and are not here.
+A ``pydantic-settings`` model would do the same; it is not a dependency, and reading a dozen
+variables into a pydantic model (already one) takes the few lines of :meth:`Settings.from_env`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandlot.errors import SandlotError
+
+
+class SettingsError(SandlotError, ValueError):
+    """An environment variable holds a value of the wrong type; the message names it."""
+
+
+class Settings(BaseModel):
+    """The ``SANDLOT_*`` environment, typed. Field aliases are the variables' names."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    backend: str | None = Field(None, alias="SANDLOT_BACKEND")
+    deployment: str | None = Field(None, alias="DEPLOYMENT")
+    run_id: str | None = Field(None, alias="SANDLOT_RUN_ID")
+    state_dir: str | None = Field(None, alias="SANDLOT_STATE_DIR")
+    max_starting: int | None = Field(None, alias="SANDLOT_MAX_STARTING")
+    cluster_max_starting: int | None = Field(None, alias="SANDLOT_CLUSTER_MAX_STARTING")
+    max_attempts: int | None = Field(None, alias="SANDLOT_START_ATTEMPTS")
+    backoff_s: float | None = Field(None, alias="SANDLOT_START_BACKOFF_S")
+    backoff_max_s: float | None = Field(None, alias="SANDLOT_START_BACKOFF_MAX_S")
+    budget_s: float | None = Field(None, alias="SANDLOT_START_BUDGET_S")
+    image_overrides: str | None = Field(None, alias="SANDLOT_IMAGE_OVERRIDES")
+    local_root: str | None = Field(None, alias="SANDLOT_LOCAL_ROOT")
+    env_cache: str | None = Field(None, alias="SANDLOT_ENV_CACHE")
+    env_installer: str | None = Field(None, alias="SANDLOT_ENV_INSTALLER")
+    docker_api_threads: int = Field(32, alias="SANDLOT_DOCKER_API_THREADS")
+    repo_mirror: str | None = Field(None, alias="SANDLOT_REPO_MIRROR")
+    agent_config: str | None = Field(None, alias="SANDLOT_AGENT_CONFIG")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings in ``environ`` (default ``os.environ``); empty variables count as unset.
+
+        Raises:
+            SettingsError: a variable does not parse as its type (the message names it).
+        """
+        env = os.environ if environ is None else environ
+        names = [field.alias for field in cls.model_fields.values() if field.alias]
+        try:
+            return cls.model_validate({name: env[name] for name in names if env.get(name)})
+        except ValidationError as exc:
+            problems = "; ".join(f"${e['loc'][0]}={e['input']!r}: {e['msg']}" for e in exc.errors())
+            raise SettingsError(f"{problems} (fix or unset the variable)") from None
+
+
+def settings() -> Settings:
+    """The current environment's settings (read now; see the module docstring)."""
+    return Settings.from_env()
