@@ -19,12 +19,14 @@ from requirements import TEST_IMAGE, bwrap_missing, docker_engine, needs
 
 from sandlot.cli import gc_cmd
 from sandlot.cli.main import cli
-from sandlot.sandboxes.labels import CREATED_AT, RUN_ID, recorded_runs, run_id
+from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, owner, recorded_runs, run_id
 from sandlot.sandboxes.reaper import RemoteSandbox, select
 
 
-def sb(run: str, created: float | None, sid: str = "") -> RemoteSandbox:
-    labels = {RUN_ID: run} if created is None else {RUN_ID: run, CREATED_AT: str(int(created))}
+def sb(run: str, created: float | None, sid: str = "", who: str | None = None) -> RemoteSandbox:
+    labels = {RUN_ID: run, OWNER: owner() if who is None else who}
+    if created is not None:
+        labels[CREATED_AT] = str(int(created))
     return RemoteSandbox("docker", sid or uuid.uuid4().hex, labels)
 
 
@@ -40,6 +42,12 @@ def test_select_by_run_and_age() -> None:
     assert select(every, run_id="a", now=now) == [old_a, new_a, undated]
     assert select(every, older_than_s=3600, now=now) == [old_a, old_b]
     assert select(every, run_id="a", older_than_s=3600, now=now) == [old_a]
+
+
+def test_select_by_owner() -> None:
+    mine, theirs, unlabelled = sb("a", 0, who="me@h"), sb("a", 0, who="you@h"), sb("a", 0, who="")
+    assert select([mine, theirs, unlabelled], owner="me@h") == [mine]
+    assert select([mine, theirs, unlabelled]) == [mine, theirs, unlabelled]
 
 
 @pytest.mark.parametrize(
@@ -91,6 +99,51 @@ def test_cli_requires_a_filter_and_reports(monkeypatch: pytest.MonkeyPatch) -> N
         and "failed 1" in result.output
         and "provider said no" in result.output
     )
+
+
+def _stub(monkeypatch: pytest.MonkeyPatch, *, can_ask: bool) -> StubReaper:
+    old = time.time() - 7200
+    stub = StubReaper(
+        [sb("r1", old, "mine1"), sb("r1", old, "mine2"), sb("r2", old, "theirs", who="you@gpu7")],
+        set(),
+    )
+    monkeypatch.setattr(gc_cmd, "get_reaper", lambda name, **kw: stub)
+    monkeypatch.setattr(gc_cmd, "_can_ask", lambda: can_ask)
+    return stub
+
+
+def test_other_owners_sandboxes_are_left_alone_unless_any_owner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stub = _stub(monkeypatch, can_ask=False)
+    run = ["gc", "--backend", "stub", "--older-than", "1h", "--yes"]
+    result = CliRunner().invoke(cli, run)
+    assert result.exit_code == 0, result.output
+    assert sorted(stub.killed) == ["mine1", "mine2"]
+    assert "1 matching sandboxes of other owners left alone (you@gpu7)" in result.output
+    result = CliRunner().invoke(cli, ["gc", "--backend", "stub", "--run-id", "r2"])
+    assert "theirs" not in stub.killed and "0 selected" in result.output
+    result = CliRunner().invoke(cli, [*run, "--any-owner"])
+    assert result.exit_code == 0 and "theirs" in stub.killed, result.output
+
+
+@pytest.mark.parametrize("selector", [["--older-than", "1h"], ["--all"]])
+def test_broad_selections_list_by_run_and_owner_and_ask(
+    monkeypatch: pytest.MonkeyPatch, selector: list[str]
+) -> None:
+    run = ["gc", "--backend", "stub", *selector, "--any-owner"]
+    stub = _stub(monkeypatch, can_ask=False)
+    result = CliRunner().invoke(cli, run)
+    assert result.exit_code == 2 and "confirm with --yes" in result.output
+    assert stub.killed == []
+
+    stub = _stub(monkeypatch, can_ask=True)
+    result = CliRunner().invoke(cli, run, input="n\n")
+    assert result.exit_code == 1 and "Aborted" in result.output and stub.killed == []
+    groups = result.output[result.output.index("to kill, by run and owner") :]
+    assert "r1" in groups and owner() in groups and "you@gpu7" in groups
+    result = CliRunner().invoke(cli, run, input="y\n")
+    assert result.exit_code == 0 and sorted(stub.killed) == ["mine1", "mine2", "theirs"]
 
 
 def test_run_id_is_pinned_and_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
+from collections import defaultdict
 
 import anyio
 import click
@@ -11,7 +13,15 @@ from rich.console import Console
 from rich.table import Table
 
 from sandlot.errors import SandboxError
-from sandlot.sandboxes.reaper import GcReport, RemoteSandbox, get_reaper, reap
+from sandlot.sandboxes.labels import owner as this_owner
+from sandlot.sandboxes.reaper import (
+    GcReport,
+    RemoteSandbox,
+    get_reaper,
+    kill_selected,
+    reap,
+    select,
+)
 from sandlot.sandboxes.registry import resolve_backend_name
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -36,6 +46,26 @@ def _age(sb: RemoteSandbox, now: float) -> str:
         return "?"
     minutes = max(0, int(now - created)) // 60
     return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _can_ask() -> bool:
+    return sys.stdin.isatty()
+
+
+def _groups(selected: list[RemoteSandbox]) -> Table:
+    """What is about to be killed, one row per run and owner."""
+    now = time.time()
+    groups: dict[tuple[str, str], list[RemoteSandbox]] = defaultdict(list)
+    for sb in selected:
+        groups[(sb.run_id, sb.owner or "?")].append(sb)
+    table = Table(title="to kill, by run and owner")
+    for column in ("run id", "owner", "sandboxes", "oldest", "states"):
+        table.add_column(column)
+    for (run, who), boxes in sorted(groups.items()):
+        oldest = min(boxes, key=lambda sb: sb.created_at or now)
+        states = ", ".join(sorted({sb.state or "?" for sb in boxes}))
+        table.add_row(run, who, str(len(boxes)), _age(oldest, now), states)
+    return table
 
 
 def _table(report: GcReport, dry_run: bool) -> Table:
@@ -64,7 +94,13 @@ def _table(report: GcReport, dry_run: bool) -> Table:
     help="Only sandboxes created at least this long ago (90s, 30m, 2h, 1d).",
 )
 @click.option("--all", "all_runs", is_flag=True, help="Every sandlot sandbox, of any run and age.")
+@click.option(
+    "--any-owner",
+    is_flag=True,
+    help="Also other owners' sandboxes (sandlot.owner, user@host); by default only yours.",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be killed; kill nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before killing (--older-than, --all).")
 @click.option(
     "--option",
     "options",
@@ -78,13 +114,18 @@ def gc_command(
     run_id: str | None,
     older_than: str | None,
     all_runs: bool,
+    any_owner: bool,
     dry_run: bool,
+    yes: bool,
     options: tuple[str, ...],
 ) -> None:
     """Kill sandboxes that carry sandlot labels, e.g. those a crashed run left behind.
 
     Every run logs its id and appends it to ~/.local/state/sandlot/runs.jsonl
     ($SANDLOT_STATE_DIR), so `sandlot gc --run-id ID` cleans up after a crash or kill -9.
+    Only your own sandboxes (label sandlot.owner = user@host) are touched unless --any-owner;
+    --older-than and --all list what they select, by run and owner, and ask before killing
+    (--yes skips the question; without a terminal they need it).
     """
     if not (run_id or older_than or all_runs):
         raise click.UsageError(
@@ -99,12 +140,32 @@ def gc_command(
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--option")
         settings[key.strip()] = value
     name = resolve_backend_name(backend)
+    me = None if any_owner else this_owner()
+    console = Console()
     try:
         reaper = get_reaper(name, **settings)
-        report = anyio.run(lambda: reap(reaper, run_id=run_id, older_than_s=age, dry_run=dry_run))
+        listed = anyio.run(lambda: reap(reaper, run_id=run_id, older_than_s=age, dry_run=True))
     except (SandboxError, TypeError) as exc:
         raise click.ClickException(str(exc)) from exc
-    console = Console()
+    selected = select(listed.selected, owner=me)
+    others = sorted({sb.owner or "?" for sb in listed.selected} - {me}) if me else []
+    if others:
+        console.print(
+            f"{len(listed.selected) - len(selected)} matching sandboxes of other owners left "
+            f"alone ({', '.join(others)}); --any-owner includes them",
+            soft_wrap=True,
+        )
+    if selected and not dry_run and (older_than or all_runs):
+        console.print(_groups(selected))
+        if not yes:
+            if not _can_ask():
+                raise click.UsageError(
+                    f"{len(selected)} sandboxes selected: confirm with --yes (no terminal to ask)"
+                )
+            click.confirm(f"Kill these {len(selected)} sandboxes?", abort=True)
+    report = GcReport(selected=selected)
+    if not dry_run:
+        report = anyio.run(lambda: kill_selected(reaper, selected))
     if report.selected:
         console.print(_table(report, dry_run))
     verb = "would kill" if dry_run else "killed"

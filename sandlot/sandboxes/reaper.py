@@ -2,8 +2,9 @@
 
 Every remote backend labels its sandboxes (:mod:`sandlot.sandboxes.labels`). A :class:`Reaper`
 lists the sandboxes of one backend that carry the ``sandlot.run_id`` label and kills one;
-:func:`reap` filters them (``run_id``, minimum age) and kills the selection concurrently, each
-kill guarded so one failure never stops the others.
+:func:`select` filters them (``run_id``, minimum age, ``sandlot.owner``) and
+:func:`kill_selected` kills a selection concurrently, each kill guarded so one failure never
+stops the others; :func:`reap` does the three.
 """
 
 from __future__ import annotations
@@ -122,16 +123,21 @@ def select(
     *,
     run_id: str | None = None,
     older_than_s: float | None = None,
+    owner: str | None = None,
     now: float | None = None,
 ) -> list[RemoteSandbox]:
-    """The sandboxes of ``run_id`` (any run if ``None``) created at least ``older_than_s`` ago.
+    """The sandboxes of ``run_id`` (any run if ``None``) created at least ``older_than_s`` ago
+    whose ``sandlot.owner`` label is ``owner`` (any owner if ``None``).
 
-    A sandbox without a readable ``sandlot.created_at`` never matches an age filter.
+    A sandbox without a readable ``sandlot.created_at`` never matches an age filter, one
+    without an owner label never matches an owner filter.
     """
     now = time.time() if now is None else now
     chosen = []
     for sb in sandboxes:
         if run_id is not None and sb.run_id != run_id:
+            continue
+        if owner is not None and sb.owner != owner:
             continue
         if older_than_s is not None:
             created = sb.created_at
@@ -146,13 +152,21 @@ async def reap(
     *,
     run_id: str | None = None,
     older_than_s: float | None = None,
+    owner: str | None = None,
     dry_run: bool = False,
 ) -> GcReport:
-    """List, filter and (unless ``dry_run``) kill; every kill is tried twice, independently."""
+    """List, filter (:func:`select`) and, unless ``dry_run``, kill (:func:`kill_selected`)."""
     listed = await reaper.list_sandboxes(run_id)
-    report = GcReport(selected=select(listed, run_id=run_id, older_than_s=older_than_s))
+    selected = select(listed, run_id=run_id, older_than_s=older_than_s, owner=owner)
     if dry_run:
-        return report
+        return GcReport(selected=selected)
+    return await kill_selected(reaper, selected)
+
+
+async def kill_selected(reaper: Reaper, selected: list[RemoteSandbox]) -> GcReport:
+    """Kill exactly ``selected`` (what a user confirmed), concurrently; every kill is tried
+    twice, independently, so one failure never stops the others."""
+    report = GcReport(selected=selected)
     limiter = anyio.CapacityLimiter(_KILL_CONCURRENCY)
 
     async def kill_one(sb: RemoteSandbox) -> None:
@@ -169,6 +183,6 @@ async def reap(
             report.failed.append((sb, error))
 
     async with anyio.create_task_group() as tg:
-        for sb in report.selected:
+        for sb in selected:
             tg.start_soon(kill_one, sb)
     return report
