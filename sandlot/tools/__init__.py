@@ -3,7 +3,7 @@
 
 from sandlot.tools.base import Tool, ToolContext
 from sandlot.tools.parsers import ParsedResponse, ToolCall, get_parser
-from sandlot.tools.result import ToolError, ToolResult
+from sandlot.tools.tool_result import ToolError, ToolResult
 from sandlot.tools.toolbox import DEFAULT_TOOLS, TOOLS, Toolbox
 
 __all__ = [

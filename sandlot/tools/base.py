@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict
 
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes.base import Sandbox
-from sandlot.tools.result import ToolResult
 from sandlot.tools.schema import function_schema
+from sandlot.tools.tool_result import ToolResult
 
 
 class NoConfig(BaseModel):

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.runtimes.observation import Observation
 from sandlot.tools.base import Tool
-from sandlot.tools.result import ToolResult
+from sandlot.tools.tool_result import ToolResult
 
 EMPTY_OUTPUT = "Your command ran successfully and did not produce any output."
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandlot.errors import SandboxFileError
 from sandlot.sandboxes.archive import DownloadLimitError
 from sandlot.tools.base import Tool, ToolContext
-from sandlot.tools.result import ToolError, ToolResult
+from sandlot.tools.tool_result import ToolError, ToolResult
 
 TRUNCATED_MESSAGE = (
     "<response clipped><NOTE>To save on context only part of this file has been shown to you. "

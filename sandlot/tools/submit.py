@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.sandboxes.base import Sandbox
 from sandlot.tools.base import Tool
-from sandlot.tools.result import ToolError, ToolResult
+from sandlot.tools.tool_result import ToolError, ToolResult
 
 _GIT = (
     "git -c core.pager=cat -c color.ui=false -c core.quotepath=false "

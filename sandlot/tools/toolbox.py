@@ -19,8 +19,8 @@ from sandlot.errors import SandboxDeadError, SandboxError
 from sandlot.tools.base import Tool, ToolContext
 from sandlot.tools.bash import BashTool, ExecuteBashTool
 from sandlot.tools.editor import StrReplaceEditor
-from sandlot.tools.result import ToolError, ToolResult
 from sandlot.tools.submit import FinishTool, SubmitTool
+from sandlot.tools.tool_result import ToolError, ToolResult
 
 log = logging.getLogger("sandlot.tools")
 
