@@ -19,6 +19,7 @@ finds nothing, so a fork bomb cannot outrun it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from sandlot.errors import SandboxError
@@ -88,8 +89,13 @@ class ProcessBaseline:
     processes: str
 
     @classmethod
-    async def take(cls, sb: Sandbox) -> ProcessBaseline:
+    async def take(cls, sb: Sandbox) -> ProcessBaseline | None:
         """List ``sb``'s processes (needs ``bash`` and ``/proc`` in the sandbox).
+
+        Returns:
+            The baseline, or ``None`` when the sandbox sees this very process: it shares the
+            caller's PID namespace (``local`` with ``isolation="none"``), where "every other
+            process" would be the machine's own, so nothing may be stopped.
 
         Raises:
             SandboxError: the listing failed (the sandbox is dead or has no ``/proc``).
@@ -99,7 +105,19 @@ class ProcessBaseline:
             raise SandboxError(
                 f"cannot list the sandbox's processes (exit {r.exit_code}): {r.stderr.strip()}"
             )
+        if _own_entry() in r.stdout.splitlines():
+            return None
         return cls(r.stdout)
+
+
+def _own_entry() -> str:
+    """This process as the listing names it (``"pid starttime"``), or ``""`` off Linux."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    return f"{os.getpid()} {fields[19]}"
 
 
 async def stop_lingering(sb: Sandbox, baseline: ProcessBaseline) -> int:

@@ -370,6 +370,11 @@ async def run_episode(
                 graded = await _remove_graded(ep, sb, Path(copies.name) if copies else None)
                 # Before the first turn: nothing in it is the agent's (see rewards.lingering).
                 baseline = await ProcessBaseline.take(sb) if same else None
+                if same and baseline is None:
+                    traj.warnings.append(
+                        "reward mode 'same' in a sandbox that shares this machine's processes: "
+                        "what the agent leaves running cannot be stopped before the grading"
+                    )
             with timer("agent"):
                 await ep.run_turns(sb)
             await ep.take_patch(sb)

@@ -90,6 +90,15 @@ async def test_every_process_the_agent_left_is_killed_and_the_sandbox_still_work
         assert (await sb.exec("echo still-here")).stdout == "still-here\n"
 
 
+@pytest.mark.usefixtures("local_root")
+async def test_a_sandbox_that_sees_the_callers_processes_gets_no_baseline(
+    instances: dict[str, Instance],
+) -> None:
+    inst = instances["textkit__textkit-2"]
+    async with open_sandbox("local", instance_spec(inst, "local"), isolation="none") as sb:
+        assert await ProcessBaseline.take(sb) is None
+
+
 class LeaveAndStop:
     """Leaves a process waiting for the key pipe, then ends the episode without submitting."""
 
