@@ -123,7 +123,8 @@ def _public_url(url: str) -> str:
     default=2,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Re-runs of an episode that failed on infrastructure (sandbox start, model server).",
+    help="Re-runs of an episode that failed on infrastructure (sandbox start, a model server "
+    "down for longer than the client's retry budget).",
 )
 @click.option(
     "--retry-backoff",
@@ -138,6 +139,19 @@ def _public_url(url: str) -> str:
     help="When resuming, also re-run episodes recorded as retryable infrastructure errors.",
 )
 @click.option("--temperature", default=None, type=float, help="Sampling temperature.")
+@click.option(
+    "--request-timeout",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds one model request may take (default: the config's client.request_timeout_s).",
+)
+@click.option(
+    "--retry-budget",
+    default=None,
+    type=click.FloatRange(min=0),
+    help="Seconds a turn's failed model requests are retried while its episode waits "
+    "(default: the config's client.retry_budget_s).",
+)
 @click.option(
     "--api-key-env",
     default="OPENAI_API_KEY",
@@ -175,6 +189,8 @@ def rollout_command(
     retry_backoff: float,
     retry_errors: bool,
     temperature: float | None,
+    request_timeout: float | None,
+    retry_budget: float | None,
     api_key_env: str,
     image: str | None,
     instance_ids: tuple[str, ...],
@@ -199,9 +215,17 @@ def rollout_command(
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
     sampling = {"temperature": temperature} if temperature is not None else None
+    client = config.client.overridden(
+        request_timeout_s=request_timeout, retry_budget_s=retry_budget
+    ).model_dump()
     try:
         policy = OpenAIChatPolicy(
-            base_url, model, api_key_env=api_key_env, native_tools=native_tools, sampling=sampling
+            base_url,
+            model,
+            api_key_env=api_key_env,
+            native_tools=native_tools,
+            sampling=sampling,
+            **client,
         )
     except (ValueError, SandboxError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -271,6 +295,7 @@ def rollout_command(
                         api_key=os.environ.get(api_key_env),
                         native_tools=native_tools,
                         sampling=sampling,
+                        **client,
                     )
                     ray_eps = RayEpisodes(
                         factory,

@@ -16,6 +16,12 @@ One file serves ``sandlot rollout`` and training. Its blocks (every key optional
                   max_total_tokens: 65536, max_observation_chars: 20000}
     reward: {mode: fresh, eval_timeout: 1800}
     concurrency: 8
+    client:                       # the OpenAI-compatible model client (sandlot rollout)
+      request_timeout_s: 600      # one HTTP request, connect to last byte
+      retry_budget_s: 300         # a turn's failed requests are retried this long (a model
+                                  # server restart); the episode waits, nothing is rerun
+      backoff_s: 1                # first wait's bound; doubles up to max_backoff_s, full jitter
+      max_backoff_s: 30
 
 The layout follows uni-agent's ``agent_config.yaml`` (``interaction``, ``tools``,
 ``tool_parser``, ``reward``, ``concurrency``), with the sandbox described by sandlot's
@@ -157,6 +163,42 @@ class RewardConfig(BaseModel):
     eval_timeout: float | None = Field(default=None, gt=0)
 
 
+class ClientConfig(BaseModel):
+    """The ``client`` block: how the OpenAI-compatible model client rides out a slow or
+    restarting server (:class:`~sandlot.rollout.llm.OpenAIChatPolicy`; ``sandlot rollout``'s
+    ``--request-timeout`` and ``--retry-budget`` override it).
+
+    Attributes:
+        request_timeout_s: seconds one HTTP request may take, connect to last byte.
+        retry_budget_s: seconds from a turn's first attempt during which failed attempts are
+            retried (the episode waits with its sandbox and conversation); ``0``: no retry.
+        backoff_s: the first wait's upper bound; it doubles per retry (full jitter).
+        max_backoff_s: the longest wait, unless the server's ``Retry-After`` asks for more.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    retry_budget_s: float = Field(default=300.0, ge=0)
+    backoff_s: float = Field(default=1.0, ge=0)
+    max_backoff_s: float = Field(default=30.0, ge=0)
+
+    def overridden(self, **flags: float | None) -> ClientConfig:
+        """This block with the command line's values (``None``: not given) put over it.
+
+        Raises:
+            ConfigError: a flag names no field, or its value is out of range (names it).
+        """
+        unknown = sorted(set(flags) - set(type(self).model_fields))
+        if unknown:
+            raise ConfigError(f"client: unknown setting(s) {', '.join(unknown)}")
+        given = {k: v for k, v in flags.items() if v is not None}
+        try:
+            return type(self).model_validate({**self.model_dump(), **given})
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, prefix="client")) from None
+
+
 class AgentConfig(BaseModel):
     """The whole ``agent_config.yaml`` (see the module docstring)."""
 
@@ -169,6 +211,7 @@ class AgentConfig(BaseModel):
     interaction: InteractionConfig = Field(default_factory=InteractionConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     concurrency: int = Field(default=8, ge=1)
+    client: ClientConfig = Field(default_factory=ClientConfig)
 
     @field_validator("tool_parser")
     @classmethod
