@@ -9,10 +9,11 @@ An episode, as uni-agent's and SWE-agent's loops run it:
    environment wins), put the repository at ``base_commit``, run its setup and delete what
    grades the instance (:mod:`sandlot.rollout.graded`: hidden tests, their runner);
 2. build the :class:`~sandlot.tools.Toolbox`; turns of policy → tool calls (native, or parsed
-   from text with ``tool_parser``) → tools → observations, until ``submit``/``finish``, a turn
-   without a tool call, ``max_turns``, ``max_total_tokens``, a generation cut at its length or
-   a conversation the model's context no longer holds (``ContextLengthError``),
-   ``timeout_budget`` tool timeouts, or a dead sandbox;
+   from text with ``tool_parser``, never from inside the reasoning block) → tools →
+   observations, until ``submit``/``finish``, a turn without a tool call, ``max_turns``,
+   ``max_total_tokens``, a generation cut at its length or a conversation the model's context
+   no longer holds (``ContextLengthError``), ``timeout_budget`` tool timeouts, or a dead
+   sandbox;
 3. take the model patch (what ``submit`` returned, else ``git diff`` against ``base_commit``);
 4. grade it with :func:`~sandlot.rewards.evaluate.evaluate` in a fresh sandbox (``reward.mode:
    fresh``) or in the agent's sandbox (``same``; the graded files are put back from a host
@@ -168,7 +169,9 @@ class _Episode:
         )
         toolbox = Toolbox.from_config(self.config.tool_specs(), context=context)
         schemas = toolbox.schemas()
-        parser = get_parser(self.config.tool_parser, schemas)
+        parser = get_parser(
+            self.config.tool_parser, schemas, reasoning_opened=self.config.reasoning_opened
+        )
         messages = self.traj.messages
         for turn in range(1, inter.max_turns + 1):
             step = Step(turn=turn, content="")

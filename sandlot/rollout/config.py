@@ -11,6 +11,9 @@ One file serves ``sandlot rollout`` and training. Its blocks (every key optional
                                   # environment (image, post_setup_cmd, env, workdir) wins
     tools: [bash, str_replace_editor, submit]    # the Toolbox config
     tool_parser: hermes           # reads tool calls from text when the model has no native ones
+    reasoning_opened: false       # the chat template opens <think> (DeepSeek-R1, Qwen3 thinking
+                                  # checkpoints): a reply without </think> is all reasoning.
+                                  # Calls inside <think>...</think> are never executed.
     prompt: {system: null, user: null}           # templates over the instance's fields
     interaction: {max_turns: 50, action_timeout: 180, timeout_budget: 3,
                   max_total_tokens: 65536, max_observation_chars: 20000}
@@ -207,6 +210,7 @@ class AgentConfig(BaseModel):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     tools: list[str | dict[str, Any]] = Field(default_factory=lambda: _default_tools())
     tool_parser: str = "hermes"
+    reasoning_opened: bool = False
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     interaction: InteractionConfig = Field(default_factory=InteractionConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)

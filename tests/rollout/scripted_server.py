@@ -10,8 +10,8 @@ request's ``model`` picks the policy:
     the repository's own tests with ``bash``, then calls ``submit``. The instance is the one whose
     ``instance_id`` appears in the conversation's first user message.
 ``garbage``
-    Malformed tool calls every turn (invalid JSON, unclosed tags, an unknown tool, arguments
-    that are not JSON): format errors, never a patch.
+    Malformed tool calls every turn (invalid JSON, a closing tag without its opening, an
+    unknown tool, arguments that are not JSON): format errors, never a patch.
 ``sleeper``
     Waits ``sleep_s`` (past the client's timeout) before answering as ``solver``.
 ``flaky``
@@ -135,7 +135,7 @@ def solver_script(instance: Mapping[str, Any]) -> list[Call]:
 
 GARBAGE_TEXT = [
     '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>',
-    '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}',
+    '{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>',
     '<tool_call>\n{"name": "rm_rf_everything", "arguments": {}}\n</tool_call>',
     '<tool_call>\n{"name": "bash", "arguments": "not json at all"}\n</tool_call>',
 ]

@@ -163,7 +163,7 @@ async def test_garbage_is_format_errors_and_reward_zero(
     else:
         assert [m["role"] for m in feedback] == ["user", "user", "tool", "user"]
         assert "invalid JSON inside <tool_call>" in said[0]
-        assert "a <tool_call> tag is not closed" in said[1]
+        assert "a </tool_call> tag has no <tool_call>" in said[1]
         assert '"arguments" is not valid JSON' in said[3]
 
 
