@@ -25,6 +25,10 @@ One file serves ``sandlot rollout`` and training. Its blocks (every key optional
                                   # server restart); the episode waits, nothing is rerun
       backoff_s: 1                # first wait's bound; doubles up to max_backoff_s, full jitter
       max_backoff_s: 30
+    generation:                   # how each turn is sampled, the same in rollout and training
+      response_length: 32768      # (sandlot.rollout.generation): max_tokens, temperature,
+      temperature: 1.0            # top_p, stop, chat_template_kwargs, extra_body
+      chat_template_kwargs: {enable_thinking: false}
 
 The layout follows uni-agent's ``agent_config.yaml`` (``interaction``, ``tools``,
 ``tool_parser``, ``reward``, ``concurrency``), with the sandbox described by sandlot's
@@ -36,12 +40,13 @@ from __future__ import annotations
 import os
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandlot.datasets.prompts import PROMPT_FIELDS
+from sandlot.rollout.generation import GenerationConfig
 from sandlot.sandboxes.registry import available_backends, get_backend, resolve_backend_name
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.tools.parsers import PARSERS
@@ -186,21 +191,6 @@ class ClientConfig(BaseModel):
     backoff_s: float = Field(default=1.0, ge=0)
     max_backoff_s: float = Field(default=30.0, ge=0)
 
-    def overridden(self, **flags: float | None) -> ClientConfig:
-        """This block with the command line's values (``None``: not given) put over it.
-
-        Raises:
-            ConfigError: a flag names no field, or its value is out of range (names it).
-        """
-        unknown = sorted(set(flags) - set(type(self).model_fields))
-        if unknown:
-            raise ConfigError(f"client: unknown setting(s) {', '.join(unknown)}")
-        given = {k: v for k, v in flags.items() if v is not None}
-        try:
-            return type(self).model_validate({**self.model_dump(), **given})
-        except ValidationError as exc:
-            raise ConfigError(_describe(exc, prefix="client")) from None
-
 
 class AgentConfig(BaseModel):
     """The whole ``agent_config.yaml`` (see the module docstring)."""
@@ -216,6 +206,7 @@ class AgentConfig(BaseModel):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     concurrency: int = Field(default=8, ge=1)
     client: ClientConfig = Field(default_factory=ClientConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
 
     @field_validator("tool_parser")
     @classmethod
@@ -242,6 +233,27 @@ class AgentConfig(BaseModel):
                 fields.setdefault("timeout_s", self.interaction.action_timeout)
             specs.append(fields)
         return specs
+
+
+Block = TypeVar("Block", bound=BaseModel)
+
+
+def with_flags(block: Block, name: str, **flags: Any) -> Block:
+    """``block`` (the config's ``name`` block) with the command line's values laid over it;
+    a flag left ``None`` was not given.
+
+    Raises:
+        ConfigError: a flag names no key of the block, or a value is invalid (names
+            ``name.key``).
+    """
+    unknown = sorted(set(flags) - set(type(block).model_fields))
+    if unknown:
+        raise ConfigError(f"{name}: unknown key(s) {', '.join(unknown)}")
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        return type(block).model_validate({**block.model_dump(), **given})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, prefix=name)) from None
 
 
 def _default_tools() -> list[str | dict[str, Any]]:

@@ -15,6 +15,7 @@ from sandlot.rollout.config import (
     ConfigError,
     load_agent_config,
     parse_agent_config,
+    with_flags,
 )
 from sandlot.sandboxes.registry import get_backend
 
@@ -197,10 +198,10 @@ def test_the_client_block_defaults_and_overrides() -> None:
     default = parse_agent_config(None).client
     assert (default.request_timeout_s, default.retry_budget_s) == (600.0, 300.0)
     config = parse_agent_config({"client": {"request_timeout_s": 30, "retry_budget_s": 900}})
-    merged = config.client.overridden(request_timeout_s=None, retry_budget_s=60.0)
+    merged = with_flags(config.client, "client", request_timeout_s=None, retry_budget_s=60.0)
     assert (merged.request_timeout_s, merged.retry_budget_s) == (30.0, 60.0)
     with pytest.raises(ConfigError, match=r"client\.request_timeout_s"):
-        config.client.overridden(request_timeout_s=0.0)
+        with_flags(config.client, "client", request_timeout_s=0.0)
 
 
 def test_an_unknown_client_key_is_named() -> None:
