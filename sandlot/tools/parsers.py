@@ -38,8 +38,10 @@ parser differs: it ends the reasoning at a ``<tool_call>`` and calls it; sandlot
 
 A last ``<tool_call>`` left unclosed at the end of the text is read as vLLM's ``hermes`` parser
 reads it (``vllm/tool_parsers/hermes_tool_parser.py``, the ``tool_call_regex`` alternative
-``<tool_call>(.*)``): the call is taken when what follows the tag parses; for ``qwen3_coder``
-it must still hold a whole ``<function=...>...</function>``.
+``<tool_call>(.*)``): the call is taken when what follows the tag parses. For ``qwen3_coder``
+the call is taken even when cut inside its ``<function=NAME>`` (vLLM's parser engine ends an
+open call at the end of the text, ``vllm/parser/engine/streaming_parser_engine.py``
+``finish``), with only its closed parameters: a value running to the end may be cut short.
 
 ``parse`` never raises: text with broken tool-call markup gives a :class:`ParsedResponse` with
 ``error`` set, for the toolbox to turn into a ``format_error`` observation.
@@ -61,6 +63,13 @@ THINK_END = "</think>"
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+# A last call cut off before </function>: only parameters that are closed (or followed by
+# another) count, as vLLM 0.24's qwen3 converter reads them (``vllm/parser/qwen3.py``
+# ``_PARAM_RE``, lines 53-58); a value running to the end of the text may be cut short.
+_OPEN_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*)", re.DOTALL)
+_CLOSED_PARAMETER = re.compile(
+    r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=))", re.DOTALL
+)
 _INT = re.compile(r"^[+-]?\d+$")
 
 
@@ -262,27 +271,34 @@ class Qwen3CoderParser(ToolCallParser):
         content = _outside(text, _TOOL_CALL)
         calls: list[ToolCall] = []
         for match in _TOOL_CALL.finditer(text):
-            functions = list(_FUNCTION.finditer(_body(match)))
+            body = _body(match)
+            functions = [(f, _PARAMETER) for f in _FUNCTION.finditer(body)]
+            cut = _OPEN_FUNCTION.search(body) if match.group(1) is None else None
+            if not functions and cut is not None:  # the text ends inside the function
+                functions = [(cut, _CLOSED_PARAMETER)]
             if not functions:
                 return self._error(
                     "expected <function=NAME>...</function> inside <tool_call>", content, calls
                 )
-            for function in functions:
-                name = function.group(1).strip()
-                properties = self.properties.get(name, {})
-                arguments: dict[str, Any] = {}
-                for param in _PARAMETER.finditer(function.group(2)):
-                    key = param.group(1).strip()
-                    raw = param.group(2)
-                    raw = raw[1:] if raw.startswith("\n") else raw
-                    raw = raw[:-1] if raw.endswith("\n") else raw
-                    arguments[key] = convert_value(raw, properties.get(key))
-                calls.append(ToolCall(name, arguments))
+            for function, parameter in functions:
+                calls.append(self._call(function, parameter))
         if "</tool_call>" in content:
             return self._error("a </tool_call> tag has no <tool_call>", content, calls)
         if "<function=" in content:
             return self._error("<function=...> must be inside <tool_call> tags", content, calls)
         return ParsedResponse(content, calls)
+
+    def _call(self, function: re.Match[str], parameter: re.Pattern[str]) -> ToolCall:
+        name = function.group(1).strip()
+        properties = self.properties.get(name, {})
+        arguments: dict[str, Any] = {}
+        for param in parameter.finditer(function.group(2)):
+            key = param.group(1).strip()
+            raw = param.group(2)
+            raw = raw[1:] if raw.startswith("\n") else raw
+            raw = raw[:-1] if raw.endswith("\n") else raw
+            arguments[key] = convert_value(raw, properties.get(key))
+        return ToolCall(name, arguments)
 
     def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
         blocks = []

@@ -123,7 +123,7 @@ def test_conversion_keeps_text_that_does_not_convert() -> None:
         ("hermes", '<tool_call>{"name": "x", "arguments": {}', "invalid JSON inside"),
         ("hermes", '{"name": "x"}</tool_call>', "</tool_call> tag has no <tool_call>"),
         ("qwen3_coder", "<tool_call>\nbash ls\n</tool_call>", "expected <function=NAME>"),
-        ("qwen3_coder", "<tool_call>\n<function=bash>\n<parameter=c>", "expected <function=NAME>"),
+        ("qwen3_coder", "<tool_call>\n<function>\nls", "expected <function=NAME>"),
         ("qwen3_coder", "<function=bash>\n</function>", "must be inside <tool_call>"),
     ],
 )
@@ -230,3 +230,56 @@ def test_hermes_takes_the_calls_vllm_takes(
     else:
         assert parsed.error is None, parsed.error
         assert [(c.name, c.arguments) for c in parsed.calls] == expected
+
+
+def test_a_qwen3_coder_call_cut_inside_its_function_keeps_its_closed_parameters() -> None:
+    """The stop token cut the call inside ``<function=...>``: it is taken, as vLLM's engine
+    takes it, with the parameters that were closed; a value running to the end (maybe cut
+    short: ``rm -rf /testbed/bu``) is not used."""
+    parser = get_parser("qwen3_coder", SCHEMAS)
+    text = "<tool_call>\n<function=typed>\n<parameter=i>\n3\n</parameter>\n<parameter=s>\nrm -rf /t"
+    assert parser.parse(text).calls == [ToolCall("typed", {"i": 3})]
+    assert parser.parse("<tool_call>\n<function=bare>\n").calls == [ToolCall("bare", {})]
+
+
+qwen_value = st.text(alphabet=st.sampled_from("abc xyz/-.{}\n"), min_size=1).map(str.strip)
+qwen_call = st.builds(
+    ToolCall,
+    st.sampled_from(["bash", "submit", "str_replace_editor"]),
+    st.dictionaries(st.sampled_from(["command", "path", "n"]), qwen_value.filter(bool), max_size=3),
+)
+qwen_prose = st.text(alphabet=st.sampled_from('ab \n{}"')).filter(
+    lambda s: not any(t in s for t in _TAGS)
+)
+
+
+@given(
+    pieces=st.lists(
+        st.one_of(
+            qwen_prose,
+            qwen_call.map(lambda c: get_parser("qwen3_coder").render([c])),
+            st.just("<think>"),
+            st.just("</think>"),
+        ),
+        max_size=6,
+    ),
+    cut=st.one_of(st.none(), st.tuples(qwen_call, st.floats(0, 1))),
+    opened=st.booleans(),
+)
+def test_qwen3_coder_takes_the_calls_vllm_takes(
+    pieces: list[str], cut: tuple[ToolCall, float] | None, opened: bool
+) -> None:
+    """On the same text, sandlot's qwen3_coder parser executes exactly the calls vLLM 0.24's
+    qwen3_coder parser returns after its ``deepseek_r1`` reasoning parser (or without one,
+    for plain replies), including a last call cut anywhere after its ``<function=NAME>``."""
+    text = "".join(pieces)
+    if cut is not None:
+        call, where = cut
+        whole = get_parser("qwen3_coder").render([call])
+        head = len(f"<tool_call>\n<function={call.name}>")
+        text += whole[: head + int(where * (len(whole) - head))]
+    thinking = opened or "<think>" in text or "</think>" in text
+    expected = vllm_oracle.calls(text, reasoning_parser=thinking, tool_parser="qwen3_coder")
+    parsed = get_parser("qwen3_coder", reasoning_opened=opened).parse(text)
+    executed = [] if parsed.error else [(c.name, c.arguments) for c in parsed.calls]
+    assert executed == expected, parsed.error
