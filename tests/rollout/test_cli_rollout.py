@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -471,3 +472,29 @@ def test_bad_generation_flags_are_one_line_errors(tmp_path: Path, config: Path) 
     assert code == 1 and "generation.extra_body: " in out and "model" in out
     code, out = _invoke(*common, "--top-p", "2")
     assert code == 1 and "generation.top_p" in out
+
+
+@needs(bwrap_missing)
+def test_the_client_flags_override_the_yaml(
+    dataset: Path, local_root: Path, tmp_path: Path
+) -> None:
+    """A server that accepts and never answers: with the yaml's 600 s timeout and 300 s budget
+    the turn would wait minutes; ``--request-timeout 0.5 --retry-budget 0`` end it after one
+    request, as a retryable ``infra_error`` that names the timeout."""
+    config = write_config(
+        tmp_path / "agent_config.yaml",
+        client={"request_timeout_s": 600, "retry_budget_s": 300},
+    )
+    out = tmp_path / "out"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        args = rollout_args(dataset, config, url, out, "--instance-ids", "ledger__ledger-1")
+        args += ["--request-timeout", "0.5", "--retry-budget", "0", "--max-retries", "0"]
+        code, output = _invoke(*args)
+    assert code == 0, output
+    (traj,) = [json.loads(line) for line in complete_lines(out / "trajectories.jsonl")]
+    assert traj["exit_reason"] == "infra_error" and traj["retryable"]
+    assert "failed 1 time(s)" in traj["error"]
+    assert "no answer within request_timeout_s=0.5s" in traj["error"]
