@@ -32,7 +32,7 @@ from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.cli.eval_cmd import split_ids
 from sandlot.datasets.rows import TaskRow
 from sandlot.errors import BackendNotFoundError, SandboxError
-from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config
+from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config, with_flags
 from sandlot.rollout.display import LiveDisplay
 from sandlot.rollout.episodes import InProcessEpisodes
 from sandlot.rollout.errors import RolloutError
@@ -123,7 +123,8 @@ def _public_url(url: str) -> str:
     default=2,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Re-runs of an episode that failed on infrastructure (sandbox start, model server).",
+    help="Re-runs of an episode that failed on infrastructure (sandbox start, a model server "
+    "down for longer than the client's retry budget).",
 )
 @click.option(
     "--retry-backoff",
@@ -137,7 +138,51 @@ def _public_url(url: str) -> str:
     is_flag=True,
     help="When resuming, also re-run episodes recorded as retryable infrastructure errors.",
 )
-@click.option("--temperature", default=None, type=float, help="Sampling temperature.")
+@click.option(
+    "--temperature", default=None, type=float, help="generation.temperature (sampling temperature)."
+)
+@click.option("--top-p", default=None, type=float, help="generation.top_p (nucleus sampling mass).")
+@click.option(
+    "--max-tokens",
+    default=None,
+    type=click.IntRange(min=1),
+    help="generation.max_tokens: the most tokens one request may generate.",
+)
+@click.option(
+    "--response-length",
+    default=None,
+    type=click.IntRange(min=1),
+    help="generation.response_length: tokens an episode may add after its first prompt, as "
+    "verl's rollout.response_length (each request asks for what is left).",
+)
+@click.option(
+    "--stop", "stop", multiple=True, help="generation.stop: a stop string (repeat for more)."
+)
+@click.option(
+    "--chat-template-kwargs",
+    default=None,
+    callback=lambda ctx, param, value: _json_object(value, param),
+    help="generation.chat_template_kwargs as a JSON object, e.g. '{\"enable_thinking\": false}'.",
+)
+@click.option(
+    "--extra-body",
+    default=None,
+    callback=lambda ctx, param, value: _json_object(value, param),
+    help="generation.extra_body as a JSON object: further request fields (top_k, min_p, ...).",
+)
+@click.option(
+    "--request-timeout",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds one model request may take (default: the config's client.request_timeout_s).",
+)
+@click.option(
+    "--retry-budget",
+    default=None,
+    type=click.FloatRange(min=0),
+    help="Seconds a turn's failed model requests are retried while its episode waits "
+    "(default: the config's client.retry_budget_s).",
+)
 @click.option(
     "--api-key-env",
     default="OPENAI_API_KEY",
@@ -175,6 +220,14 @@ def rollout_command(
     retry_backoff: float,
     retry_errors: bool,
     temperature: float | None,
+    top_p: float | None,
+    max_tokens: int | None,
+    response_length: int | None,
+    stop: tuple[str, ...],
+    chat_template_kwargs: dict[str, Any] | None,
+    extra_body: dict[str, Any] | None,
+    request_timeout: float | None,
+    retry_budget: float | None,
     api_key_env: str,
     image: str | None,
     instance_ids: tuple[str, ...],
@@ -186,6 +239,30 @@ def rollout_command(
         config = load_agent_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        config = config.model_copy(
+            update={
+                "client": with_flags(
+                    config.client,
+                    "client",
+                    request_timeout_s=request_timeout,
+                    retry_budget_s=retry_budget,
+                ),
+                "generation": with_flags(
+                    config.generation,
+                    "generation",
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_tokens=max_tokens,
+                    response_length=response_length,
+                    stop=list(stop) or None,
+                    chat_template_kwargs=chat_template_kwargs,
+                    extra_body=extra_body,
+                ),
+            }
+        )
+    except ConfigError as exc:
+        raise click.ClickException(f"{config_path}: {exc}") from None
     backend_name = backend.strip().lower() if backend else config.sandbox.resolved_backend()
     try:
         backend_cls = get_backend(backend_name)
@@ -198,10 +275,16 @@ def rollout_command(
         rows = _load(dataset, backend_name, image, split_ids(instance_ids))
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
-    sampling = {"temperature": temperature} if temperature is not None else None
+    sampling = config.generation.request_fields()
+    client = config.client.model_dump()
     try:
         policy = OpenAIChatPolicy(
-            base_url, model, api_key_env=api_key_env, native_tools=native_tools, sampling=sampling
+            base_url,
+            model,
+            api_key_env=api_key_env,
+            native_tools=native_tools,
+            sampling=sampling,
+            **client,
         )
     except (ValueError, SandboxError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -271,6 +354,7 @@ def rollout_command(
                         api_key=os.environ.get(api_key_env),
                         native_tools=native_tools,
                         sampling=sampling,
+                        **client,
                     )
                     ray_eps = RayEpisodes(
                         factory,
@@ -360,6 +444,23 @@ def rollout_command(
         raise SystemExit(128 + signum)
     # The headline goes to stdout so scripts can read it (as `sandlot eval` prints its own).
     click.echo(f"{summary.resolved_first}/{len(rows)} resolved; output: {out}")
+
+
+def _json_object(value: str | None, param: click.Parameter) -> dict[str, Any] | None:
+    """A flag's JSON object (``None`` when not given).
+
+    Raises:
+        click.BadParameter: not JSON, or not an object (names the flag).
+    """
+    if value is None:
+        return None
+    try:
+        decoded = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON ({exc})", param=param) from None
+    if not isinstance(decoded, dict):
+        raise click.BadParameter(f"must be a JSON object, got {value!r}", param=param)
+    return decoded
 
 
 def _root_cause(exc: BaseException) -> BaseException:

@@ -9,10 +9,11 @@ An episode, as uni-agent's and SWE-agent's loops run it:
    environment wins), put the repository at ``base_commit``, run its setup and delete what
    grades the instance (:mod:`sandlot.rollout.graded`: hidden tests, their runner);
 2. build the :class:`~sandlot.tools.Toolbox`; turns of policy → tool calls (native, or parsed
-   from text with ``tool_parser``) → tools → observations, until ``submit``/``finish``, a turn
-   without a tool call, ``max_turns``, ``max_total_tokens``, a generation cut at its length or
-   a conversation the model's context no longer holds (``ContextLengthError``),
-   ``timeout_budget`` tool timeouts, or a dead sandbox;
+   from text with ``tool_parser``, never from inside the reasoning block) → tools →
+   observations, until ``submit``/``finish``, a turn without a tool call, ``max_turns``,
+   ``max_total_tokens``, a generation cut at its length or a conversation the model's context
+   no longer holds (``ContextLengthError``), ``timeout_budget`` tool timeouts, or a dead
+   sandbox;
 3. take the model patch (what ``submit`` returned, else ``git diff`` against ``base_commit``);
 4. grade it with :func:`~sandlot.rewards.evaluate` in a fresh sandbox (``reward.mode:
    fresh``) or in the agent's sandbox (``same``; the graded files are put back from a host
@@ -44,8 +45,9 @@ from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
 from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.lingering import ProcessBaseline, stop_lingering
 from sandlot.rollout.config import AgentConfig
+from sandlot.rollout.generation import GenerationConfig
 from sandlot.rollout.graded import GradedFiles, remove_graded, restore_graded
-from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError
+from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason, Step, ToolObservation, Trajectory
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open as open_sandbox
@@ -143,6 +145,34 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {dropped} characters elided ...]\n{text[-half:]}"
 
 
+class _ResponseBudget:
+    """``generation.response_length`` counted as training counts it: every token after the
+    first prompt, the replies' and the observations'. Over HTTP they are known from each
+    reply's ``usage`` (``prompt_tokens`` includes the observations so far)."""
+
+    def __init__(self, generation: GenerationConfig) -> None:
+        self.generation = generation
+        self.first_prompt: int | None = None
+        self.used = 0
+
+    def next_max_tokens(self) -> int | None:
+        return self.generation.next_max_tokens(self.used)
+
+    def spent_before(self, reply: PolicyTurn) -> bool:
+        """The observations since the last reply, counted only now, had spent the budget:
+        training, which counts them before it asks, would not have asked for this reply."""
+        if self.first_prompt is None:
+            self.first_prompt = reply.prompt_tokens
+        limit = self.generation.response_length
+        return limit is not None and reply.prompt_tokens - self.first_prompt >= limit
+
+    def spent_after(self, reply: PolicyTurn) -> bool:
+        """The reply used the rest of the budget (training cuts it there: ``length``)."""
+        self.used = reply.prompt_tokens + reply.completion_tokens - (self.first_prompt or 0)
+        limit = self.generation.response_length
+        return limit is not None and self.used >= limit
+
+
 class _Episode:
     """The state of one running episode (one handler per phase; termination in one place)."""
 
@@ -169,18 +199,29 @@ class _Episode:
         )
         toolbox = Toolbox.from_config(self.config.tool_specs(), context=context)
         schemas = toolbox.schemas()
-        parser = get_parser(self.config.tool_parser, schemas)
+        parser = get_parser(
+            self.config.tool_parser, schemas, reasoning_opened=self.config.reasoning_opened
+        )
         messages = self.traj.messages
+        budget = _ResponseBudget(self.config.generation)
         for turn in range(1, inter.max_turns + 1):
+            max_tokens = budget.next_max_tokens()
+            if max_tokens is not None and max_tokens <= 0:
+                return self.end(ExitReason.CONTEXT_LENGTH, "generation.response_length reached")
+            # Passed only when set, so policies that know no budget need not take it.
+            cap = {} if max_tokens is None else {"max_tokens": max_tokens}
             step = Step(turn=turn, content="")
             self.traj.steps.append(step)
             started = time.monotonic()
             try:
                 with self.timer("model"):
-                    reply = await self.policy.generate(messages, schemas)
+                    reply = await self.policy.generate(messages, schemas, **cap)
             except ContextLengthError as exc:
                 self.traj.steps.pop()
                 return self.end(ExitReason.CONTEXT_LENGTH, str(exc))
+            if budget.spent_before(reply):
+                self.traj.steps.pop()
+                return self.end(ExitReason.CONTEXT_LENGTH, "generation.response_length reached")
             step.model_s = time.monotonic() - started
             self.traj.num_turns = turn
             # The model cannot know a key unless one leaked; if it writes one, keep it out.
@@ -194,7 +235,7 @@ class _Episode:
             usage.last_prompt_tokens = reply.prompt_tokens
             calls, error = self._calls(reply.content, reply.tool_calls, parser)
             messages.append(self._assistant_message(content, reply.tool_calls, turn))
-            if reply.finish_reason == "length":
+            if reply.finish_reason == "length" or budget.spent_after(reply):
                 return self.end(ExitReason.CONTEXT_LENGTH)
             if reply.prompt_tokens + reply.completion_tokens >= inter.max_total_tokens:
                 return self.end(ExitReason.MAX_TOKENS)

@@ -11,11 +11,24 @@ One file serves ``sandlot rollout`` and training. Its blocks (every key optional
                                   # environment (image, post_setup_cmd, env, workdir) wins
     tools: [bash, str_replace_editor, submit]    # the Toolbox config
     tool_parser: hermes           # reads tool calls from text when the model has no native ones
+    reasoning_opened: false       # the chat template opens <think> (DeepSeek-R1, Qwen3 thinking
+                                  # checkpoints): a reply without </think> is all reasoning.
+                                  # Calls inside <think>...</think> are never executed.
     prompt: {system: null, user: null}           # templates over the instance's fields
     interaction: {max_turns: 50, action_timeout: 180, timeout_budget: 3,
                   max_total_tokens: 65536, max_observation_chars: 20000}
     reward: {mode: fresh, eval_timeout: 1800}
     concurrency: 8
+    client:                       # the OpenAI-compatible model client (sandlot rollout)
+      request_timeout_s: 600      # one HTTP request, connect to last byte
+      retry_budget_s: 300         # a turn's failed requests are retried this long (a model
+                                  # server restart); the episode waits, nothing is rerun
+      backoff_s: 1                # first wait's bound; doubles up to max_backoff_s, full jitter
+      max_backoff_s: 30
+    generation:                   # how each turn is sampled, the same in rollout and training
+      response_length: 32768      # (sandlot.rollout.generation): max_tokens, temperature,
+      temperature: 1.0            # top_p, stop, chat_template_kwargs, extra_body
+      chat_template_kwargs: {enable_thinking: false}
 
 The layout follows uni-agent's ``agent_config.yaml`` (``interaction``, ``tools``,
 ``tool_parser``, ``reward``, ``concurrency``), with the sandbox described by sandlot's
@@ -27,13 +40,14 @@ from __future__ import annotations
 import os
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandlot.datasets.prompts import PROMPT_FIELDS
 from sandlot.errors import SandlotError
+from sandlot.rollout.generation import GenerationConfig
 from sandlot.sandboxes.registry import available_backends, get_backend, resolve_backend_name
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.settings import settings
@@ -159,6 +173,27 @@ class RewardConfig(BaseModel):
     eval_timeout: float | None = Field(default=None, gt=0)
 
 
+class ClientConfig(BaseModel):
+    """The ``client`` block: how the OpenAI-compatible model client rides out a slow or
+    restarting server (:class:`~sandlot.rollout.llm.OpenAIChatPolicy`; ``sandlot rollout``'s
+    ``--request-timeout`` and ``--retry-budget`` override it).
+
+    Attributes:
+        request_timeout_s: seconds one HTTP request may take, connect to last byte.
+        retry_budget_s: seconds from a turn's first attempt during which failed attempts are
+            retried (the episode waits with its sandbox and conversation); ``0``: no retry.
+        backoff_s: the first wait's upper bound; it doubles per retry (full jitter).
+        max_backoff_s: the longest wait, unless the server's ``Retry-After`` asks for more.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    retry_budget_s: float = Field(default=300.0, ge=0)
+    backoff_s: float = Field(default=1.0, ge=0)
+    max_backoff_s: float = Field(default=30.0, ge=0)
+
+
 class AgentConfig(BaseModel):
     """The whole ``agent_config.yaml`` (see the module docstring)."""
 
@@ -167,10 +202,13 @@ class AgentConfig(BaseModel):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     tools: list[str | dict[str, Any]] = Field(default_factory=lambda: _default_tools())
     tool_parser: str = "hermes"
+    reasoning_opened: bool = False
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     interaction: InteractionConfig = Field(default_factory=InteractionConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     concurrency: int = Field(default=8, ge=1)
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
 
     @field_validator("tool_parser")
     @classmethod
@@ -197,6 +235,27 @@ class AgentConfig(BaseModel):
                 fields.setdefault("timeout_s", self.interaction.action_timeout)
             specs.append(fields)
         return specs
+
+
+Block = TypeVar("Block", bound=BaseModel)
+
+
+def with_flags(block: Block, name: str, **flags: Any) -> Block:
+    """``block`` (the config's ``name`` block) with the command line's values laid over it;
+    a flag left ``None`` was not given.
+
+    Raises:
+        ConfigError: a flag names no key of the block, or a value is invalid (names
+            ``name.key``).
+    """
+    unknown = sorted(set(flags) - set(type(block).model_fields))
+    if unknown:
+        raise ConfigError(f"{name}: unknown key(s) {', '.join(unknown)}")
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        return type(block).model_validate({**block.model_dump(), **given})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, prefix=name)) from None
 
 
 def _default_tools() -> list[str | dict[str, Any]]:

@@ -27,11 +27,16 @@ Tool calls travel one of two ways:
   describe the tools themselves. Should the server parse calls anyway, its ``tool_calls``
   are used as native ones.
 
-Faults: 429, 5xx, connection errors, timeouts and malformed replies are retried with
-exponential backoff and jitter (a ``Retry-After`` header is honoured), at most ``max_retries``
-times and within ``retry_budget_s``; then :class:`~sandlot.rollout.policy.PolicyError` with
-``retryable=True``. Other 4xx answers raise at once with ``retryable=False`` and the server's
-message; a prompt longer than the model's context raises
+Faults: 429, 5xx, connection errors, timeouts and malformed replies are retried for as long as
+the retry budget lasts (``retry_budget_s``, 300 s by default: a vLLM restart takes minutes),
+not a number of times. The waits grow exponentially from ``backoff_s`` up to ``max_backoff_s``
+with full jitter (tenacity's ``wait_random_exponential``), and a ``Retry-After`` header is
+honoured; a wait that would end past the budget is not taken, and then
+:class:`~sandlot.rollout.policy.PolicyError` with ``retryable=True`` is raised. While it retries,
+the episode that asked for the turn simply waits: its sandbox and conversation are kept, nothing
+is rerun. Each HTTP request is cut after ``request_timeout_s`` (a server that accepts and never
+answers). Other 4xx answers raise at once with ``retryable=False`` and the server's message; a
+prompt longer than the model's context raises
 :class:`~sandlot.rollout.policy.ContextLengthError`, which ends the episode as
 ``context_length`` rather than as an infrastructure error.
 
@@ -46,9 +51,9 @@ import email.utils
 import json
 import logging
 import os
-import random
 import re
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -61,14 +66,12 @@ from sandlot.tools.parsers import ToolCall
 
 if TYPE_CHECKING:
     import httpx
+    import tenacity
 
 log = logging.getLogger("sandlot.rollout.llm")
 
 EXTRA = "rollout"
-"""The ``sandlot`` extra that installs httpx for this client."""
-
-MAX_BACKOFF_S = 30.0
-"""Longest wait between two attempts, unless the server's ``Retry-After`` asks for more."""
+"""The ``sandlot`` extra that installs httpx and tenacity for this client."""
 
 REDACTED = "[REDACTED]"
 
@@ -98,19 +101,24 @@ class OpenAIChatPolicy:
         template_tools: with ``native_tools=False``, send ``tools`` with
             ``tool_choice: "none"`` for the chat template to render; ``False`` sends none.
         request_timeout_s: seconds one HTTP request may take in all (connect, wait, read).
-        max_retries: retries after the first attempt on 429, 5xx, connection errors, timeouts
-            and malformed replies (``0``: no retry).
-        retry_budget_s: seconds from the first attempt after which no retry starts; a wait
-            (backoff or ``Retry-After``) that would end past it is not taken.
+        retry_budget_s: seconds from the first attempt of a turn during which failed attempts
+            (429, 5xx, connection errors, timeouts, malformed replies) are retried; a wait
+            (backoff or ``Retry-After``) that would end past it is not taken (``0``: no retry).
         sampling: extra request fields merged into every request (``temperature``,
-            ``top_p``, ``max_tokens``, ``seed``, ``chat_template_kwargs``, ...).
-        backoff_s: the first wait between attempts in seconds; it doubles per retry up to
-            :data:`MAX_BACKOFF_S`, and each wait is drawn between half and all of it (jitter).
+            ``top_p``, ``max_tokens``, ``chat_template_kwargs``, ...; what
+            :meth:`~sandlot.rollout.generation.GenerationConfig.request_fields` returns).
+        backoff_s: the first wait's upper bound in seconds; it doubles per retry up to
+            ``max_backoff_s``, and each wait is drawn uniformly below it (full jitter).
+        max_backoff_s: the longest wait between two attempts, unless the server's
+            ``Retry-After`` asks for more.
+        clock: monotonic seconds, for the budget (tests pass a virtual clock).
+        sleep: the async sleep between attempts (tests pass one that advances that clock).
 
     Raises:
-        ValueError: ``base_url`` is not an ``http://`` or ``https://`` URL, or a number is out
-            of range.
-        BackendUnavailableError: httpx is not installed (the message names the extra).
+        ValueError: ``base_url`` is not an ``http://`` or ``https://`` URL, ``sampling`` sets a
+            field the client owns, or a number is out of range.
+        BackendUnavailableError: httpx or tenacity is not installed (the message names the
+            extra).
     """
 
     def __init__(
@@ -123,27 +131,32 @@ class OpenAIChatPolicy:
         native_tools: bool = False,
         template_tools: bool = True,
         request_timeout_s: float = 600.0,
-        max_retries: int = 5,
         retry_budget_s: float = 300.0,
         sampling: dict[str, Any] | None = None,
         backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
-        if request_timeout_s <= 0 or retry_budget_s < 0 or max_retries < 0 or backoff_s < 0:
+        if request_timeout_s <= 0 or retry_budget_s < 0 or backoff_s < 0 or max_backoff_s < 0:
             raise ValueError(
-                "request_timeout_s must be > 0 and max_retries, retry_budget_s, backoff_s >= 0"
+                "request_timeout_s must be > 0 and retry_budget_s, backoff_s, max_backoff_s >= 0"
             )
         lib = require("httpx", EXTRA)
+        self._tenacity = require("tenacity", EXTRA)
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         self.model = model
         self.native_tools = native_tools
         self.template_tools = template_tools
         self.request_timeout_s = request_timeout_s
-        self.max_retries = max_retries
         self.retry_budget_s = retry_budget_s
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._clock = clock
+        self._sleep = sleep
         self.sampling = dict(sampling or {})
         reserved = sorted({"model", "messages", "tools", "tool_choice"} & set(self.sampling))
         if reserved:
@@ -176,12 +189,20 @@ class OpenAIChatPolicy:
         """The API key, when there is one (for the agent loop to redact)."""
         return [self._api_key] if self._api_key else []
 
-    async def generate(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyTurn:
+    async def generate(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+    ) -> PolicyTurn:
         """Ask for the next assistant turn (see the module docstring for the wire format).
 
         Args:
             messages: the conversation, OpenAI chat messages oldest first.
             tools: the OpenAI ``tools`` schemas (sent as the module docstring says).
+            max_tokens: the request's ``max_tokens`` (what is left of the episode's response
+                budget); ``None`` keeps ``sampling``'s.
 
         Returns:
             The turn: ``content`` (``""`` when the server sent none), ``tool_calls`` (native
@@ -191,48 +212,77 @@ class OpenAIChatPolicy:
         Raises:
             ContextLengthError: the server says the prompt does not fit the model's context.
             PolicyError: a 4xx answer (``retryable=False``, with the server's message), or
-                429 / 5xx / connection errors / timeouts / malformed replies past
-                ``max_retries`` or ``retry_budget_s`` (``retryable=True``).
+                429 / 5xx / connection errors / timeouts / malformed replies until
+                ``retry_budget_s`` ran out (``retryable=True``).
         """
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.sampling}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         if tools and self.native_tools:
             body["tools"] = tools
         elif tools and self.template_tools:
             body["tools"] = tools
             body["tool_choice"] = "none"
         payload = json.dumps(body, ensure_ascii=False).encode()
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            attempt += 1
-            outcome, retry_after = await self._attempt(payload)
-            if isinstance(outcome, PolicyTurn):
-                return outcome
-            elapsed = time.monotonic() - started
-            delay = self._delay(attempt, retry_after)
-            if attempt > self.max_retries or elapsed + delay > self.retry_budget_s:
-                raise PolicyError(
-                    self._redact(
-                        f"model server {self.url} failed {attempt} time(s) in {elapsed:.1f}s "
-                        f"(max_retries={self.max_retries}, retry_budget_s="
-                        f"{self.retry_budget_s:g}); last: {outcome}"
-                    ),
-                    retryable=True,
-                )
-            log.warning(
-                "model server %s: %s; retry %d/%d in %.2fs",
-                self.url,
-                self._redact(outcome),
-                attempt,
-                self.max_retries,
-                delay,
-            )
-            await anyio.sleep(delay)
+        lib = self._tenacity
+        started = self._clock()
+        retrying = lib.AsyncRetrying(
+            retry=lib.retry_if_exception_type(_Retryable),
+            wait=self._waiter(),
+            stop=lambda state: (
+                self._clock() - started + (state.upcoming_sleep or 0.0) >= self.retry_budget_s
+            ),
+            sleep=self._sleep,
+            before_sleep=lambda state: self._log_retry(state, started),
+            reraise=True,
+        )
+        try:
+            turn: PolicyTurn = await retrying(self._attempt, payload)
+        except _Retryable as last:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise PolicyError(
+                self._redact(
+                    f"model server {self.url} failed {attempts} time(s) in "
+                    f"{self._clock() - started:.1f}s (retry_budget_s={self.retry_budget_s:g}); "
+                    f"last: {last}"
+                ),
+                retryable=True,
+            ) from None
+        return turn
 
-    async def _attempt(self, payload: bytes) -> tuple[PolicyTurn | str, float | None]:
-        """One request: the turn, or why it failed retryably and the ``Retry-After`` seconds.
+    def _waiter(self) -> Callable[[tenacity.RetryCallState], float]:
+        """Full-jitter exponential backoff, or the server's ``Retry-After`` when longer."""
+        backoff = self._tenacity.wait_random_exponential(
+            multiplier=self.backoff_s, max=self.max_backoff_s
+        )
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            delay = float(backoff(state))
+            failure = state.outcome.exception() if state.outcome else None
+            if isinstance(failure, _Retryable) and failure.retry_after is not None:
+                delay = max(delay, failure.retry_after)
+            return delay
+
+        return wait
+
+    def _log_retry(self, state: tenacity.RetryCallState, started: float) -> None:
+        failure = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "model server %s: %s; attempt %d failed, %.1fs of retry_budget_s=%g used, "
+            "next in %.2fs",
+            self.url,
+            self._redact(str(failure)),
+            state.attempt_number,
+            self._clock() - started,
+            self.retry_budget_s,
+            state.upcoming_sleep,
+        )
+
+    async def _attempt(self, payload: bytes) -> PolicyTurn:
+        """One request.
 
         Raises:
+            _Retryable: a failure worth another attempt (its reason and ``Retry-After``).
             PolicyError: a non-retryable answer.
         """
         lib = self._httpx
@@ -240,27 +290,26 @@ class OpenAIChatPolicy:
             with anyio.fail_after(self.request_timeout_s):
                 response = await self._client.post(self.url, content=payload)
         except (TimeoutError, lib.TimeoutException):
-            return f"no answer within request_timeout_s={self.request_timeout_s:g}s", None
+            raise _Retryable(
+                f"no answer within request_timeout_s={self.request_timeout_s:g}s"
+            ) from None
         except lib.TransportError as exc:
-            return f"{type(exc).__name__}: {exc or 'connection failed'}", None
+            raise _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}") from None
         status = response.status_code
         if status == 200:
             try:
-                return _turn(response.json()), None
+                return _turn(response.json())
             except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-                return f"malformed reply ({type(exc).__name__}: {exc}): {_head(response)}", None
+                raise _Retryable(
+                    f"malformed reply ({type(exc).__name__}: {exc}): {_head(response)}"
+                ) from None
         message = _error_message(response)
         if status == 429 or status >= 500:
-            return f"HTTP {status}: {message}", _retry_after(response)
+            raise _Retryable(f"HTTP {status}: {message}", _retry_after(response))
         text = self._redact(f"model server {self.url} answered HTTP {status}: {message}")
         if status == 400 and _CONTEXT_LENGTH.search(message):
             raise ContextLengthError(text)
         raise PolicyError(text, retryable=False)
-
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        backoff = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (attempt - 1))
-        jittered = backoff * random.uniform(0.5, 1.0)
-        return max(jittered, retry_after) if retry_after is not None else jittered
 
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, REDACTED) if self._api_key else text
@@ -281,6 +330,14 @@ class OpenAIChatPolicy:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class _Retryable(Exception):
+    """One failed attempt worth another: why, and the server's ``Retry-After`` in seconds."""
+
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
 
 
 def _turn(data: Any) -> PolicyTurn:

@@ -63,12 +63,20 @@ class ContextLengthError(PolicyError):
 class Policy(Protocol):
     """The model, as the agent loop sees it."""
 
-    async def generate(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyTurn:
+    async def generate(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+    ) -> PolicyTurn:
         """The next assistant turn for ``messages`` (the whole conversation so far).
 
         Args:
             messages: system, user, assistant and tool messages, oldest first.
             tools: the OpenAI ``tools`` schemas of the episode's toolbox.
+            max_tokens: the most tokens this turn may generate (what is left of the episode's
+                ``generation`` budget); the agent loop passes it only when the config sets one.
 
         Raises:
             ContextLengthError: the conversation does not fit the model's context.

@@ -25,6 +25,24 @@ Two formats, as the chat templates of the model families write them:
   parameters the schema does not know, stay text for argument validation to judge. A value
   containing ``</parameter>`` cannot be written in this format.
 
+Reasoning (Qwen3, DeepSeek-R1 style ``<think>...</think>``) is split off before the calls are
+read, by the decision rules of vLLM 0.24's ``BaseThinkingReasoningParser.extract_reasoning``
+(``vllm/reasoning/basic_parsers.py``, lines 157-181; the ``deepseek_r1`` reasoning parser): text
+up to a first ``<think>`` is dropped; the reasoning runs to the first ``</think>``; a block
+never closed is all reasoning. A ``<tool_call>`` the model drafts inside it is therefore not
+executed (the reasoning stays in the trajectory, as the reply's text). Text without either tag
+is all answer, unless ``reasoning_opened`` says the chat template itself opened the block
+(DeepSeek-R1, Qwen3 "thinking" checkpoints end the generation prompt with ``<think>``): then
+it is all reasoning, as vLLM's ``deepseek_r1`` parser reads it. (vLLM 0.24's ``qwen3`` engine
+parser differs: it ends the reasoning at a ``<tool_call>`` and calls it; sandlot does not.)
+
+A last ``<tool_call>`` left unclosed at the end of the text is read as vLLM's ``hermes`` parser
+reads it (``vllm/tool_parsers/hermes_tool_parser.py``, the ``tool_call_regex`` alternative
+``<tool_call>(.*)``): the call is taken when what follows the tag parses. For ``qwen3_coder``
+the call is taken even when cut inside its ``<function=NAME>`` (vLLM's parser engine ends an
+open call at the end of the text, ``vllm/parser/engine/streaming_parser_engine.py``
+``finish``), with only its closed parameters: a value running to the end may be cut short.
+
 ``parse`` never raises: text with broken tool-call markup gives a :class:`ParsedResponse` with
 ``error`` set, for the toolbox to turn into a ``format_error`` observation.
 """
@@ -39,9 +57,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+THINK_START = "<think>"
+THINK_END = "</think>"
+# A closed call, or (vLLM hermes' second alternative) a last one left open to the end.
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+# A last call cut off before </function>: only parameters that are closed (or followed by
+# another) count, as vLLM 0.24's qwen3 converter reads them (``vllm/parser/qwen3.py``
+# ``_PARAM_RE``, lines 53-58); a value running to the end of the text may be cut short.
+_OPEN_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*)", re.DOTALL)
+_CLOSED_PARAMETER = re.compile(
+    r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=))", re.DOTALL
+)
 _INT = re.compile(r"^[+-]?\d+$")
 
 
@@ -66,6 +94,25 @@ class ParsedResponse:
     content: str
     calls: list[ToolCall]
     error: str | None = None
+    reasoning: str | None = None
+
+
+def split_reasoning(text: str, *, opened: bool = False) -> tuple[str | None, str]:
+    """``(reasoning, answer)`` of a reply (see the module docstring for the rules).
+
+    Args:
+        text: the reply as the model wrote it.
+        opened: the chat template opened the reasoning block (text without tags is reasoning).
+
+    Returns:
+        The reasoning (``None`` when there is none) and the text after it, where calls are read.
+    """
+    if not opened and THINK_START not in text and THINK_END not in text:
+        return None, text
+    before, start, after = text.partition(THINK_START)
+    body = after if start else before
+    reasoning, end, answer = body.partition(THINK_END)
+    return reasoning, answer if end else ""
 
 
 def _format_error(reason: str, example: str) -> str:
@@ -77,20 +124,31 @@ class ToolCallParser(abc.ABC):
 
     Args:
         schemas: the OpenAI ``tools`` list the calls follow (used for type conversion).
+        reasoning_opened: the chat template opens the reasoning block (module docstring).
     """
 
     name: ClassVar[str]
     example: ClassVar[str]
 
-    def __init__(self, schemas: Sequence[Mapping[str, Any]] = ()) -> None:
+    def __init__(
+        self, schemas: Sequence[Mapping[str, Any]] = (), *, reasoning_opened: bool = False
+    ) -> None:
+        self.reasoning_opened = reasoning_opened
         self.properties: dict[str, dict[str, Any]] = {}
         for schema in schemas:
             function = schema.get("function", schema)
             self.properties[function["name"]] = function.get("parameters", {}).get("properties", {})
 
-    @abc.abstractmethod
     def parse(self, text: str) -> ParsedResponse:
-        """Split ``text`` into content and tool calls; never raises."""
+        """Split ``text`` into reasoning, content and the tool calls after the reasoning;
+        never raises."""
+        reasoning, answer = split_reasoning(text, opened=self.reasoning_opened)
+        parsed = self._parse(answer)
+        return ParsedResponse(parsed.content, parsed.calls, parsed.error, reasoning)
+
+    @abc.abstractmethod
+    def _parse(self, text: str) -> ParsedResponse:
+        """Split the answer (no reasoning in it) into content and tool calls."""
 
     @abc.abstractmethod
     def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
@@ -104,6 +162,12 @@ def _outside(text: str, pattern: re.Pattern[str]) -> str:
     return pattern.sub("", text).strip()
 
 
+def _body(match: re.Match[str]) -> str:
+    """A call's text: between the tags, or after an unclosed last ``<tool_call>``."""
+    closed = match.group(1)
+    return closed if closed is not None else match.group(2)
+
+
 class HermesParser(ToolCallParser):
     """JSON calls in ``<tool_call>`` tags (Hermes / Qwen2.5 / Qwen3 chat templates)."""
 
@@ -112,12 +176,12 @@ class HermesParser(ToolCallParser):
         '<tool_call>\n{"name": "<tool name>", "arguments": {"<parameter>": <value>}}\n</tool_call>'
     )
 
-    def parse(self, text: str) -> ParsedResponse:
+    def _parse(self, text: str) -> ParsedResponse:
         content = _outside(text, _TOOL_CALL)
         calls: list[ToolCall] = []
         for match in _TOOL_CALL.finditer(text):
             try:
-                obj = json.loads(match.group(1))
+                obj = json.loads(_body(match))
             except json.JSONDecodeError as exc:
                 return self._error(f"invalid JSON inside <tool_call> ({exc})", content, calls)
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -131,8 +195,8 @@ class HermesParser(ToolCallParser):
             if not isinstance(arguments, dict):
                 return self._error('"arguments" must be a JSON object', content, calls)
             calls.append(ToolCall(obj["name"], arguments))
-        if "<tool_call>" in content or "</tool_call>" in content:
-            return self._error("a <tool_call> tag is not closed", content, calls)
+        if "</tool_call>" in content:
+            return self._error("a </tool_call> tag has no <tool_call>", content, calls)
         return ParsedResponse(content, calls)
 
     def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
@@ -203,31 +267,38 @@ class Qwen3CoderParser(ToolCallParser):
         "</parameter>\n</function>\n</tool_call>"
     )
 
-    def parse(self, text: str) -> ParsedResponse:
+    def _parse(self, text: str) -> ParsedResponse:
         content = _outside(text, _TOOL_CALL)
         calls: list[ToolCall] = []
         for match in _TOOL_CALL.finditer(text):
-            functions = list(_FUNCTION.finditer(match.group(1)))
+            body = _body(match)
+            functions = [(f, _PARAMETER) for f in _FUNCTION.finditer(body)]
+            cut = _OPEN_FUNCTION.search(body) if match.group(1) is None else None
+            if not functions and cut is not None:  # the text ends inside the function
+                functions = [(cut, _CLOSED_PARAMETER)]
             if not functions:
                 return self._error(
                     "expected <function=NAME>...</function> inside <tool_call>", content, calls
                 )
-            for function in functions:
-                name = function.group(1).strip()
-                properties = self.properties.get(name, {})
-                arguments: dict[str, Any] = {}
-                for param in _PARAMETER.finditer(function.group(2)):
-                    key = param.group(1).strip()
-                    raw = param.group(2)
-                    raw = raw[1:] if raw.startswith("\n") else raw
-                    raw = raw[:-1] if raw.endswith("\n") else raw
-                    arguments[key] = convert_value(raw, properties.get(key))
-                calls.append(ToolCall(name, arguments))
-        if "<tool_call>" in content or "</tool_call>" in content:
-            return self._error("a <tool_call> tag is not closed", content, calls)
+            for function, parameter in functions:
+                calls.append(self._call(function, parameter))
+        if "</tool_call>" in content:
+            return self._error("a </tool_call> tag has no <tool_call>", content, calls)
         if "<function=" in content:
             return self._error("<function=...> must be inside <tool_call> tags", content, calls)
         return ParsedResponse(content, calls)
+
+    def _call(self, function: re.Match[str], parameter: re.Pattern[str]) -> ToolCall:
+        name = function.group(1).strip()
+        properties = self.properties.get(name, {})
+        arguments: dict[str, Any] = {}
+        for param in parameter.finditer(function.group(2)):
+            key = param.group(1).strip()
+            raw = param.group(2)
+            raw = raw[1:] if raw.startswith("\n") else raw
+            raw = raw[:-1] if raw.endswith("\n") else raw
+            arguments[key] = convert_value(raw, properties.get(key))
+        return ToolCall(name, arguments)
 
     def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
         blocks = []
@@ -243,12 +314,15 @@ class Qwen3CoderParser(ToolCallParser):
 PARSERS: dict[str, type[ToolCallParser]] = {p.name: p for p in (HermesParser, Qwen3CoderParser)}
 
 
-def get_parser(name: str, schemas: Sequence[Mapping[str, Any]] = ()) -> ToolCallParser:
-    """The parser called ``name`` (``hermes`` or ``qwen3_coder``) for tools ``schemas``.
+def get_parser(
+    name: str, schemas: Sequence[Mapping[str, Any]] = (), *, reasoning_opened: bool = False
+) -> ToolCallParser:
+    """The parser called ``name`` (``hermes`` or ``qwen3_coder``) for tools ``schemas``;
+    ``reasoning_opened``: the chat template opens the reasoning block (module docstring).
 
     Raises:
         ValueError: unknown parser name.
     """
     if name not in PARSERS:
         raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(PARSERS)}")
-    return PARSERS[name](schemas)
+    return PARSERS[name](schemas, reasoning_opened=reasoning_opened)

@@ -17,8 +17,13 @@ Token bookkeeping (the rules of verl's ``docs/extend_guide.rst`` and ``ToolAgent
   ``ct_merge_context_msg`` (mask 0, log-prob 0.0). Decoded text is only read (tool-call parsing,
   the trajectory), never encoded again;
 * ``response_length`` is the whole trajectory's budget: each request's ``max_tokens`` is what is
-  left, a turn that reaches it (``stop_reason`` ``length``) ends the episode, and the output is
-  cut to it;
+  left (capped by ``generation.max_tokens``), a turn that reaches it (``stop_reason``
+  ``length``) ends the episode, and the output is cut to it;
+* the ``generation`` block of ``agent_config.yaml`` (:mod:`sandlot.rollout.generation`, the
+  one ``sandlot rollout`` samples with) is laid over verl's: ``temperature``, ``top_p``, ``stop``
+  and ``extra_body`` over ``sampling_params``, ``chat_template_kwargs`` over
+  ``data.apply_chat_template_kwargs``; a ``generation.response_length`` other than verl's
+  ``rollout.response_length`` is an error naming both;
 * ``min_global_steps``/``max_global_steps`` come from ``TokenOutput.extra_fields``;
 * ``routed_experts`` (MoE router replay) are the last call's, cut to prompt + response as
   verl's ``ToolAgentLoop`` cuts them;
@@ -51,10 +56,12 @@ from uuid import uuid4
 
 from pydantic import ValidationError
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
 from sandlot.datasets.rows import DEFAULT_AGENT_NAME, TaskRow
 from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import AgentConfig, load_agent_config
+from sandlot.rollout.generation import GenerationConfig
 from sandlot.rollout.policy import ContextLengthError, Message, PolicyError, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason, Trajectory
 from sandlot.settings import settings
@@ -99,7 +106,8 @@ class TokenPolicy:
 
     Args:
         loop: the agent loop (its ``ct_*`` helpers, ``server_manager`` and ``tokenizer``).
-        sampling_params: verl's, for every request (``max_tokens`` is set per request).
+        sampling_params: for every request (verl's with the ``generation`` block laid over
+            them; ``max_tokens`` is set per request).
         response_length: the trajectory's token budget after the prompt.
         request_id: sticky routing key (default: a new uuid4).
     """
@@ -127,7 +135,15 @@ class TokenPolicy:
     def secrets(self) -> list[str]:
         return []
 
-    async def generate(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyTurn:
+    async def generate(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+    ) -> PolicyTurn:
+        """The next turn from verl's server; ``max_tokens`` caps what is left of
+        ``response_length`` (the buffer's count is exact, the agent loop's an estimate)."""
         tokens = self.tokens
         schemas: Any = tools or None  # verl's annotation says list; None means "no tools"
         self._messages, self.tools = messages, schemas
@@ -155,7 +171,10 @@ class TokenPolicy:
         output = await self.loop.server_manager.generate(
             self.request_id,
             prompt_ids=list(tokens.runtime_ids),
-            sampling_params={**self.sampling_params, "max_tokens": left},
+            sampling_params={
+                **self.sampling_params,
+                "max_tokens": left if max_tokens is None else min(left, max_tokens),
+            },
         )
         sampled = [int(t) for t in output.token_ids]
         self._record_steps(output)
@@ -260,10 +279,45 @@ class SandlotAgentLoop(AgentLoopBase):
         reasons = DEFAULT_MASKED_EXITS if mask_exit_reasons is None else mask_exit_reasons
         self.masked_exits = tuple(ExitReason(r) for r in reasons)
         self.response_length = int(self.rollout_config.response_length)
+        # A config that does not load, or does not fit verl's, masks every sample with the
+        # reason (run() reports it) rather than killing verl's worker.
+        self._config: AgentConfig | Exception
+        try:
+            self._config = agent_config_at(self.agent_config_path)
+            self._use_generation(self._config.generation, kwargs.get("hf_model_type"))
+        except (OSError, ValueError) as exc:
+            self._config = exc
         self.check_drift = bool(check_drift)
         self.routing_replay = bool(self.rollout_config.get("enable_rollout_routing_replay", False))
 
+    def _use_generation(self, generation: GenerationConfig, hf_model_type: str | None) -> None:
+        """Check ``generation.response_length`` against verl's and render prompts with
+        ``generation.chat_template_kwargs`` laid over verl's (the builder verl made is
+        rebuilt the way ``AgentLoopBase.__init__`` builds it)."""
+        wanted = generation.response_length
+        if wanted is not None and wanted != self.response_length:
+            raise ValueError(
+                f"{self.agent_config_path}: generation.response_length={wanted} differs from "
+                f"verl's actor_rollout_ref.rollout.response_length={self.response_length}; "
+                "set them equal (or drop generation.response_length: training uses verl's)"
+            )
+        if not generation.chat_template_kwargs:
+            return
+        self.apply_chat_template_kwargs = {
+            **dict(self.apply_chat_template_kwargs or {}),
+            **generation.chat_template_kwargs,
+        }
+        self.continuous_token_builder = create_continuous_token_builder(
+            self.tokenizer,
+            hf_model_type=hf_model_type,
+            chat_template_kwargs=self.apply_chat_template_kwargs,
+            mm_processor_kwargs=self.mm_processor_kwargs,
+            processor=self.processor,
+        )
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        if isinstance(self._config, AgentConfig):
+            sampling_params = self._config.generation.sampling_params(sampling_params)
         policy = TokenPolicy(self, sampling_params, response_length=self.response_length)
         try:
             traj = await self._episode(policy, kwargs)
@@ -317,7 +371,9 @@ class SandlotAgentLoop(AgentLoopBase):
 
     async def _episode(self, policy: TokenPolicy, kwargs: dict[str, Any]) -> Trajectory:
         loop = asyncio.get_running_loop()
-        config = await loop.run_in_executor(None, agent_config_at, self.agent_config_path)
+        if isinstance(self._config, Exception):
+            raise self._config
+        config = self._config
         record = dict(kwargs)
         record.setdefault("agent_name", self.agent_name)
         if "prompt" not in record and "raw_prompt" in record:

@@ -10,8 +10,8 @@ request's ``model`` picks the policy:
     the repository's own tests with ``bash``, then calls ``submit``. The instance is the one whose
     ``instance_id`` appears in the conversation's first user message.
 ``garbage``
-    Malformed tool calls every turn (invalid JSON, unclosed tags, an unknown tool, arguments
-    that are not JSON): format errors, never a patch.
+    Malformed tool calls every turn (invalid JSON, a closing tag without its opening, an
+    unknown tool, arguments that are not JSON): format errors, never a patch.
 ``sleeper``
     Waits ``sleep_s`` (past the client's timeout) before answering as ``solver``.
 ``flaky``
@@ -36,13 +36,19 @@ Tool calls are written in the ``hermes`` text format, or as native ``tool_calls`
 request carries ``tools`` and its ``tool_choice`` is not ``"none"`` (as vLLM does). The
 policies are stateless per conversation (the turn is the number of assistant messages so far),
 so concurrent episodes work; ``requests`` counts requests per model.
+
+:meth:`ScriptedServer.go_down` plays a model-server restart: the listening socket and every open
+connection close (new connections are refused, as while vLLM restarts) until
+:meth:`ScriptedServer.come_up` listens on the same port again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -129,7 +135,7 @@ def solver_script(instance: Mapping[str, Any]) -> list[Call]:
 
 GARBAGE_TEXT = [
     '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>',
-    '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}',
+    '{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>',
     '<tool_call>\n{"name": "rm_rf_everything", "arguments": {}}\n</tool_call>',
     '<tool_call>\n{"name": "bash", "arguments": "not json at all"}\n</tool_call>',
 ]
@@ -171,18 +177,22 @@ class ScriptedServer:
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._port = 0
+        self._connections: set[socket.socket] = set()
+        self.down = False
 
     @property
     def url(self) -> str:
         """The API root, ``http://127.0.0.1:<port>/v1``."""
-        assert self._httpd is not None, "the server is not running"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        assert self._port, "the server was never started"
+        return f"http://127.0.0.1:{self._port}/v1"
 
     def start(self) -> ScriptedServer:
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        httpd = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)
         httpd.daemon_threads = True
         httpd.scripted = self  # type: ignore[attr-defined]
         self._httpd = httpd
+        self._port = httpd.server_address[1]
         self._thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -192,11 +202,39 @@ class ScriptedServer:
     def stop(self) -> None:
         """Stop serving; a ``sleeper`` still waiting answers at once."""
         self._stopping.set()
+        self._close()
+
+    def go_down(self) -> None:
+        """Stop listening and drop every open connection, as a server process that exits."""
+        self.down = True
+        self._close()
+        with self._lock:
+            open_now = list(self._connections)
+        for conn in open_now:
+            with contextlib.suppress(OSError):  # already closed by its handler
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def come_up(self) -> None:
+        """Listen again on the same port (the restarted server)."""
+        self.down = False
+        self.start()
+
+    def track(self, conn: socket.socket, *, opened: bool) -> None:
+        """Record (or forget) a connection a handler serves, for :meth:`go_down` to drop."""
+        with self._lock:
+            if opened:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def _close(self) -> None:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+            self._httpd = None
         if self._thread is not None:
             self._thread.join(timeout=10)
+            self._thread = None
 
     def __enter__(self) -> ScriptedServer:
         return self.start()
@@ -353,6 +391,15 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        self.server.scripted.track(self.connection, opened=True)  # type: ignore[attr-defined]
+
+    def finish(self) -> None:
+        self.server.scripted.track(self.connection, opened=False)  # type: ignore[attr-defined]
+        with contextlib.suppress(OSError):  # dropped by go_down
+            super().finish()
+
     def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/models"):
             self._send(200, {}, {"object": "list", "data": [{"id": "solver"}]})
@@ -371,6 +418,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {}, {"error": {"message": f"invalid JSON body: {exc}"}})
             return
         scripted: ScriptedServer = self.server.scripted  # type: ignore[attr-defined]
+        if scripted.down:  # went down while this request was read: no answer
+            self.close_connection = True
+            return
         status, headers, payload = scripted.answer(body, self.headers.get("Authorization"))
         self._send(status, headers, payload)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -412,3 +413,88 @@ def test_docker_kill9_then_gc_and_sigint_leave_no_container(
     assert left == [], log.read_text()
     for line in complete_lines(out / "trajectories.jsonl"):
         assert json.loads(line)["instance_id"] in ids
+
+
+@needs(bwrap_missing)
+def test_the_generation_config_shapes_every_request(
+    server: ScriptedServer, dataset: Path, local_root: Path, tmp_path: Path
+) -> None:
+    """The yaml's ``generation`` block, with the flags over it, reaches every request; each
+    ``max_tokens`` is what is left of ``response_length`` after the tokens the replies
+    reported (as training computes it), capped; when it is spent the episode ends."""
+    config = write_config(
+        tmp_path / "agent_config.yaml",
+        generation={
+            "response_length": RESPONSE_LENGTH,
+            "max_tokens": 1000,
+            "temperature": 1.0,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "extra_body": {"top_k": 20},
+        },
+    )
+    out = tmp_path / "out"
+    args = rollout_args(dataset, config, server.url, out, "--instance-ids", "ledger__ledger-2")
+    args += ["--temperature", "0.25", "--stop", "</answer>", "--max-tokens", "150"]
+    code, output = _invoke(*args)
+    assert code == 0, output
+    (traj,) = [json.loads(line) for line in complete_lines(out / "trajectories.jsonl")]
+    steps = traj["steps"]
+    bodies = server.bodies
+    # The last reply is not kept: its prompt (the observations) had already spent the budget,
+    # so training would not have asked for it.
+    assert len(bodies) == len(steps) + 1
+    first_prompt = steps[0]["prompt_tokens"]
+    used = 0
+    asked = []
+    for i, body in enumerate(bodies):
+        asked.append(body["max_tokens"])
+        assert body["max_tokens"] == min(150, RESPONSE_LENGTH - used)
+        assert body["temperature"] == 0.25 and body["stop"] == ["</answer>"]
+        assert body["chat_template_kwargs"] == {"enable_thinking": False}
+        assert body["top_k"] == 20
+        if i < len(steps):
+            used = steps[i]["prompt_tokens"] + steps[i]["completion_tokens"] - first_prompt
+    assert asked[0] == 150 and asked[-1] < 150  # the cap, then what is left of the budget
+    assert traj["exit_reason"] == "context_length"
+    assert traj["error"] == "generation.response_length reached"
+
+
+RESPONSE_LENGTH = 150
+
+
+def test_bad_generation_flags_are_one_line_errors(tmp_path: Path, config: Path) -> None:
+    base = ["--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
+    instances = str(SWE_MINI / "instances.jsonl")
+    common = ["rollout", "--dataset", instances, "--config", str(config), *base]
+    code, out = _invoke(*common, "--chat-template-kwargs", "{enable_thinking: no}")
+    assert code == 2 and "--chat-template-kwargs" in out and "not JSON" in out
+    code, out = _invoke(*common, "--extra-body", '{"model": "x"}')
+    assert code == 1 and "generation.extra_body: " in out and "model" in out
+    code, out = _invoke(*common, "--top-p", "2")
+    assert code == 1 and "generation.top_p" in out
+
+
+@needs(bwrap_missing)
+def test_the_client_flags_override_the_yaml(
+    dataset: Path, local_root: Path, tmp_path: Path
+) -> None:
+    """A server that accepts and never answers: with the yaml's 600 s timeout and 300 s budget
+    the turn would wait minutes; ``--request-timeout 0.5 --retry-budget 0`` end it after one
+    request, as a retryable ``infra_error`` that names the timeout."""
+    config = write_config(
+        tmp_path / "agent_config.yaml",
+        client={"request_timeout_s": 600, "retry_budget_s": 300},
+    )
+    out = tmp_path / "out"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        args = rollout_args(dataset, config, url, out, "--instance-ids", "ledger__ledger-1")
+        args += ["--request-timeout", "0.5", "--retry-budget", "0", "--max-retries", "0"]
+        code, output = _invoke(*args)
+    assert code == 0, output
+    (traj,) = [json.loads(line) for line in complete_lines(out / "trajectories.jsonl")]
+    assert traj["exit_reason"] == "infra_error" and traj["retryable"]
+    assert "failed 1 time(s)" in traj["error"]
+    assert "no answer within request_timeout_s=0.5s" in traj["error"]

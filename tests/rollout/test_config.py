@@ -15,6 +15,7 @@ from sandlot.rollout.config import (
     ConfigError,
     load_agent_config,
     parse_agent_config,
+    with_flags,
 )
 from sandlot.sandboxes.registry import get_backend
 
@@ -187,3 +188,22 @@ def test_an_unknown_backend_from_the_environment_names_the_backends(
     with pytest.raises(ConfigError, match="unknown backend 'k8s'; allowed: ") as info:
         config.sandbox.options_for(config.sandbox.resolved_backend())
     assert lists_the_backends(str(info.value))
+
+
+# ----------------------------------------------------------------------------- the model client
+
+
+def test_the_client_block_defaults_and_overrides() -> None:
+    """The retry budget is time (300 s: a vLLM restart), the command line wins over the file."""
+    default = parse_agent_config(None).client
+    assert (default.request_timeout_s, default.retry_budget_s) == (600.0, 300.0)
+    config = parse_agent_config({"client": {"request_timeout_s": 30, "retry_budget_s": 900}})
+    merged = with_flags(config.client, "client", request_timeout_s=None, retry_budget_s=60.0)
+    assert (merged.request_timeout_s, merged.retry_budget_s) == (30.0, 60.0)
+    with pytest.raises(ConfigError, match=r"client\.request_timeout_s"):
+        with_flags(config.client, "client", request_timeout_s=0.0)
+
+
+def test_an_unknown_client_key_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"client\.max_retries: Extra inputs"):
+        parse_agent_config({"client": {"max_retries": 5}})

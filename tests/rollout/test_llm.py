@@ -7,12 +7,13 @@ import logging
 import socket
 import subprocess
 import sys
-import time
 from typing import Any
 
+import anyio
 import pytest
 from requirements import TEST, need_module
 from rollout.scripted_server import ScriptedServer
+from rollout.virtual_time import VirtualClock
 
 from sandlot.rollout.llm import OpenAIChatPolicy
 from sandlot.rollout.policy import ContextLengthError, PolicyError
@@ -38,9 +39,12 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
-def policy(server: ScriptedServer, model: str, **kwargs: Any) -> OpenAIChatPolicy:
-    kwargs.setdefault("backoff_s", 0.01)
-    return OpenAIChatPolicy(server.url, model, **kwargs)
+def policy(
+    server: ScriptedServer, model: str, clock: VirtualClock | None = None, **kwargs: Any
+) -> OpenAIChatPolicy:
+    """A client whose retry waits and budget run on a virtual clock (no wall-clock waits)."""
+    clock = clock or VirtualClock()
+    return OpenAIChatPolicy(server.url, model, clock=clock, sleep=clock.sleep, **kwargs)
 
 
 @pytest.mark.parametrize("template_tools", [True, False])
@@ -104,40 +108,50 @@ async def test_undecodable_native_arguments_stay_text(server: ScriptedServer) ->
 
 
 async def test_429_is_retried_until_it_succeeds(server: ScriptedServer) -> None:
-    async with policy(server, "flaky", max_retries=3) as p:
+    async with policy(server, "flaky") as p:
         turn = await p.generate(TASK, TOOLS)
     assert "<tool_call>" in turn.content
     assert server.requests["flaky"] == 3  # two 429s, then the answer
 
 
 async def test_retry_after_is_honoured(instance_records: list[dict[str, Any]]) -> None:
-    with ScriptedServer(instance_records, flaky_failures=1, retry_after="1") as server:
-        async with policy(server, "flaky") as p:
-            started = time.monotonic()
+    """A ``Retry-After`` longer than the backoff bound is the wait."""
+    clock = VirtualClock()
+    with ScriptedServer(instance_records, flaky_failures=1, retry_after="7") as server:
+        async with policy(server, "flaky", clock, backoff_s=1.0) as p:
             await p.generate(TASK, TOOLS)
-            elapsed = time.monotonic() - started
     assert server.requests["flaky"] == 2
-    assert 1.0 <= elapsed < 5.0
+    assert clock.sleeps == [7.0]
 
 
-async def test_5xx_past_max_retries_is_a_retryable_policy_error(server: ScriptedServer) -> None:
-    async with policy(server, "status-503", max_retries=2) as p:
+async def test_retries_last_for_the_budget_not_a_count(server: ScriptedServer) -> None:
+    """A server answering 503 is retried until the next wait would pass ``retry_budget_s``:
+    each wait is at most ``max_backoff_s`` (30 s) and the first six at most 1+2+...+30 = 61 s,
+    so a 300 s budget makes at least eight attempts (a count of five retries would stop at
+    six); then a retryable ``PolicyError`` that says how long it tried."""
+    clock = VirtualClock()
+    async with policy(server, "status-503", clock, retry_budget_s=300.0) as p:
         with pytest.raises(PolicyError) as info:
             await p.generate(TASK, TOOLS)
+    attempts = server.requests["status-503"]
+    assert attempts >= 8 and attempts == len(clock.sleeps) + 1
+    assert all(0.0 <= wait <= 30.0 for wait in clock.sleeps)
+    assert all(wait <= 2.0**i for i, wait in enumerate(clock.sleeps))  # exponential bound
+    assert clock.now < 300.0
     assert info.value.retryable
-    assert "failed 3 time(s)" in str(info.value) and "HTTP 503" in str(info.value)
-    assert "scripted failure 503" in str(info.value)
-    assert server.requests["status-503"] == 3
+    message = str(info.value)
+    assert f"failed {attempts} time(s)" in message and "retry_budget_s=300" in message
+    assert "HTTP 503" in message and "scripted failure 503" in message
 
 
 async def test_a_retry_past_the_budget_is_not_taken(instance_records: list[dict[str, Any]]) -> None:
     """A ``Retry-After`` longer than what is left of ``retry_budget_s`` ends the call now."""
+    clock = VirtualClock()
     with ScriptedServer(instance_records, flaky_failures=5, retry_after="30") as server:
-        async with policy(server, "flaky", max_retries=5, retry_budget_s=2.0) as p:
-            started = time.monotonic()
+        async with policy(server, "flaky", clock, retry_budget_s=2.0) as p:
             with pytest.raises(PolicyError) as info:
                 await p.generate(TASK, TOOLS)
-    assert time.monotonic() - started < 1.5
+    assert clock.sleeps == []
     assert info.value.retryable and "HTTP 429" in str(info.value)
     assert server.requests["flaky"] == 1
 
@@ -169,33 +183,51 @@ async def test_context_overflow_is_a_context_length_error(server: ScriptedServer
 
 
 async def test_malformed_reply_is_retried_then_retryable(server: ScriptedServer) -> None:
-    async with policy(server, "malformed", max_retries=1) as p:
+    clock = VirtualClock()
+    async with policy(server, "malformed", clock, retry_budget_s=60.0) as p:
         with pytest.raises(PolicyError, match="malformed reply") as info:
             await p.generate(TASK, TOOLS)
     assert info.value.retryable
-    assert server.requests["malformed"] == 2
+    assert server.requests["malformed"] == len(clock.sleeps) + 1 >= 2
 
 
-async def test_timeout_is_retried_then_retryable(server: ScriptedServer) -> None:
-    async with policy(server, "sleeper", request_timeout_s=0.3, max_retries=1) as p:
-        started = time.monotonic()
+async def test_timeout_is_retryable(server: ScriptedServer) -> None:
+    async with policy(server, "sleeper", request_timeout_s=0.3, retry_budget_s=0.0) as p:
         with pytest.raises(PolicyError, match=r"no answer within request_timeout_s=0\.3s") as info:
             await p.generate(TASK, TOOLS)
     assert info.value.retryable
-    assert time.monotonic() - started < 2.0
-    assert server.requests["sleeper"] == 2
+    assert server.requests["sleeper"] == 1
+
+
+async def test_a_server_that_accepts_and_never_answers_is_cut_by_the_request_timeout() -> None:
+    """The kernel accepts the connection (it is in the listen backlog) and takes the request;
+    nothing ever answers. Only ``request_timeout_s`` ends the wait (the outer limit fails the
+    test instead of hanging it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        port = sock.getsockname()[1]
+        client = OpenAIChatPolicy(
+            f"http://127.0.0.1:{port}/v1", "m", request_timeout_s=0.5, retry_budget_s=0.0
+        )
+        async with client as p:
+            with anyio.fail_after(60):
+                with pytest.raises(PolicyError, match=r"no answer within request_timeout_s=0\.5s"):
+                    await p.generate(TASK, TOOLS)
 
 
 async def test_connection_refused_is_retryable() -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    clock = VirtualClock()
     async with OpenAIChatPolicy(
-        f"http://127.0.0.1:{port}/v1", "solver", max_retries=2, backoff_s=0.01
+        f"http://127.0.0.1:{port}/v1", "solver", retry_budget_s=10.0, clock=clock, sleep=clock.sleep
     ) as p:
-        with pytest.raises(PolicyError, match="failed 3 time") as info:
+        with pytest.raises(PolicyError, match=r"failed [0-9]+ time") as info:
             await p.generate(TASK, TOOLS)
     assert info.value.retryable and "ConnectError" in str(info.value)
+    assert clock.sleeps, "a refused connection is retried"
 
 
 def test_bad_arguments_are_rejected() -> None:
@@ -205,8 +237,8 @@ def test_bad_arguments_are_rejected() -> None:
         OpenAIChatPolicy(
             "http://127.0.0.1:8000/v1", "m", sampling={"model": "x", "tool_choice": "auto"}
         )
-    with pytest.raises(ValueError, match="max_retries"):
-        OpenAIChatPolicy("http://127.0.0.1:8000/v1", "m", max_retries=-1)
+    with pytest.raises(ValueError, match="retry_budget_s"):
+        OpenAIChatPolicy("http://127.0.0.1:8000/v1", "m", retry_budget_s=-1)
 
 
 # ----------------------------------------------------------------------------- the API key
@@ -247,9 +279,9 @@ async def test_the_key_never_appears_in_errors_logs_or_repr(
         with pytest.raises(PolicyError) as info:
             await p.generate(TASK, TOOLS)
         errors.append(info.value)
-    async with policy(server, "flaky", api_key=KEY, max_retries=3) as p:
+    async with policy(server, "flaky", api_key=KEY) as p:
         await p.generate(TASK, TOOLS)
-    async with policy(server, "status-502", api_key=KEY, max_retries=1) as p:
+    async with policy(server, "status-502", api_key=KEY, retry_budget_s=5.0) as p:
         with pytest.raises(PolicyError) as info:
             await p.generate(TASK, TOOLS)
         errors.append(info.value)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from fake_server import Reply, ScriptedServer, tool_call
 from requirements import TRAIN, need_module
 
@@ -243,3 +244,72 @@ async def test_routed_experts_of_the_last_call_reach_verl(make_loop: Any, tokeni
     assert out.routed_experts.shape == (4, 2, 2) and not out.routed_experts.any()
     plain = to_agent_loop_output(failed, empty, response_length=8, logprobs=True, pad_token_id=0)
     assert plain.routed_experts is None
+
+
+# --------------------------------------------------------------------------- generation config
+
+
+def agent_config_with(tmp_path: Any, generation: dict[str, Any]) -> str:
+    path = tmp_path / "generation_agent_config.yaml"
+    path.write_text(yaml.safe_dump({"sandbox": {"backend": "local"}, "generation": generation}))
+    return str(path)
+
+
+async def test_the_generation_block_is_laid_over_verls_sampling(
+    make_loop: Any, tokenizer: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent config's ``generation`` reaches verl's server as ``sandlot rollout`` sends it
+    to an OpenAI server: sampling over verl's, ``max_tokens`` capping the budget, and the chat
+    template's kwargs in the prompt builder."""
+    server = ScriptedServer(tokenizer, [Reply("hi")])
+    generation = {
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "stop": ["</answer>"],
+        "max_tokens": 7,
+        "extra_body": {"top_k": 20},
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    loop = make_loop(server, agent_config=agent_config_with(tmp_path, generation))
+    assert loop.apply_chat_template_kwargs == {"enable_thinking": False}
+    assert loop.continuous_token_builder.chat_template_kwargs == {"enable_thinking": False}
+
+    async def one_turn(policy: TokenPolicy, row: Any) -> Trajectory:
+        # What the agent loop core passes when the config sets max_tokens.
+        await policy.generate([dict(m) for m in PROMPT], TOOLS, max_tokens=7)
+        return Trajectory(instance_id="x", exit_reason=ExitReason.NO_TOOL_CALL)
+
+    monkeypatch.setattr(type(loop), "_episode", lambda self, policy, row: one_turn(policy, row))
+    verl = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    await loop.run(verl, raw_prompt=np.array(PROMPT, dtype=object), extra_info={})
+    (request,) = server.requests
+    assert request.sampling_params == {
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "top_k": 20,
+        "logprobs": True,
+        "stop": ["</answer>"],
+        "max_tokens": 7,
+    }
+
+
+async def test_max_tokens_never_exceeds_whats_left(make_loop: Any, tokenizer: Any) -> None:
+    server = ScriptedServer(tokenizer, [Reply("hi")])
+    policy = TokenPolicy(make_loop(server), {"logprobs": False}, response_length=5)
+    await policy.generate([dict(m) for m in PROMPT], TOOLS, max_tokens=100)
+    assert server.requests[0].sampling_params["max_tokens"] == 5
+
+
+async def test_a_response_length_other_than_verls_masks_samples_naming_both(
+    make_loop: Any, tokenizer: Any, tmp_path: Any
+) -> None:
+    server = ScriptedServer(tokenizer, [])
+    path = agent_config_with(tmp_path, {"response_length": 1000})
+    loop = make_loop(server, response_length=4096, agent_config=path)
+    raw = np.array([{"role": "user", "content": "hi"}], dtype=object)
+    output = await loop.run({"logprobs": True}, raw_prompt=raw, index=3, extra_info={})
+    assert output.extra_fields["exit_reason"] == "infra_error"
+    error = output.extra_fields["error"]
+    assert "generation.response_length=1000" in error
+    assert "actor_rollout_ref.rollout.response_length=4096" in error
+    assert not server.requests
