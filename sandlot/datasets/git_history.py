@@ -1,21 +1,31 @@
-"""A setup command that removes every trace of git history the agent must not see.
+"""The script that removes every trace of git history the agent must not see.
 
-SWE-rebench images (and any clone of a live repository) hold the commits that came after
-``base_commit`` — the fix among them — in tags, other branches, remote-tracking refs, the reflog,
-``FETCH_HEAD``/``ORIG_HEAD`` and unreachable objects. An agent that runs ``git log --all`` or
-``git show <tag>`` reads the answer (uni-agent's commit #23, "future tags and reflog revealed the
-gold patch"). :func:`strip_future_history_cmd` returns a bash script, run in the repository,
-that keeps exactly ``HEAD`` and its ancestors:
+A clone of a live repository, or a dataset's image (SWE-rebench, SWE-bench before its fix of
+issue #465 "Repo State Loopholes During Agentic Evaluation"), holds the commits that came after
+``base_commit`` — the fix among them — in tags, other branches, remote-tracking refs, notes, the
+stash, reflogs, ``FETCH_HEAD``/``ORIG_HEAD``, linked worktrees, alternates and unreachable
+objects. An agent that runs ``git log --all --grep '#<PR>'`` or ``git show <tag>`` reads the
+answer (uni-agent's commit #23, "future tags and reflog revealed the gold patch"; mini-swe-agent
+issue #787 saw frontier models do it on 11-21 % of SWE-bench Pro tasks), and a model patch can
+``git show`` the fix at import time while the tests run. :func:`strip_future_history_cmd`
+returns a bash script, run in the repository, that keeps exactly ``HEAD`` and its ancestors:
 
-1. checks that ``base_commit`` is ``HEAD`` or an ancestor of it (SWE-bench style images commit
-   their environment setup on top of ``base_commit``; that commit is kept);
-2. removes every remote;
+1. leaves a directory that is not a git repository alone; checks that ``base_commit`` is
+   ``HEAD`` or an ancestor of it (SWE-bench style images commit their environment setup on top
+   of ``base_commit``; that commit is kept), exit 1 otherwise;
+2. removes every remote and every linked worktree (its files too);
 3. deletes every ref except the branch ``HEAD`` is on and tags that point into ``HEAD``'s
    history (other branches, later tags, stash, notes, replace refs, remote-tracking refs);
-4. deletes ``FETCH_HEAD``, ``ORIG_HEAD`` and the other ``*_HEAD`` files that name commits;
+4. deletes ``FETCH_HEAD``, ``ORIG_HEAD`` and the other ``*_HEAD`` files that name commits, the
+   commit-graph and the rerere cache;
 5. expires every reflog, drops alternates (after copying the objects it borrows) and runs
    ``git gc --prune=now``, which deletes the now unreachable objects;
 6. verifies that no ref reaches a commit outside ``HEAD``'s history (exit 1 otherwise).
+
+:func:`sandlot.rewards.history.hide_future` runs it in every sandbox once its repository is set
+up; dataset rows whose consumers run only their ``post_setup_cmd`` (uni-agent's format,
+SWE-rebench rows) also carry it there. A copy of the repository elsewhere in an image (an
+alternate's own directory, a mirror) is the dataset's to remove.
 
 SWE-bench's own images run a weaker variant when they are built (tags newer than the base
 commit's date, reflog, ``gc``; ``swebench.harness.test_spec.python.make_repo_script_list_py``);
@@ -31,12 +41,16 @@ _SCRIPT = """\
 set -euo pipefail
 export GIT_TERMINAL_PROMPT=0
 git config --global --add safe.directory '*' 2>/dev/null || true
-git_dir=$(git rev-parse --git-dir)
+git_dir=$(git rev-parse --absolute-git-dir 2>/dev/null) || {{ echo "no repository"; exit 0; }}
+git() {{ command git -c core.hooksPath=/dev/null -c core.fsmonitor=false "$@"; }}
 if ! git merge-base --is-ancestor {base} HEAD; then
   echo "sandlot: base_commit {base} is not HEAD or an ancestor of it" >&2
   exit 1
 fi
 for remote in $(git remote); do git remote remove "$remote"; done
+git worktree list --porcelain | sed -n 's/^worktree //p' | tail -n +2 | while IFS= read -r w; do
+  git worktree remove --force --force "$w" || rm -rf -- "$w"
+done
 branch=$(git symbolic-ref -q HEAD || true)
 git for-each-ref --format='%(refname)' | while IFS= read -r ref; do
   if [ "$ref" = "$branch" ]; then continue; fi
@@ -46,7 +60,9 @@ git for-each-ref --format='%(refname)' | while IFS= read -r ref; do
   git update-ref -d "$ref"
 done
 rm -f "$git_dir"/FETCH_HEAD "$git_dir"/ORIG_HEAD "$git_dir"/MERGE_HEAD \\
-  "$git_dir"/CHERRY_PICK_HEAD "$git_dir"/REVERT_HEAD "$git_dir"/BISECT_LOG
+  "$git_dir"/CHERRY_PICK_HEAD "$git_dir"/REVERT_HEAD "$git_dir"/BISECT_LOG \\
+  "$git_dir"/AUTO_MERGE "$git_dir"/objects/info/commit-graph
+rm -rf "$git_dir"/objects/info/commit-graphs "$git_dir"/rr-cache "$git_dir"/refs/original
 git worktree prune
 git reflog expire --expire=now --expire-unreachable=now --all
 if [ -s "$git_dir/objects/info/alternates" ]; then

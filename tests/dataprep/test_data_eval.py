@@ -19,6 +19,7 @@ from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalStatus
 from sandlot.rewards.runner import run_evaluation
+from sandlot.rewards.scripts import fetch_repo_script
 from sandlot.rollout.rows import load_rows
 from sandlot.sandboxes.open import open as open_sandbox
 
@@ -70,9 +71,16 @@ def test_sandlot_eval_grades_swe_rebench_local_rows(tmp_path: Path, mirror: Path
     assert "2/2 resolved" in out.output
 
 
-async def _git_view(instance: Instance) -> dict[str, str]:
+async def _git_view(instance: Instance, *, prepared: bool = True) -> dict[str, str]:
     async with open_sandbox("local", instance_spec(instance, "local")) as sb:
-        await prepare_repo(sb, instance)
+        if prepared:
+            await prepare_repo(sb, instance)
+        else:  # the clone alone, as prepare_repo makes it before anything is removed
+            await sb.upload(str(instance.repo_source), "/tmp/repo")
+            script = fetch_repo_script(
+                "/tmp/repo", instance.workdir, instance.base_commit, uploaded=True
+            )
+            assert (await sb.exec(script, timeout=120)).ok
         out = {}
         for name, cmd in {
             "log": "git log --all --format=%H",
@@ -89,8 +97,8 @@ async def _git_view(instance: Instance) -> dict[str, str]:
 def test_git_log_all_shows_nothing_after_base_commit(tmp_path: Path, mirror: Path) -> None:
     result = run_prepare("swe_rebench", tmp_path, "local", repo_mirror=str(mirror))
     [instance] = [i for i in load_instances(result.path) if i.instance_id == "minicalc__minicalc-1"]
-    # Without the row's setup command the clone still shows the fix: the check can fail.
-    exposed = anyio.run(_git_view, instance.model_copy(update={"post_setup_cmd": None}))
+    # The clone alone still shows the fix: the check can fail.
+    exposed = anyio.run(lambda: _git_view(instance, prepared=False))
     assert MINICALC_LATER in exposed["log"] and "refs/tags/v0.2" in exposed["refs"]
     view = anyio.run(_git_view, instance)
     assert view["log"].split() == [MINICALC_BASE]
