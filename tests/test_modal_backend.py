@@ -187,7 +187,7 @@ async def test_30_percent_rate_limited_creates_all_start_under_the_cap(
             for sb in sandboxes:
                 tg.start_soon(sb.start)
     try:
-        assert all(sb._started for sb in sandboxes)
+        assert all(sb.state == "started" for sb in sandboxes)
         assert fake.peak_creating <= 4
         failures = len(fake.calls_of("Sandbox.create")) - len(fake.sandboxes)
         assert failures > 0

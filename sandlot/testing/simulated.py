@@ -198,19 +198,19 @@ class SimulatedSandbox(Sandbox):
         stdin: bytes | str | None = None,
     ) -> ExecResult:
         """Exit code 0, no output. Raises ``SandboxDeadError`` when closed or not started."""
-        self._check_open()
+        self._check_usable()
         return ExecResult(exit_code=0)
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         return InstantSession(name, config)
 
     async def is_alive(self) -> bool:
-        return self._started and not self._closed
+        return self.state == "started"
 
     async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
         """What :meth:`write_file` stored. Raises ``SandboxFileError`` for an unknown path and
         ``DownloadLimitError`` past ``max_bytes``."""
-        self._check_open()
+        self._check_usable()
         try:
             data = self._files[self.resolve_path(path)]
         except KeyError:
@@ -221,7 +221,7 @@ class SimulatedSandbox(Sandbox):
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Keep ``data`` in memory under ``path``."""
-        self._check_open()
+        self._check_usable()
         self._files[self.resolve_path(path)] = data.encode() if isinstance(data, str) else data
 
     async def upload(self, local_path: str | Path, remote_path: str) -> None:
