@@ -47,7 +47,7 @@ async def retry(
         sleep=anyio.sleep,
         reraise=True,
     )
-    return await retrying(fn)
+    return await retrying(_awaiting(fn))
 
 
 async def poll(
@@ -61,6 +61,15 @@ async def poll(
         retry=retry_if_result(lambda value: value is None),
         sleep=anyio.sleep,
     )
-    value: T | None = await retrying(fn)
+    value: T | None = await retrying(_awaiting(fn))
     assert value is not None
     return value
+
+
+def _awaiting(fn: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+    # tenacity awaits only coroutine functions; a lambda or bound ``.aio`` returning an
+    # awaitable would be taken for a plain function and its awaitable returned unawaited.
+    async def call() -> T:
+        return await fn()
+
+    return call

@@ -319,7 +319,7 @@ class Sandbox(Transport):
         """Record (the first) ``reason`` the sandbox died; the error every later call raises."""
         if self._dead is None:
             self._dead = reason
-        return SandboxDeadError(f"sandbox {self.id} {self._dead}")
+        return SandboxDeadError(f"sandbox {self.id}: {self._dead}")
 
     async def __aenter__(self) -> Sandbox:
         await self.start()
