@@ -49,7 +49,7 @@ from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import run_id
 from sandlot.sandboxes.limits import StartClock, StartLimits, starting_gate, starting_slot
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.transport import Transport
+from sandlot.sandboxes.transport import RunRequest, Transport, TreeCaps
 
 log = logging.getLogger("sandlot.sandboxes")
 T = TypeVar("T")
@@ -413,13 +413,14 @@ class Sandbox(Transport):
         """
         self._check_usable()
         began = time.monotonic()
-        out = await self._run(
+        run = RunRequest(
             as_shell(cmd),
             cwd=self.resolve_path(cwd) if cwd is not None else self.spec.workdir,
             env=env or {},
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
             timeout=timeout,
         )
+        out = await self._run(run)
         return out.result(time.monotonic() - began)
 
     async def is_alive(self) -> bool:
@@ -557,8 +558,7 @@ class Sandbox(Transport):
         dest = Path(local_path)
         return await self._get_archive(
             self.resolve_path(remote_path),
-            max_bytes + ARCHIVE_OVERHEAD_BYTES + 1,
-            max_file_bytes,
+            TreeCaps(max_bytes + ARCHIVE_OVERHEAD_BYTES + 1, max_file_bytes),
             lambda raw: extract_archive(
                 raw, dest, max_bytes=max_bytes, max_file_bytes=max_file_bytes
             ),

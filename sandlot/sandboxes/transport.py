@@ -26,7 +26,7 @@ import io
 import shlex
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, TypeVar
 
 import anyio
@@ -40,6 +40,44 @@ T = TypeVar("T")
 
 # A file move that takes this long is stuck (e.g. reading a FIFO planted by a command).
 FILE_TIMEOUT_S = 600.0
+
+Reader = Callable[[IO[bytes]], T]
+"""A blocking function that reads a tar stream to its end (e.g. ``extract_archive``)."""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One command for :meth:`Transport._run`.
+
+    Attributes:
+        command: the shell line, run with ``bash -c`` (``sh -c`` without bash).
+        cwd: absolute working directory; a missing one is a failed command (non-zero exit,
+            message on stderr), not an exception.
+        env: variables added to the sandbox's environment for this command.
+        stdin: fed to standard input; ``None`` for an empty stream.
+        timeout: seconds; ``None`` for no limit. At the limit, and on cancellation, every
+            process the command started is killed before ``_run`` returns or re-raises.
+    """
+
+    command: str
+    cwd: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: bytes | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class TreeCaps:
+    """Caps of one :meth:`Transport._get_archive`, in bytes.
+
+    Attributes:
+        max_archive_bytes: the tar stream is cut here (a sparse file costs at most this).
+        max_file_bytes: a file above this stops the transfer before it starts, where the
+            backend can tell (else the extractor stops at its header).
+    """
+
+    max_archive_bytes: int
+    max_file_bytes: int
 
 
 @dataclass(frozen=True)
@@ -105,25 +143,8 @@ class Transport(abc.ABC):
     async def _close(self) -> None:
         """Destroy the sandbox (also a half-created one). May raise; ``close`` logs it."""
 
-    async def _run(
-        self,
-        command: str,
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-    ) -> RunOutput:
-        """Run the shell line ``command`` with ``bash -c`` (``sh -c`` without bash) in ``cwd``.
-
-        Args:
-            command: the shell line.
-            cwd: absolute working directory; a missing one is a failed command (non-zero exit,
-                message on stderr), not an exception.
-            env: variables added to the sandbox's environment for this command.
-            stdin: fed to standard input; ``None`` for none (an empty stream).
-            timeout: seconds; ``None`` for no limit. At the limit, and on cancellation, every
-                process the command started is killed before this returns or re-raises.
+    async def _run(self, run: RunRequest) -> RunOutput:
+        """Run ``run.command`` as :class:`RunRequest` describes.
 
         Returns:
             The ``RunOutput``, each stream capped at the backend's ``max_output_bytes``.
@@ -167,25 +188,19 @@ class Transport(abc.ABC):
         await self._put_bytes(staging, archive.read())
         await self._run_checked("upload to", target, tar_extract_argv(staging, parent))
 
-    async def _get_archive(
-        self,
-        path: str,
-        max_archive_bytes: int,
-        max_file_bytes: int,
-        consume: Callable[[IO[bytes]], T],
-    ) -> T:
+    async def _get_archive(self, path: str, caps: TreeCaps, consume: Reader[T]) -> T:
         """``consume`` (blocking; run in a worker thread) called on a tar of ``path`` (a link
-        at ``path`` resolved first), cut at ``max_archive_bytes``. Default: ``tar`` into a
+        at ``path`` resolved first), cut at ``caps.max_archive_bytes``. Default: ``tar`` into a
         staging file fetched with ``_get_bytes``.
 
         Raises:
-            SandboxFileError: ``path`` is missing, or holds a file above ``max_file_bytes``.
+            SandboxFileError: ``path`` is missing, or holds a file above ``caps.max_file_bytes``.
         """
         staging = f"{self.staging_dir}/sandlot-download-{uuid.uuid4().hex}.tar"
-        argv = tar_create_argv(path, staging, max_archive_bytes, max_file_bytes)
+        argv = tar_create_argv(path, staging, caps.max_archive_bytes, caps.max_file_bytes)
         try:
             await self._run_checked("download", path, argv)
-            data = await self._get_bytes(staging, max_archive_bytes)
+            data = await self._get_bytes(staging, caps.max_archive_bytes)
         finally:
             await self._run_quick(["rm", "-f", "--", staging])
         return await anyio.to_thread.run_sync(consume, io.BytesIO(data))
@@ -200,6 +215,4 @@ class Transport(abc.ABC):
             raise SandboxFileError(f"{what} {path}: {detail or f'exit code {out.exit_code}'}")
 
     async def _run_quick(self, argv: list[str]) -> RunOutput:
-        return await self._run(
-            shlex.join(argv), cwd="/", env={}, stdin=None, timeout=FILE_TIMEOUT_S
-        )
+        return await self._run(RunRequest(shlex.join(argv), "/", timeout=FILE_TIMEOUT_S))

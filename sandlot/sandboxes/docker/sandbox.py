@@ -14,7 +14,7 @@ import logging
 import posixpath
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -48,7 +48,7 @@ from sandlot.sandboxes.docker.options import DockerOptions, MiB
 from sandlot.sandboxes.docker.stream import pump, raw_socket
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.transport import RunOutput
+from sandlot.sandboxes.transport import Reader, RunOutput, RunRequest, TreeCaps
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -304,15 +304,7 @@ class DockerSandbox(Sandbox):
 
     # ----------------------------------------------------------------- commands
 
-    async def _run(
-        self,
-        command: str,
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-    ) -> RunOutput:
+    async def _run(self, run: RunRequest) -> RunOutput:
         """Run ``command`` with ``docker exec`` under :mod:`sandlot.sandboxes.remote_shell`'s
         wrapper (see :meth:`Transport._run`). ``timeout`` and cancellation kill every process of
         the command inside the container: SIGTERM, ``stop_grace_s`` seconds, then SIGKILL, to
@@ -322,14 +314,14 @@ class DockerSandbox(Sandbox):
             SandboxDeadError: the container was removed or stopped (also mid-command).
             SandboxError: the engine failed; ``retryable`` for connection errors and 5xx.
         """
-        argv = remote_shell.exec_argv(command, cwd)
+        argv = remote_shell.exec_argv(run.command, run.cwd)
         handle = _Exec(marker=uuid.uuid4().hex)
-        environment = {**env, remote_shell.EXEC_MARKER_ENV: handle.marker}
+        environment = {**run.env, remote_shell.EXEC_MARKER_ENV: handle.marker}
         out = CappedOutput(self.options.max_output_bytes)
 
         async def body() -> int:
-            await self._call("exec", self._exec_start, handle, argv, environment, stdin)
-            await pump(handle.attached, stdin, out)
+            await self._call("exec", self._exec_start, handle, argv, environment, run.stdin)
+            await pump(handle.attached, run.stdin, out)
             return await self._exit_code(handle)
 
         async def stop() -> None:
@@ -338,7 +330,7 @@ class DockerSandbox(Sandbox):
                 await self._kill(handle)
 
         try:
-            code = await self._bounded(timeout, body, stop)
+            code = await self._bounded(run.timeout, body, stop)
         finally:
             handle.close()
         return RunOutput.of(code, out)
@@ -473,13 +465,7 @@ class DockerSandbox(Sandbox):
         await self._running()
         await self._file_call("upload", target, self._put_archive_blocking, parent, archive)
 
-    async def _get_archive(
-        self,
-        path: str,
-        max_archive_bytes: int,
-        max_file_bytes: int,
-        consume: Callable[[IO[bytes]], T],
-    ) -> T:
+    async def _get_archive(self, path: str, caps: TreeCaps, consume: Reader[T]) -> T:
         """The engine's archive of ``path``, streamed into ``consume`` (never stored whole);
         ``consume`` enforces the caps from the tar headers."""
         await self._running()
@@ -521,7 +507,7 @@ class DockerSandbox(Sandbox):
             path = posixpath.join(posixpath.dirname(path), target)
         raise SandboxFileError(f"too many levels of symbolic links: {path}")
 
-    def _stream_archive(self, path: str, consume: Callable[[IO[bytes]], T]) -> T:
+    def _stream_archive(self, path: str, consume: Reader[T]) -> T:
         """Call ``consume`` on the engine's tar stream of ``path`` (read as it arrives, never
         stored), then drop the connection. Blocking."""
         api = self._client

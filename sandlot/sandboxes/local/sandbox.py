@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, ClassVar, TypeVar
 
@@ -57,7 +57,7 @@ from sandlot.sandboxes.local.process import Completed, run_command
 from sandlot.sandboxes.local.venv import OVERLAY_ENV, BuiltEnvironment, ensure_environment
 from sandlot.sandboxes.local.zygote_client import Zygote, acquire, fork_init, release
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.transport import FILE_TIMEOUT_S, RunOutput
+from sandlot.sandboxes.transport import FILE_TIMEOUT_S, Reader, RunOutput, RunRequest, TreeCaps
 
 log = logging.getLogger("sandlot.sandboxes.local")
 T = TypeVar("T")
@@ -550,15 +550,7 @@ class LocalSandbox(Sandbox):
             raise self._mark_dead(f"is gone: its host directory {dirs.root} was removed")
         return done
 
-    async def _run(
-        self,
-        command: str,
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-    ) -> RunOutput:
+    async def _run(self, run: RunRequest) -> RunOutput:
         """Run ``bash -c command`` in the jail through its init (see :meth:`Transport._run`).
 
         ``timeout=None`` is bounded by the sandbox's lifetime; at the limit the command's
@@ -571,11 +563,11 @@ class LocalSandbox(Sandbox):
             SandboxError: no process could be started (``retryable``).
         """
         done = await self._spawn(
-            ["bash", "-c", command],
-            cwd=cwd,
-            env={**self._env, **env} if env else self._env,
-            timeout=timeout,
-            stdin=stdin,
+            ["bash", "-c", run.command],
+            cwd=run.cwd,
+            env={**self._env, **run.env} if run.env else self._env,
+            timeout=run.timeout,
+            stdin=run.stdin,
             max_output_bytes=self.options.max_output_bytes,
         )
         code = None if done.timed_out else done.returncode
@@ -658,21 +650,15 @@ class LocalSandbox(Sandbox):
         finally:
             staging.unlink(missing_ok=True)
 
-    async def _get_archive(
-        self,
-        path: str,
-        max_archive_bytes: int,
-        max_file_bytes: int,
-        consume: Callable[[IO[bytes]], T],
-    ) -> T:
+    async def _get_archive(self, path: str, caps: TreeCaps, consume: Reader[T]) -> T:
         """``tar -c`` inside the jail (a link at ``path`` resolved there first) into a staging
-        file in the sandbox's host directory, cut at ``max_archive_bytes``."""
+        file in the sandbox's host directory, cut at ``caps.max_archive_bytes``."""
         staging = self._staging_file()
         try:
             await self._file_op(
                 [
                     *("bash", "-c", _TAR_SCRIPT, "sandlot-download", self._seen(path)),
-                    *(str(max_archive_bytes), str(max_file_bytes)),
+                    *(str(caps.max_archive_bytes), str(caps.max_file_bytes)),
                 ],
                 f"cannot download {path!r}",
                 stdout_path=staging,

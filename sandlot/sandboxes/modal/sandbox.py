@@ -23,7 +23,7 @@ import posixpath
 import shlex
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
@@ -49,7 +49,7 @@ from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.network import public_cidrs
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.transport import RunOutput
+from sandlot.sandboxes.transport import RunOutput, RunRequest
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 T = TypeVar("T")
@@ -261,15 +261,7 @@ class ModalSandbox(Sandbox):
 
     # ----------------------------------------------------------------- commands
 
-    async def _run(
-        self,
-        command: str,
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-    ) -> RunOutput:
+    async def _run(self, run: RunRequest) -> RunOutput:
         """Run ``command`` with ``Sandbox.exec`` under :mod:`sandlot.sandboxes.remote_shell`'s
         wrapper (see :meth:`Transport._run`).
 
@@ -285,8 +277,9 @@ class ModalSandbox(Sandbox):
                 faults. Never an ``ExceptionGroup``.
         """
         marker = uuid.uuid4().hex
-        argv = remote_shell.exec_argv(await self._fit_argv(command, marker), cwd)
-        environment = {**env, remote_shell.EXEC_MARKER_ENV: marker}
+        argv = remote_shell.exec_argv(await self._fit_argv(run.command, marker), run.cwd)
+        environment = {**run.env, remote_shell.EXEC_MARKER_ENV: marker}
+        timeout = run.timeout
         backstop = None
         if timeout is not None:
             backstop = math.ceil(timeout + self.options.stop_grace_s) + _BACKSTOP_MARGIN_S
@@ -298,7 +291,7 @@ class ModalSandbox(Sandbox):
             nonlocal launched
             proc = await self._call("exec", self._launch, argv, backstop, environment)
             launched = True
-            await self._call("exec stdin", self._feed, proc, stdin)
+            await self._call("exec stdin", self._feed, proc, run.stdin)
             await self._read_outputs(proc, out)
             return int(await self._call("exec wait", proc.wait.aio))
 

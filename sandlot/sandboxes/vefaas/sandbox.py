@@ -17,7 +17,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
 import anyio
@@ -35,7 +35,7 @@ from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import SANDBOX_ID, sandbox_labels
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.transport import FILE_TIMEOUT_S, RunOutput
+from sandlot.sandboxes.transport import FILE_TIMEOUT_S, RunOutput, RunRequest
 from sandlot.sandboxes.vefaas import jobs
 from sandlot.sandboxes.vefaas.bootstrap import bootstrap_command
 from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, pick_target
@@ -313,15 +313,7 @@ class VefaasSandbox(Sandbox):
 
     # ----------------------------------------------------------------- commands
 
-    async def _run(
-        self,
-        command: str,
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-    ) -> RunOutput:
+    async def _run(self, run: RunRequest) -> RunOutput:
         """Run ``command`` as a detached job (see :meth:`Transport._run`).
 
         No HTTP request lasts as long as the command: a launch that waits up to 50 ms for it,
@@ -335,12 +327,12 @@ class VefaasSandbox(Sandbox):
         """
         client = self._data_client
         job = uuid.uuid4().hex
-        if stdin:
+        if run.stdin:
             await self._data(
-                client.write_bytes, jobs.stdin_path(job), stdin, timeout=FILE_TIMEOUT_S
+                client.write_bytes, jobs.stdin_path(job), run.stdin, timeout=FILE_TIMEOUT_S
             )
         cap = self.options.max_output_bytes
-        argv = jobs.launch_argv(job, cwd, command, env, cap)
+        argv = jobs.launch_argv(job, run.cwd, run.command, run.env, cap)
         launched = await self._data(client.execute, argv, timeout=_QUICK_S)
         first = self._parse(launched.stdout)
         if first is not None:
@@ -351,7 +343,7 @@ class VefaasSandbox(Sandbox):
             nonlocal stopped
             stopped = await self._stop_job(client, job)
 
-        done = await self._bounded(timeout, lambda: self._wait_job(client, job), stop)
+        done = await self._bounded(run.timeout, lambda: self._wait_job(client, job), stop)
         return stopped if done is None else done
 
     async def _poll(self, client: SwerexClient, job: str, *, force: bool) -> RunOutput | None:
