@@ -46,6 +46,7 @@ from sandlot.sandboxes.local.jail import (
     JAIL_HOME,
     JAIL_OVERLAY,
     JailConfig,
+    _covered_top_level,
     check_workdir,
     jail_argv,
     keyring_filter,
@@ -422,13 +423,33 @@ class LocalSandbox(Sandbox):
         await self._start_init(init_interpreter(Path("/")))
 
     def _host_path(self) -> str:
-        """The host's ``PATH`` without the caller's virtualenv: its Python never runs tests."""
+        """The host's ``PATH`` without the caller's virtualenv (its Python never runs tests)
+        and, in a jail, without the directories the jail does not show (pyenv shims in a home
+        directory, ``/opt``, ...): ``PATH`` lists only what a command can find there."""
         entries = os.environ.get("PATH", DEFAULT_PATH).split(os.pathsep)
         venvs = {os.environ.get("VIRTUAL_ENV")}
         if sys.prefix != sys.base_prefix:
             venvs.add(sys.prefix)
         hidden = {os.path.join(v, "bin") for v in venvs if v}
-        return os.pathsep.join(e for e in entries if e and e.rstrip("/") not in hidden)
+        kept = [e for e in entries if e and e.rstrip("/") not in hidden]
+        if self.isolated:
+            view = self.options.host_view
+            kept = [e for e in kept if _covered_top_level(e, Path("/"), view)]
+        return os.pathsep.join(kept)
+
+    def _offer_python(self, path: str, rootfs: Path, dirs: HostDirs, home: str) -> str:
+        """``path``, extended by ``~/.local/bin`` holding a ``python`` link to ``python3`` when
+        ``path`` finds ``python3`` but no ``python`` (Debian ships only ``python3``; container
+        images and the tools models were trained with call ``python``)."""
+        prefix = "" if rootfs == Path("/") else str(rootfs)
+        seen = os.pathsep.join(prefix + e for e in path.split(os.pathsep))
+        python3 = _which("python3", seen)
+        if python3 is None or _which("python", seen) is not None:
+            return path
+        bin_dir = dirs.home / ".local" / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        (bin_dir / "python").symlink_to(python3[len(prefix) :])
+        return f"{path}{os.pathsep}{home}/.local/bin"
 
     def _base_env(self, rootfs: Path, dirs: HostDirs) -> dict[str, str]:
         on_host = rootfs == Path("/")
@@ -436,7 +457,10 @@ class LocalSandbox(Sandbox):
         if on_host:
             env.update({k: os.environ[k] for k in self.options.inherit_env if k in os.environ})
         path = self._host_path() if on_host else DEFAULT_PATH
-        if self._venv is not None:
+        home = JAIL_HOME if self.isolated else str(dirs.home)
+        if self._venv is None:
+            path = self._offer_python(path, rootfs, dirs, home)
+        else:
             overlay = JAIL_OVERLAY if self.isolated else str(dirs.overlay)
             path = os.pathsep.join([f"{overlay}/bin", str(self._venv.bin_dir), path])
             env.update(
@@ -444,7 +468,7 @@ class LocalSandbox(Sandbox):
             )
         env.update(
             PATH=path,
-            HOME=JAIL_HOME if self.isolated else str(dirs.home),
+            HOME=home,
             LANG="C.UTF-8",
             TERM="dumb",
             PAGER="cat",
