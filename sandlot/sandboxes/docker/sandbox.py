@@ -34,7 +34,7 @@ from sandlot.sandboxes.archive import check_read_size, file_archive, read_single
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedOutput
-from sandlot.sandboxes.docker.channel import DockerChannel
+from sandlot.sandboxes.docker.docker_channel import DockerChannel
 from sandlot.sandboxes.docker.engine import (
     api_error,
     describe_address,

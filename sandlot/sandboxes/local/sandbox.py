@@ -33,7 +33,6 @@ from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
-from sandlot.sandboxes.local.channel import LocalChannel
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
 from sandlot.sandboxes.local.init_client import InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
@@ -52,6 +51,7 @@ from sandlot.sandboxes.local.jail import (
     keyring_filter,
 )
 from sandlot.sandboxes.local.limits import Limits, init_limits
+from sandlot.sandboxes.local.local_channel import LocalChannel
 from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
 from sandlot.sandboxes.local.peer import InitDied
 from sandlot.sandboxes.local.process import Completed, run_command
