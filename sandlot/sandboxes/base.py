@@ -45,6 +45,7 @@ from sandlot.sandboxes.archive import (
     check_read_size,
     extract_archive,
 )
+from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import run_id
 from sandlot.sandboxes.limits import StartClock, StartLimits, starting_gate, starting_slot
@@ -87,8 +88,8 @@ def as_shell(cmd: Command) -> str:
 
 
 def output_tail(text: str, lines: int = _SETUP_TAIL_LINES) -> str:
-    """The last ``lines`` lines of ``text``."""
-    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+    """The last ``lines`` lines of ``text`` (at most 8,000 characters)."""
+    return clip_tail(text, lines=lines, chars=8000)
 
 
 class Sandbox(Transport):

@@ -76,3 +76,15 @@ def with_note(data: bytes, dropped: int, stream: str) -> str:
             f"discarded the remaining {dropped} bytes]\n"
         )
     return text
+
+
+def clip_tail(text: str | bytes, *, lines: int | None = None, chars: int = 2000) -> str:
+    """The end of ``text`` (bytes decoded as UTF-8, invalid bytes replaced) for an error
+    message: stripped, its last ``lines`` lines when given, then at most its last ``chars``
+    characters. The one clipping of command output in :mod:`sandlot.sandboxes`."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    text = text.strip()
+    if lines is not None:
+        text = "\n".join(text.splitlines()[-lines:])
+    return text[-chars:]

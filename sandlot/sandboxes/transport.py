@@ -33,7 +33,7 @@ import anyio
 
 from sandlot.errors import SandboxFileError
 from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
-from sandlot.sandboxes.capped import CappedOutput, with_note
+from sandlot.sandboxes.capped import CappedOutput, clip_tail, with_note
 from sandlot.sandboxes.remote_shell import tar_create_argv, tar_extract_argv
 
 T = TypeVar("T")
@@ -209,7 +209,7 @@ class Transport(abc.ABC):
         """Run ``argv``; a failure becomes ``SandboxFileError`` naming ``path``."""
         out = await self._run_quick(argv)
         if out.exit_code != 0:
-            detail = out.stderr.decode("utf-8", "replace").strip()
+            detail = clip_tail(out.stderr)
             if out.exit_code is None:
                 detail = f"timed out after {FILE_TIMEOUT_S:g} s"
             raise SandboxFileError(f"{what} {path}: {detail or f'exit code {out.exit_code}'}")

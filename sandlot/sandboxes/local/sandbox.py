@@ -30,6 +30,7 @@ from sandlot.errors import (
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
@@ -63,7 +64,6 @@ from sandlot.sandboxes.transport import FILE_TIMEOUT_S, Reader, RunOutput, RunRe
 log = logging.getLogger("sandlot.sandboxes.local")
 T = TypeVar("T")
 
-_ERROR_TAIL_CHARS = 2000
 
 _WRITE_SCRIPT = 'mkdir -p -- "$1" && cat >"$2"'
 _UNTAR_SCRIPT = 'mkdir -p -- "$1" && exec tar -x -f - --no-same-owner -C "$1"'
@@ -105,10 +105,6 @@ def _bwrap_missing(path: str) -> BackendUnavailableError:
         f"(Fedora/RHEL), or point `bwrap_path` at it. To run commands directly on this host "
         f'with NO isolation at all, open the sandbox with isolation="none".'
     )
-
-
-def _tail(data: bytes) -> str:
-    return data.decode("utf-8", "replace").strip()[-_ERROR_TAIL_CHARS:]
 
 
 class LocalSandbox(Sandbox):
@@ -637,7 +633,7 @@ class LocalSandbox(Sandbox):
         if done.timed_out:
             raise SandboxFileError(f"{what} in sandbox {self.id}: timed out")
         if done.returncode != 0:
-            raise SandboxFileError(f"{what} in sandbox {self.id}: {_tail(done.stderr)}")
+            raise SandboxFileError(f"{what} in sandbox {self.id}: {clip_tail(done.stderr)}")
         return done.stdout
 
     async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
