@@ -208,7 +208,7 @@ async def test_terminate_raising_once_is_retried(
     fake.terminate_failures = 1
     await sb.close()
     assert fake.terminated == [object_id] and not fake.live()
-    assert "terminate failed, retrying" in caplog.text
+    assert "closing sandbox" in caplog.text and "failed, retrying" in caplog.text
 
 
 async def test_terminate_failing_for_good_does_not_raise_from_close(
@@ -218,7 +218,7 @@ async def test_terminate_failing_for_good_does_not_raise_from_close(
     await sb.start()
     fake.terminate_failures = 50
     await sb.close()  # never raises
-    assert "terminate failed 8 times" in caplog.text and "sandlot gc" in caplog.text
+    assert "terminate failed" in caplog.text and "sandlot gc" in caplog.text
     assert len(fake.calls_of("Sandbox.terminate")) == 8
 
 

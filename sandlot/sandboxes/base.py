@@ -45,6 +45,7 @@ from sandlot.sandboxes.archive import (
     check_read_size,
     extract_archive,
 )
+from sandlot.sandboxes.backoff import retry
 from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import run_id
@@ -62,6 +63,7 @@ _SETUP_TAIL_LINES = 40
 _ENVIRONMENT_TIMEOUT_S = 1800.0
 # Closing must finish even when the caller is being cancelled; this bounds how long it may take.
 _CLOSE_BUDGET_S = 60.0
+_CLOSE_ATTEMPTS = 8  # ~4 s of backoff in all
 # Uploaded trees up to this size are archived in memory; larger ones spill to a temporary file.
 _SPOOL_BYTES = 8 * 1024 * 1024
 
@@ -241,11 +243,30 @@ class Sandbox(Transport):
     async def _discard_attempt(self) -> None:
         """Destroy what a failed start attempt created, so that ``_start`` can run again."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
-            try:
-                await self._close()
-            except Exception:
-                log.exception("cleaning up a failed start of sandbox %s failed", self.id)
+            await self._destroy("cleaning up a failed start of")
         self._dead = None
+
+    async def _destroy(self, what: str) -> None:
+        """``_close``, tried again with backoff (50 ms doubling, at most 1 s) while it raises a
+        retryable ``SandboxError`` (destroying is what stops the bill, and control planes
+        throttle exactly when many sandboxes close at once); a last failure is logged."""
+
+        def again(exc: BaseException) -> bool:
+            retryable = isinstance(exc, SandboxError) and exc.retryable
+            if retryable:
+                log.warning("%s sandbox %s failed, retrying: %s", what, self.id, exc)
+            return retryable
+
+        try:
+            await retry(
+                self._close,
+                attempts=_CLOSE_ATTEMPTS,
+                first_s=0.05,
+                max_s=1.0,
+                retry_on=again,
+            )
+        except Exception:
+            log.exception("%s sandbox %s (%s) failed", what, self.id, self.name)
 
     async def _post_setup(self, cmd: str) -> None:
         await self._setup_step(cmd, self.spec.post_setup_timeout_s, "post_setup_cmd")
@@ -292,10 +313,7 @@ class Sandbox(Transport):
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
             for session in self._sessions.values():
                 await session.close()
-            try:
-                await self._close()
-            except Exception:
-                log.exception("closing sandbox %s (%s) failed", self.id, self.name)
+            await self._destroy("closing")
         log.debug("sandbox %s (%s) closed", self.id, self.name)
 
     @property

@@ -39,7 +39,6 @@ from sandlot.errors import (
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.backoff import retry
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.images import backend_image
@@ -57,8 +56,6 @@ T = TypeVar("T")
 # Modal's own exec timeout, a backstop behind ours in case this process dies mid-command.
 _BACKSTOP_MARGIN_S = 30
 _KILL_BUDGET_S = 15.0
-# terminate is retried with backoff (50 ms doubling, at most 1 s): ~4 s over 8 tries.
-_TERMINATE_ATTEMPTS = 8
 # Modal reports an exec that hit its own timeout with return code -1.
 _MODAL_EXEC_TIMEOUT_CODE = -1
 # Image-related failures no retry can fix.
@@ -200,28 +197,18 @@ class ModalSandbox(Sandbox):
             )
 
     async def _close(self) -> None:
-        sb, self._sb = self._sb, None
-        if sb is None:
+        """``terminate`` (``close`` tries again: it is what stops the bill)."""
+        if self._sb is None:
             return
-
-        def again(exc: BaseException) -> bool:
-            log.warning("sandbox %s: terminate failed, retrying: %s", self.id, exc)
-            return isinstance(exc, Exception)
-
-        try:  # terminate is what stops the bill
-            await retry(
-                sb.terminate.aio,
-                attempts=_TERMINATE_ATTEMPTS,
-                first_s=0.05,
-                max_s=1.0,
-                retry_on=again,
-            )
+        try:
+            await self._sb.terminate.aio()
         except Exception as exc:
             raise SandboxError(
-                f"sandbox {self.id}: terminate failed {_TERMINATE_ATTEMPTS} times: {exc}; "
+                f"sandbox {self.id}: terminate failed: {exc}; "
                 "`sandlot gc --backend modal --run-id <run id>` removes it",
                 retryable=True,
             ) from exc
+        self._sb = None
 
     async def _probe(self) -> str | None:
         """Why the Modal sandbox cannot run commands (it finished), else ``None``."""

@@ -30,7 +30,7 @@ from sandlot.errors import (
 )
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.backoff import poll, retry
+from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import SANDBOX_ID, sandbox_labels
@@ -56,9 +56,8 @@ _DESCRIBE_FIRST_S = 2.0
 _DESCRIBE_MAX_S = 30.0
 # After a create whose answer was lost, how often to look for the instance by its metadata.
 _RECOVER_ATTEMPTS = 8
-_KILL_ATTEMPTS = 8
-_KILL_BACKOFF_S = 0.05  # doubled per try, at most _KILL_BACKOFF_MAX_S: ~4 s over 8 tries
-_KILL_BACKOFF_MAX_S = 1.0
+_RECOVER_BACKOFF_S = 0.05  # doubled per try, at most _RECOVER_BACKOFF_MAX_S: ~4 s over 8 tries
+_RECOVER_BACKOFF_MAX_S = 1.0
 _QUICK_S = 60.0  # timeout of the short data-plane calls (launch, poll, kill, file moves)
 
 
@@ -193,7 +192,8 @@ class VefaasSandbox(Sandbox):
         return self._sandbox_id
 
     async def _close(self) -> None:
-        """Close the data-plane client, then ``KillSandbox`` (retried); each step guarded.
+        """Close the data-plane client, then ``KillSandbox`` (``close`` tries again: it is what
+        stops the bill).
 
         After a create whose answer was lost, the instances carrying this sandbox's
         ``sandlot.sandbox_id`` label are listed and killed instead (a few tries: the listing
@@ -205,42 +205,30 @@ class VefaasSandbox(Sandbox):
                 await client.aclose()
             except Exception as exc:
                 log.warning("sandbox %s: closing the data-plane client failed: %s", self.id, exc)
-        sandbox_id, self._sandbox_id = self._sandbox_id, None
         if self._control is None or self._target is None:
             return
-        if sandbox_id is not None:
-            self._unanswered_create = False
-            await self._kill(sandbox_id)
+        if self._sandbox_id is not None:
+            await self._kill(self._sandbox_id)
+            self._sandbox_id = None
         elif self._unanswered_create:
             await self._kill_unanswered()
-            self._unanswered_create = False
+        self._unanswered_create = False
 
     async def _kill(self, sandbox_id: str) -> None:
-        """``KillSandbox``, retried with backoff (``_KILL_ATTEMPTS`` tries): it is what stops
-        the bill, and the control plane throttles exactly when many sandboxes close at once.
+        """``KillSandbox`` once.
 
         Raises:
-            SandboxError: every try failed (the message names the instance).
+            SandboxError: it failed (``retryable`` as the control plane said; the message names
+                the instance and how ``sandlot gc`` removes it).
         """
         assert self._control is not None and self._target is not None
-        control, function_id = self._control, self._target.function_id
-
-        def again(exc: BaseException) -> bool:
-            log.warning("sandbox %s: KillSandbox %s failed: %s", self.id, sandbox_id, exc)
-            return isinstance(exc, SandboxError) and exc.retryable
-
         try:
-            await retry(
-                lambda: control.kill(function_id, sandbox_id),
-                attempts=_KILL_ATTEMPTS,
-                first_s=_KILL_BACKOFF_S,
-                max_s=_KILL_BACKOFF_MAX_S,
-                retry_on=again,
-            )
+            await self._control.kill(self._target.function_id, sandbox_id)
         except SandboxError as exc:
             raise SandboxError(
                 f"sandbox {self.id}: KillSandbox {sandbox_id} failed: {exc}; "
-                "`sandlot gc --backend vefaas --run-id <run id>` removes it"
+                "`sandlot gc --backend vefaas --run-id <run id>` removes it",
+                retryable=exc.retryable,
             ) from exc
 
     async def _kill_unanswered(self) -> None:
@@ -272,7 +260,7 @@ class VefaasSandbox(Sandbox):
                 empty += 1
                 if empty == 2:
                     return
-            await anyio.sleep(min(_KILL_BACKOFF_MAX_S, _KILL_BACKOFF_S * 2**attempt))
+            await anyio.sleep(min(_RECOVER_BACKOFF_MAX_S, _RECOVER_BACKOFF_S * 2**attempt))
         raise SandboxError(
             f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not be "
             f"looked for ({problem}); `sandlot gc --backend vefaas --run-id <run id>` removes it"
