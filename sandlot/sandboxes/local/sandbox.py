@@ -442,9 +442,8 @@ class LocalSandbox(Sandbox):
         python3 = _which("python3", seen)
         if python3 is None or _which("python", seen) is not None:
             return path
-        bin_dir = dirs.home / ".local" / "bin"
-        bin_dir.mkdir(parents=True, exist_ok=True)
-        (bin_dir / "python").symlink_to(python3[len(prefix) :])
+        dirs.shim_bin.mkdir(parents=True, exist_ok=True)
+        (dirs.shim_bin / "python").symlink_to(python3[len(prefix) :])
         return f"{path}{os.pathsep}{home}/.local/bin"
 
     def _base_env(self, rootfs: Path, dirs: HostDirs) -> dict[str, str]:
