@@ -1,7 +1,7 @@
 """sandlot: pluggable async sandboxes and SWE-bench style rewards for software-engineering agents.
 
 async with sandlot.open("local", post_setup_cmd="...") as sb:
-    r = await sb.exec("python3 -c 'print(1+1)'", timeout=10)
+    r = await sb.exec("python -c 'print(1+1)'", timeout=10)
 """
 
 from sandlot.errors import SandlotError

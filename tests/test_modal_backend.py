@@ -187,7 +187,7 @@ async def test_30_percent_rate_limited_creates_all_start_under_the_cap(
             for sb in sandboxes:
                 tg.start_soon(sb.start)
     try:
-        assert all(sb._started for sb in sandboxes)
+        assert all(sb.state == "started" for sb in sandboxes)
         assert fake.peak_creating <= 4
         failures = len(fake.calls_of("Sandbox.create")) - len(fake.sandboxes)
         assert failures > 0
@@ -208,7 +208,7 @@ async def test_terminate_raising_once_is_retried(
     fake.terminate_failures = 1
     await sb.close()
     assert fake.terminated == [object_id] and not fake.live()
-    assert "terminate failed, retrying" in caplog.text
+    assert "closing sandbox" in caplog.text and "failed, retrying" in caplog.text
 
 
 async def test_terminate_failing_for_good_does_not_raise_from_close(
@@ -218,7 +218,7 @@ async def test_terminate_failing_for_good_does_not_raise_from_close(
     await sb.start()
     fake.terminate_failures = 50
     await sb.close()  # never raises
-    assert "terminate failed 8 times" in caplog.text and "sandlot gc" in caplog.text
+    assert "terminate failed" in caplog.text and "sandlot gc" in caplog.text
     assert len(fake.calls_of("Sandbox.terminate")) == 8
 
 

@@ -169,7 +169,7 @@ async def test_throttled_creates_are_retried_under_the_cap(
             for sb in sandboxes:
                 tg.start_soon(sb.start)
     try:
-        assert all(sb._started for sb in sandboxes)
+        assert all(sb.state == "started" for sb in sandboxes)
         throttled = len(fake.actions("CreateSandbox")) - len(fake.instances)
         assert throttled > 0
         assert len([r for r in caplog.records if "Throttling" in r.getMessage()]) == throttled

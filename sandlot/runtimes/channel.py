@@ -5,8 +5,8 @@ output capping live once, in :class:`~sandlot.runtimes.channel_session.ChannelSe
 a backend real sessions, implement a channel and return a ``ChannelSession`` from the backend's
 ``Sandbox._open_shell``:
 
-* ``local``: :class:`~sandlot.sandboxes.local.channel.LocalChannel`, pipes to a ``bash`` in its
-  own bubblewrap jail;
+* ``local``: :class:`~sandlot.sandboxes.local.local_channel.LocalChannel`, pipes to a ``bash``
+  in its own bubblewrap jail;
 * a container backend: an attached exec running ``bash`` with stdin open and no TTY; signals go
   through a second exec running ``kill`` (pids below are as the sandbox sees them);
 * a remote API with a streamed exec (modal) works the same way.

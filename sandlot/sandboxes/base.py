@@ -2,21 +2,25 @@
 
 A sandbox is opened from a :class:`SandboxSpec`, runs one-shot commands, moves files, and is
 always cleaned up. ``async with`` runs ``start()`` and ``close()``; ``close()`` is idempotent,
-never raises, and also runs when the surrounding task is cancelled. The vocabulary follows
-SWE-ReX (deployment = lifecycle, runtime = execution); here one object carries both.
+never raises, and also runs when the surrounding task is cancelled.
+
+``Sandbox`` owns the semantics every backend shares; a backend supplies only the transport
+primitives of :mod:`sandlot.sandboxes.transport` (the split of httpx's client and transport).
 """
 
 from __future__ import annotations
 
-import abc
 import logging
 import posixpath
 import shlex
+import tempfile
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -24,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from sandlot.errors import (
     SandboxDeadError,
     SandboxError,
+    SandboxFileError,
     SandboxSetupError,
     SandboxStartError,
 )
@@ -31,17 +36,25 @@ from sandlot.result import ExecResult
 from sandlot.runtimes.exec_session import ExecSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes.archive import (
+    ARCHIVE_OVERHEAD_BYTES,
     DEFAULT_DOWNLOAD_MAX_BYTES,
     DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
     DEFAULT_READ_MAX_BYTES,
     DownloadReport,
+    build_archive,
+    check_read_size,
+    extract_archive,
 )
+from sandlot.sandboxes.backoff import retry
+from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import run_id
 from sandlot.sandboxes.limits import StartClock, StartLimits, starting_gate, starting_slot
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.transport import RunRequest, Transport, TreeCaps
 
 log = logging.getLogger("sandlot.sandboxes")
+T = TypeVar("T")
 
 Command = str | Sequence[str]
 """A shell command line (run by ``bash -c``) or an argv list (quoted with ``shlex.join``)."""
@@ -50,6 +63,19 @@ _SETUP_TAIL_LINES = 40
 _ENVIRONMENT_TIMEOUT_S = 1800.0
 # Closing must finish even when the caller is being cancelled; this bounds how long it may take.
 _CLOSE_BUDGET_S = 60.0
+_CLOSE_ATTEMPTS = 8  # ~4 s of backoff in all
+# Uploaded trees up to this size are archived in memory; larger ones spill to a temporary file.
+_SPOOL_BYTES = 8 * 1024 * 1024
+
+State = Literal["new", "started", "dead", "closed"]
+
+_live: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+
+
+def live_sandboxes() -> int:
+    """How many sandboxes of this process are started and not yet closed (dead ones count:
+    they hold resources until closed)."""
+    return len(_live)
 
 
 class NoOptions(BaseModel):
@@ -64,16 +90,16 @@ def as_shell(cmd: Command) -> str:
 
 
 def output_tail(text: str, lines: int = _SETUP_TAIL_LINES) -> str:
-    """The last ``lines`` lines of ``text``."""
-    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+    """The last ``lines`` lines of ``text`` (at most 8,000 characters)."""
+    return clip_tail(text, lines=lines, chars=8000)
 
 
-class Sandbox(abc.ABC):
+class Sandbox(Transport):
     """One isolated place to run commands. Subclasses implement one backend.
 
     Subclasses set ``name`` (the registry key) and ``Options`` (a pydantic model with
-    ``extra="forbid"`` of backend-specific settings), and implement the ``_start``/``_close``
-    hooks plus the command and file methods.
+    ``extra="forbid"`` of backend-specific settings), and implement the transport primitives
+    (:class:`~sandlot.sandboxes.transport.Transport`); this class does the rest.
 
     Args:
         spec: what to open.
@@ -105,8 +131,8 @@ class Sandbox(abc.ABC):
                 f"got {type(self.options).__name__}"
             )
         self.id = f"sandlot-{uuid.uuid4().hex[:12]}"
-        self._started = False
-        self._closed = False
+        self._state: Literal["new", "started", "closed"] = "new"
+        self._dead: str | None = None
         self._sessions: dict[str, BashSession] = {}
 
     # ----------------------------------------------------------------- lifecycle
@@ -132,9 +158,9 @@ class Sandbox(abc.ABC):
             EnvironmentBuildError: (``local``) the recipe's environment could not be built.
             BackendUnavailableError: the backend cannot run on this machine.
         """
-        if self._closed:
+        if self._state == "closed":
             raise SandboxDeadError(f"sandbox {self.id} was closed; open a new one")
-        if self._started:
+        if self._state == "started":
             return
         if self.spec.image == "host" and not self.on_host:
             raise SandboxStartError(
@@ -162,7 +188,8 @@ class Sandbox(abc.ABC):
                     retryable=False,
                 )
             await self._start_limited(self.spec.start_limits or StartLimits.from_env())
-            self._started = True
+            self._state = "started"
+            _live.add(self)
             recipe = self.spec.environment
             if recipe is not None:
                 if recipe.has_packages:
@@ -216,10 +243,30 @@ class Sandbox(abc.ABC):
     async def _discard_attempt(self) -> None:
         """Destroy what a failed start attempt created, so that ``_start`` can run again."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
-            try:
-                await self._close()
-            except Exception:
-                log.exception("cleaning up a failed start of sandbox %s failed", self.id)
+            await self._destroy("cleaning up a failed start of")
+        self._dead = None
+
+    async def _destroy(self, what: str) -> None:
+        """``_close``, tried again with backoff (50 ms doubling, at most 1 s) while it raises a
+        retryable ``SandboxError`` (destroying is what stops the bill, and control planes
+        throttle exactly when many sandboxes close at once); a last failure is logged."""
+
+        def again(exc: BaseException) -> bool:
+            retryable = isinstance(exc, SandboxError) and exc.retryable
+            if retryable:
+                log.warning("%s sandbox %s failed, retrying: %s", what, self.id, exc)
+            return retryable
+
+        try:
+            await retry(
+                self._close,
+                attempts=_CLOSE_ATTEMPTS,
+                first_s=0.05,
+                max_s=1.0,
+                retry_on=again,
+            )
+        except Exception:
+            log.exception("%s sandbox %s (%s) failed", what, self.id, self.name)
 
     async def _post_setup(self, cmd: str) -> None:
         await self._setup_step(cmd, self.spec.post_setup_timeout_s, "post_setup_cmd")
@@ -259,22 +306,39 @@ class Sandbox(abc.ABC):
 
     async def close(self) -> None:
         """Release everything the sandbox holds. Idempotent; never raises; survives cancellation."""
-        if self._closed:
+        if self._state == "closed":
             return
-        self._closed = True
+        self._state = "closed"
+        _live.discard(self)
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
             for session in self._sessions.values():
                 await session.close()
-            try:
-                await self._close()
-            except Exception:
-                log.exception("closing sandbox %s (%s) failed", self.id, self.name)
+            await self._destroy("closing")
         log.debug("sandbox %s (%s) closed", self.id, self.name)
 
     @property
     def closed(self) -> bool:
         """``True`` once ``close()`` has been called."""
-        return self._closed
+        return self._state == "closed"
+
+    @property
+    def state(self) -> State:
+        """``"new"``, ``"started"``, ``"dead"`` (started, then found unable to run commands;
+        :meth:`dead_reason` says why) or ``"closed"``."""
+        if self._state == "started" and self._dead is not None:
+            return "dead"
+        return self._state
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the sandbox is dead (``state == "dead"``), else ``None``."""
+        return self._dead if self._state == "started" else None
+
+    def _mark_dead(self, reason: str) -> SandboxDeadError:
+        """Record (the first) ``reason`` the sandbox died; the error every later call raises."""
+        if self._dead is None:
+            self._dead = reason
+        return SandboxDeadError(f"sandbox {self.id}: {self._dead}")
 
     async def __aenter__(self) -> Sandbox:
         await self.start()
@@ -288,32 +352,52 @@ class Sandbox(abc.ABC):
     ) -> None:
         await self.close()
 
-    def _check_open(self) -> None:
-        if self._closed:
+    def _check_usable(self) -> None:
+        """The one guard: raise ``SandboxDeadError`` unless the sandbox is started and alive."""
+        if self._state == "closed":
             raise SandboxDeadError(f"sandbox {self.id} is closed")
-        if not self._started:
+        if self._state == "new":
             raise SandboxDeadError(f"sandbox {self.id} is not started; use `async with` or start()")
+        if self._dead is not None:
+            raise self._mark_dead(self._dead)
+
+    async def _gone(self) -> SandboxDeadError | None:
+        """After a failure of the platform: ``SandboxDeadError`` when one liveness probe (or an
+        earlier one) found the sandbox dead, else ``None`` (alive, or cannot tell)."""
+        if self._dead is None:
+            reason = await self._probe()
+            if reason is None:
+                return None
+            self._dead = reason
+        return self._mark_dead(self._dead)
+
+    async def _bounded(
+        self,
+        timeout: float | None,
+        body: Callable[[], Awaitable[T]],
+        stop: Callable[[], Awaitable[None]],
+    ) -> T | None:
+        """``await body()`` within ``timeout`` seconds; ``None`` when it ran out. Unless
+        ``body`` finished, ``stop()`` (the process-tree kill) runs, shielded, before this
+        returns or re-raises (timeout, cancellation, failure); not on a dead sandbox."""
+        finished = False
+        try:
+            with anyio.move_on_after(timeout):
+                result = await body()
+                finished = True
+                return result
+        finally:
+            if not finished and self._dead is None:
+                with anyio.CancelScope(shield=True):
+                    await stop()
+        return None
 
     def resolve_path(self, path: str) -> str:
         """``path`` made absolute (relative paths start at ``spec.workdir``) and normalised."""
         return posixpath.normpath(posixpath.join(self.spec.workdir, path))
 
-    @abc.abstractmethod
-    async def _start(self) -> None:
-        """Backend hook: create the sandbox and return once it can run commands.
-
-        ``post_setup_cmd`` is run by ``start``. Raise a ``SandboxError`` with ``retryable=True``
-        for failures another attempt may fix: ``start`` then calls ``_close`` and ``_start``
-        again after a backoff.
-        """
-
-    @abc.abstractmethod
-    async def _close(self) -> None:
-        """Backend hook: destroy the sandbox. May raise; ``close`` logs and swallows."""
-
     # ----------------------------------------------------------------- commands
 
-    @abc.abstractmethod
     async def exec(
         self,
         cmd: Command,
@@ -323,27 +407,46 @@ class Sandbox(abc.ABC):
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
     ) -> ExecResult:
-        """Run one command to completion with ``bash -c``.
+        """Run one command to completion with ``bash -c`` (``sh -c`` where there is no bash).
 
         Args:
             cmd: a shell command line, or an argv list (quoted for the shell).
             timeout: wall-clock limit in seconds; ``None`` for no limit. At the limit the command
                 and every process it started are killed and the partial output is returned.
-            cwd: working directory inside the sandbox; defaults to ``spec.workdir``.
+            cwd: working directory inside the sandbox; relative ones start at
+                ``spec.workdir`` (the default). A missing one fails the command (exit status 1
+                or 2 and a message on stderr).
             env: extra environment variables for this command only.
             stdin: bytes (or UTF-8 text) fed to the command's standard input.
 
         Returns:
             The ``ExecResult``; a non-zero exit or a timeout is a result, not an exception.
+            Each of stdout and stderr keeps its first ``max_output_bytes`` bytes (a backend
+            option); past them the rest is read and dropped, ``truncated`` is set and the
+            stream ends with the note ``[sandlot: stdout truncated: kept the first N bytes,
+            discarded the remaining M bytes]``. A command killed by signal N exits ``128 + N``.
 
         Raises:
             SandboxDeadError: the sandbox is closed or died.
             SandboxError: an infrastructure fault of the backend.
         """
+        self._check_usable()
+        began = time.monotonic()
+        run = RunRequest(
+            as_shell(cmd),
+            cwd=self.resolve_path(cwd) if cwd is not None else self.spec.workdir,
+            env=env or {},
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            timeout=timeout,
+        )
+        out = await self._run(run)
+        return out.result(time.monotonic() - began)
 
-    @abc.abstractmethod
     async def is_alive(self) -> bool:
-        """``True`` while the sandbox can run commands. Never raises."""
+        """``True`` while the sandbox can run commands (one liveness probe). Never raises."""
+        if self._state != "started":
+            return False
+        return await self._gone() is None
 
     async def shell(
         self, name: str = "default", *, config: SessionConfig | None = None
@@ -362,7 +465,7 @@ class Sandbox(abc.ABC):
         Raises:
             SandboxDeadError: the sandbox is closed or not started.
         """
-        self._check_open()
+        self._check_usable()
         session = self._sessions.get(name)
         if session is None or session.closed:
             session = await self._open_shell(name, config or SessionConfig())
@@ -381,7 +484,6 @@ class Sandbox(abc.ABC):
 
     # ----------------------------------------------------------------- files
 
-    @abc.abstractmethod
     async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
         """Return the exact bytes of the file at ``path`` inside the sandbox.
 
@@ -396,8 +498,12 @@ class Sandbox(abc.ABC):
             SandboxFileError: the file does not exist or cannot be read.
             SandboxDeadError: the sandbox is closed or died.
         """
+        self._check_usable()
+        target = self.resolve_path(path)
+        data = await self._get_bytes(target, max_bytes)
+        check_read_size(target, len(data), max_bytes)
+        return data
 
-    @abc.abstractmethod
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` (text is UTF-8 encoded) to ``path``, creating parent directories.
 
@@ -405,19 +511,35 @@ class Sandbox(abc.ABC):
             SandboxFileError: the path is not writable in the sandbox.
             SandboxDeadError: the sandbox is closed or died.
         """
+        self._check_usable()
+        target = self.resolve_path(path)
+        if target == "/":
+            raise SandboxFileError("cannot write to the root directory /")
+        await self._put_bytes(target, data.encode() if isinstance(data, str) else data)
 
-    @abc.abstractmethod
     async def upload(self, local_path: str | Path, remote_path: str) -> None:
         """Copy a host file or directory tree to ``remote_path`` inside the sandbox.
 
-        A directory is copied recursively so that ``remote_path`` becomes that directory.
+        A directory is copied recursively so that ``remote_path`` becomes that directory; an
+        existing directory there is merged into. Modes and symlinks are kept; owners become
+        the sandbox's user. The tree travels as one tar archive
+        (:func:`sandlot.sandboxes.archive.build_archive`).
 
         Raises:
             FileNotFoundError: ``local_path`` does not exist.
             SandboxFileError: the destination is not writable.
+            SandboxDeadError: the sandbox is closed or died.
         """
+        self._check_usable()
+        target = self.resolve_path(remote_path)
+        if target == "/":
+            raise SandboxFileError("cannot upload onto the root directory /")
+        parent, name = posixpath.split(target)
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+            await anyio.to_thread.run_sync(build_archive, Path(local_path), name, spool)
+            spool.seek(0)
+            await self._put_archive(parent, spool, target)
 
-    @abc.abstractmethod
     async def download(
         self,
         remote_path: str,
@@ -451,7 +573,15 @@ class Sandbox(abc.ABC):
             SandboxFileError: ``remote_path`` does not exist in the sandbox.
             SandboxDeadError: the sandbox is closed or died.
         """
+        self._check_usable()
+        dest = Path(local_path)
+        return await self._get_archive(
+            self.resolve_path(remote_path),
+            TreeCaps(max_bytes + ARCHIVE_OVERHEAD_BYTES + 1, max_file_bytes),
+            lambda raw: extract_archive(
+                raw, dest, max_bytes=max_bytes, max_file_bytes=max_file_bytes
+            ),
+        )
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("started" if self._started else "new")
-        return f"<{type(self).__name__} {self.id} image={self.spec.image!r} {state}>"
+        return f"<{type(self).__name__} {self.id} image={self.spec.image!r} {self.state}>"

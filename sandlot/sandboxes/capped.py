@@ -63,3 +63,28 @@ class CappedOutput:
     def truncated(self) -> bool:
         """``True`` when either stream was longer than the cap."""
         return self.stdout.truncated or self.stderr.truncated
+
+
+def with_note(data: bytes, dropped: int, stream: str) -> str:
+    """``data`` decoded as UTF-8 (invalid bytes replaced), followed, when ``dropped`` bytes were
+    discarded, by the one truncation note every backend gives: ``[sandlot: stdout truncated:
+    kept the first N bytes, discarded the remaining M bytes]`` on a line of its own."""
+    text = data.decode("utf-8", "replace")
+    if dropped:
+        text += (
+            f"\n[sandlot: {stream} truncated: kept the first {len(data)} bytes, "
+            f"discarded the remaining {dropped} bytes]\n"
+        )
+    return text
+
+
+def clip_tail(text: str | bytes, *, lines: int | None = None, chars: int = 2000) -> str:
+    """The end of ``text`` (bytes decoded as UTF-8, invalid bytes replaced) for an error
+    message: stripped, its last ``lines`` lines when given, then at most its last ``chars``
+    characters. The one clipping of command output in :mod:`sandlot.sandboxes`."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    text = text.strip()
+    if lines is not None:
+        text = "\n".join(text.splitlines()[-lines:])
+    return text[-chars:]

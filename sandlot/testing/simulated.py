@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar, TypeVar
 
 import anyio
 
@@ -32,17 +30,12 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.result import ExecResult
 from sandlot.runtimes.observation import Observation
 from sandlot.runtimes.session import BashSession, SessionConfig
-from sandlot.sandboxes.archive import (
-    DEFAULT_DOWNLOAD_MAX_BYTES,
-    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    DEFAULT_READ_MAX_BYTES,
-    DownloadLimitError,
-    DownloadReport,
-)
-from sandlot.sandboxes.base import Command, Sandbox
+from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.transport import Reader, RunOutput, RunRequest, TreeCaps
+
+T = TypeVar("T")
 
 
 class SimulatedCloud:
@@ -188,51 +181,28 @@ class SimulatedSandbox(Sandbox):
             self.cloud.delete(self.resource)
             self.resource = None
 
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-    ) -> ExecResult:
-        """Exit code 0, no output. Raises ``SandboxDeadError`` when closed or not started."""
-        self._check_open()
-        return ExecResult(exit_code=0)
+    async def _run(self, run: RunRequest) -> RunOutput:
+        """Exit code 0, no output."""
+        return RunOutput(exit_code=0)
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         return InstantSession(name, config)
 
-    async def is_alive(self) -> bool:
-        return self._started and not self._closed
+    async def _probe(self) -> str | None:
+        return None if self.resource is not None else "its resource was deleted"
 
-    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
-        """What :meth:`write_file` stored. Raises ``SandboxFileError`` for an unknown path and
-        ``DownloadLimitError`` past ``max_bytes``."""
-        self._check_open()
+    async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
+        """What :meth:`_put_bytes` stored."""
         try:
-            data = self._files[self.resolve_path(path)]
+            return self._files[path]
         except KeyError:
             raise SandboxFileError(f"read_file {path}: no such file (simulated)") from None
-        if len(data) > max_bytes:
-            raise DownloadLimitError(f"read_file {path}: {len(data)} bytes > max_bytes {max_bytes}")
-        return data
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        """Keep ``data`` in memory under ``path``."""
-        self._check_open()
-        self._files[self.resolve_path(path)] = data.encode() if isinstance(data, str) else data
+    async def _put_bytes(self, path: str, data: bytes) -> None:
+        self._files[path] = data
 
-    async def upload(self, local_path: str | Path, remote_path: str) -> None:
+    async def _put_archive(self, parent: str, archive: IO[bytes], target: str) -> None:
         raise SandboxError("upload is not simulated")
 
-    async def download(
-        self,
-        remote_path: str,
-        local_path: str | Path,
-        *,
-        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
-        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    ) -> DownloadReport:
+    async def _get_archive(self, path: str, caps: TreeCaps, consume: Reader[T]) -> T:
         raise SandboxError("download is not simulated")

@@ -45,7 +45,9 @@ Run one target with ``pytest tests/contract -k docker``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -143,6 +145,38 @@ TARGETS: list[ContractTarget] = [
         kill_from_outside=_kill_docker_container,
     ),
 ]
+
+
+def _podman_cli_missing() -> str | None:
+    if shutil.which("podman") is None:
+        return "the podman CLI is not installed (apt-get install podman)"
+    return docker_engine_missing()
+
+
+def _podman_cli_backend() -> str:
+    """Register the example backend of docs/backends.md (examples/podman_backend.py)."""
+    path = Path(__file__).parents[2] / "examples" / "podman_backend.py"
+    module_spec = importlib.util.spec_from_file_location("podman_backend", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    sandlot.register_backend("podman-cli", module.PodmanSandbox)
+    return "podman-cli"
+
+
+async def _kill_podman_container(sb: Sandbox) -> None:
+    await anyio.run_process(["podman", "kill", sb.id])  # the container is named after it
+
+
+TARGETS.append(
+    ContractTarget(
+        id="podman-cli",
+        backend=_podman_cli_backend(),
+        fields={"image": TEST_IMAGE},
+        unavailable=_podman_cli_missing,
+        kill_from_outside=_kill_podman_container,
+    )
+)
 
 # Cloud backends through local fakes: Modal's SDK stand-in; veFaaS's API + a real SWE-ReX.
 from cloud_targets import cloud_targets  # noqa: E402

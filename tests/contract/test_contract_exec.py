@@ -125,6 +125,20 @@ async def test_large_output_is_capped_and_marked(sandbox: Sandbox) -> None:
     assert r.stderr == "small\n"
 
 
+async def test_truncation_note_is_the_same_on_every_backend(
+    open_sandbox: Callable[..., Sandbox],
+) -> None:
+    async with open_sandbox(max_output_bytes=1000) as sb:
+        r = await sb.exec("seq 1 100000; seq 1 5 >&2")
+    full = "".join(f"{i}\n" for i in range(1, 100_001))
+    assert r.exit_code == 0 and r.truncated
+    assert r.stdout == full[:1000] + (
+        "\n[sandlot: stdout truncated: kept the first 1000 bytes, "
+        f"discarded the remaining {len(full) - 1000} bytes]\n"
+    )
+    assert r.stderr == "1\n2\n3\n4\n5\n"
+
+
 async def test_concurrent_execs_in_one_sandbox(sandbox: Sandbox) -> None:
     results: dict[int, ExecResult] = {}
 

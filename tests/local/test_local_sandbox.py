@@ -39,6 +39,24 @@ async def test_small_output_cap_keeps_head_and_says_so() -> None:
 
 
 @needs_bwrap
+@pytest.mark.parametrize("isolation", ["bwrap", "none"])
+async def test_python_is_offered_and_path_lists_only_shown_directories(isolation: str) -> None:
+    async with open_local(isolation=isolation) as sb:
+        python = await sb.exec('python -c "print(0, 2)"')
+        listed = await sb.exec(
+            'IFS=:; for d in $PATH; do [ -d "$d" ] && echo "shown $d" || echo "absent $d"; done'
+        )
+    assert (python.exit_code, python.stdout) == (0, "0 2\n")
+    absent = [line.split(" ", 1)[1] for line in listed.stdout.splitlines() if line[0] == "a"]
+    # An entry may be absent only when the host lacks it too (e.g. /usr/local/sbin).
+    assert _host_directories(absent) == []
+
+
+def _host_directories(paths: list[str]) -> list[str]:
+    return [p for p in paths if Path(p).is_dir()]
+
+
+@needs_bwrap
 async def test_host_dir_layout_and_removal_on_close() -> None:
     async with open_local() as sb:
         assert sb.host_dir is not None and sb.host_workdir is not None

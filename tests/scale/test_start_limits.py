@@ -57,7 +57,7 @@ async def test_30_percent_rate_limited_all_start_under_the_cap(
         async with anyio.create_task_group() as tg:
             for sb in sandboxes:
                 tg.start_soon(sb.start)
-    assert all(sb._started for sb in sandboxes)
+    assert all(sb.state == "started" for sb in sandboxes)
     assert cloud.peak <= 8 and starting_gate().stats.peak <= 8
     assert cloud.refused > 0
     retried = [r for r in caplog.records if "retrying in" in r.getMessage()]
@@ -123,7 +123,7 @@ async def test_cancelled_run_of_200_starting_kills_every_created_sandbox(cloud: 
                 tg.start_soon(rollout, sb)
     assert scope.cancelled_caught
     assert cloud.created, "some creates should have gone through"
-    assert not all(sb._started for sb in sandboxes), "the run should be cut short"
+    assert not all(sb.state == "started" for sb in sandboxes), "the run should be cut short"
     assert cloud.peak <= 32
     assert not cloud.leaked
     assert all(sb.closed for sb in sandboxes if sb.attempts)

@@ -12,12 +12,10 @@ import base64
 import json
 import logging
 import posixpath
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import anyio
@@ -29,24 +27,14 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.archive import (
-    DEFAULT_DOWNLOAD_MAX_BYTES,
-    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    DEFAULT_READ_MAX_BYTES,
-    DownloadReport,
-    build_archive,
-    check_read_size,
-    extract_archive,
-    file_archive,
-    read_single_file,
-)
-from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.archive import check_read_size, file_archive, read_single_file
+from sandlot.sandboxes.backoff import poll
+from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedOutput
-from sandlot.sandboxes.docker.channel import DockerChannel
+from sandlot.sandboxes.docker.docker_channel import DockerChannel
 from sandlot.sandboxes.docker.engine import (
     api_error,
     describe_address,
@@ -60,6 +48,7 @@ from sandlot.sandboxes.docker.options import DockerOptions, MiB
 from sandlot.sandboxes.docker.stream import pump, raw_socket
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.transport import Reader, RunOutput, RunRequest, TreeCaps
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -67,8 +56,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sandlot.sandboxes.docker")
 T = TypeVar("T")
 
-# Archives up to this size stay in memory; larger ones spill to a temporary file.
-_SPOOL_BYTES = 8 * MiB
 # A path that is a symlink to a symlink ... is followed this many times by read_file/download.
 _MAX_LINK_HOPS = 8
 # Go's os.ModeSymlink, in the "mode" of the engine's path stat.
@@ -131,7 +118,6 @@ class DockerSandbox(Sandbox):
         self._api: APIClient | None = None
         self._container_id: str | None = None
         self._started_at = 0.0
-        self._dead: str | None = None
 
     @property
     def container_id(self) -> str | None:
@@ -178,38 +164,36 @@ class DockerSandbox(Sandbox):
                 raise SandboxFileError(f"{what} {path}: {cause.explanation}") from cause
             raise
 
-    async def _gone(self) -> SandboxDeadError | None:
-        """``SandboxDeadError`` if the container was removed or is not running, else ``None``."""
-        if self._dead is None:
-            try:
-                info = await run_blocking(self._client.inspect_container, self._cid)
-            except sdk().errors.NotFound:
-                self._dead = "was removed"
-            except Exception:
-                return None  # cannot tell; the caller reports its own error
-            else:
-                state = info.get("State") or {}
-                if state.get("Running"):
-                    return None
-                self._dead = f"is not running (exit code {state.get('ExitCode')}"
-                if state.get("OOMKilled"):
-                    self._dead += ", killed for exceeding memory_mb"
-                if time.monotonic() - self._started_at >= self.spec.timeout_s:
-                    self._dead += f", lifetime timeout_s={self.spec.timeout_s:g} s reached"
-                self._dead += ")"
-        return SandboxDeadError(f"sandbox {self.id}: container {self._cid[:12]} {self._dead}")
+    async def _probe(self) -> str | None:
+        """Why the container cannot run commands (removed, not running), else ``None``."""
+        try:
+            info = await run_blocking(self._client.inspect_container, self._cid)
+        except sdk().errors.NotFound:
+            return f"container {self._cid[:12]} was removed"
+        except Exception:
+            return None  # cannot tell; the caller reports its own error
+        state = info.get("State") or {}
+        if state.get("Running"):
+            return None
+        reason = f"container {self._cid[:12]} is not running (exit code {state.get('ExitCode')}"
+        if state.get("OOMKilled"):
+            reason += ", killed for exceeding memory_mb"
+        if time.monotonic() - self._started_at >= self.spec.timeout_s:
+            reason += f", lifetime timeout_s={self.spec.timeout_s:g} s reached"
+        return reason + ")"
 
-    def _check_usable(self) -> None:
-        self._check_open()
-        if self._dead is not None:
-            raise SandboxDeadError(f"sandbox {self.id}: container {self._cid[:12]} {self._dead}")
+    async def _running(self) -> None:
+        """Raise ``SandboxDeadError`` unless the container runs: the archive endpoints also work
+        on a stopped one."""
+        dead = await self._gone()
+        if dead is not None:
+            raise dead
 
     # ----------------------------------------------------------------- lifecycle
 
     async def _start(self) -> None:
         # Also called again after `_close` when a start attempt is retried.
         self._container_id = None
-        self._dead = None
         client = await run_blocking(get_client, self.options.base_url)
         self._api = client.api
         try:
@@ -318,62 +302,38 @@ class DockerSandbox(Sandbox):
         except sdk().errors.NotFound:
             pass  # removed from outside already
 
-    async def is_alive(self) -> bool:
-        """``True`` while the container runs. Never raises."""
-        if self._closed or not self._started or self._dead is not None:
-            return False
-        return await self._gone() is None
-
     # ----------------------------------------------------------------- commands
 
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-    ) -> ExecResult:
-        """Run ``cmd`` with ``bash -c`` (``sh -c`` when the image has no bash).
-
-        Args and return value as in :meth:`Sandbox.exec`. ``timeout`` and cancellation kill
-        every process of the command inside the container: SIGTERM, ``stop_grace_s`` seconds,
-        then SIGKILL, to all processes carrying this exec's ``SANDLOT_EXEC_ID`` environment
-        marker and to their process groups. Output beyond ``max_output_bytes`` per stream is
-        drained and dropped (``truncated=True``).
+    async def _run(self, run: RunRequest) -> RunOutput:
+        """Run ``command`` with ``docker exec`` under :mod:`sandlot.sandboxes.remote_shell`'s
+        wrapper (see :meth:`Transport._run`). ``timeout`` and cancellation kill every process of
+        the command inside the container: SIGTERM, ``stop_grace_s`` seconds, then SIGKILL, to
+        all processes carrying this exec's ``SANDLOT_EXEC_ID`` marker and their process groups.
 
         Raises:
             SandboxDeadError: the container was removed or stopped (also mid-command).
             SandboxError: the engine failed; ``retryable`` for connection errors and 5xx.
         """
-        self._check_usable()
-        began = time.monotonic()
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        argv = remote_shell.exec_argv(as_shell(cmd), cwd or self.spec.workdir)
+        argv = remote_shell.exec_argv(run.command, run.cwd)
         handle = _Exec(marker=uuid.uuid4().hex)
-        environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: handle.marker}
+        environment = {**run.env, remote_shell.EXEC_MARKER_ENV: handle.marker}
         out = CappedOutput(self.options.max_output_bytes)
-        exit_code: int | None = None
+
+        async def body() -> int:
+            await self._call("exec", self._exec_start, handle, argv, environment, run.stdin)
+            await pump(handle.attached, run.stdin, out)
+            return await self._exit_code(handle)
+
+        async def stop() -> None:
+            handle.close()
+            if handle.exec_id is not None:
+                await self._kill(handle)
+
         try:
-            with anyio.move_on_after(timeout):
-                await self._call("exec", self._exec_start, handle, argv, environment, data)
-                await pump(handle.attached, data, out)
-                exit_code = await self._exit_code(handle)
+            code = await self._bounded(run.timeout, body, stop)
         finally:
             handle.close()
-            if exit_code is None and handle.exec_id is not None and self._dead is None:
-                # Timed out, cancelled or failed: the command must not outlive this call.
-                with anyio.CancelScope(shield=True):
-                    await self._kill(handle)
-        return ExecResult(
-            exit_code=TIMEOUT_EXIT_CODE if exit_code is None else exit_code,
-            stdout=out.stdout.text(),
-            stderr=out.stderr.text(),
-            timed_out=exit_code is None,
-            duration_s=time.monotonic() - began,
-            truncated=out.truncated,
-        )
+        return RunOutput.of(code, out)
 
     def _exec_start(
         self, handle: _Exec, argv: list[str], environment: dict[str, str], stdin: bytes | None
@@ -386,13 +346,11 @@ class DockerSandbox(Sandbox):
     async def _exit_code(self, handle: _Exec) -> int:
         # The stream ends when the command's stdout/stderr close, which can be before it exits
         # (and the engine records the code a moment after exit), so poll with backoff.
-        delay = 0.002
-        while True:
+        async def ended() -> dict[str, Any] | None:
             info = await self._call("exec inspect", self._client.exec_inspect, handle.exec_id)
-            if not info.get("Running"):
-                break
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.2)
+            return None if info.get("Running") else info
+
+        info = await poll(ended, first_s=0.002, max_s=0.2)
         code = info.get("ExitCode")
         if code is None or code < 0 or code >= 128:
             # Killed by a signal, or no status at all: maybe the whole container went down.
@@ -452,8 +410,10 @@ class DockerSandbox(Sandbox):
                 await run_blocking(self._client.kill, self._cid)
             except Exception as exc:
                 log.warning("sandbox %s: killing container failed: %s", self.id, exc)
-        if self._dead is None:
-            self._dead = "was killed: a timed-out command could not be stopped inside it"
+        self._mark_dead(
+            f"container {self._cid[:12]} was killed: a timed-out command could not be stopped "
+            "inside it"
+        )
 
     def _run_quiet(self, argv: list[str]) -> int:
         """Run ``argv`` in the container to completion, ignoring its output; its exit code.
@@ -481,29 +441,9 @@ class DockerSandbox(Sandbox):
 
     # ----------------------------------------------------------------- files
 
-    async def _live_path(self, path: str) -> str:
-        """``path`` made absolute against ``spec.workdir``, once the container is known to run.
-
-        The archive endpoints also work on a stopped container, so liveness is checked first.
-        """
-        self._check_usable()
-        dead = await self._gone()
-        if dead is not None:
-            raise dead
-        return self.resolve_path(path)
-
-    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
-        """Return the bytes of the file at ``path`` (relative: to ``spec.workdir``).
-
-        Symlinks are followed. The size is checked from the engine's stat of the file before
-        anything is transferred.
-
-        Raises:
-            DownloadLimitError: the file is larger than ``max_bytes``.
-            SandboxFileError: ``path`` is missing, a directory, or not a regular file.
-            SandboxDeadError: the container was removed or stopped.
-        """
-        path = await self._live_path(path)
+    async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
+        """The file's bytes; its size is checked from the engine's stat before any transfer."""
+        await self._running()
         return await self._file_call("read_file", path, self._read_blocking, path, max_bytes)
 
     def _read_blocking(self, path: str, max_bytes: int) -> bytes:
@@ -513,66 +453,30 @@ class DockerSandbox(Sandbox):
         check_read_size(path, int(stat.get("size") or 0), max_bytes)
         return self._stream_archive(path, lambda raw: read_single_file(raw, path, max_bytes))
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        """Write ``data`` to ``path`` (mode 0644, owner root), creating parent directories.
+    async def _put_bytes(self, path: str, data: bytes) -> None:
+        """A one-file archive through the engine (mode 0644, owner root)."""
+        await self._running()
+        parent, name = posixpath.split(path)
+        archive = file_archive(name, data)
+        await self._file_call("write_file", path, self._put_archive_blocking, parent, archive)
 
-        Raises:
-            SandboxFileError: the path cannot be written (a parent is a file, ``path`` is a
-                directory, read-only or virtual file system).
-            SandboxDeadError: the container was removed or stopped.
-        """
-        path = await self._live_path(path)
-        raw = data.encode() if isinstance(data, str) else data
-        parent, name = _split(path)
-        archive = file_archive(name, raw)
-        await self._file_call("write_file", path, self._put_archive, parent, archive)
+    async def _put_archive(self, parent: str, archive: IO[bytes], target: str) -> None:
+        """``PUT /containers/{id}/archive``, streamed from ``archive`` (owners become root)."""
+        await self._running()
+        await self._file_call("upload", target, self._put_archive_blocking, parent, archive)
 
-    async def upload(self, local_path: str | Path, remote_path: str) -> None:
-        """Copy a host file or directory tree to ``remote_path`` (owners become root).
+    async def _get_archive(self, path: str, caps: TreeCaps, consume: Reader[T]) -> T:
+        """The engine's archive of ``path``, streamed into ``consume`` (never stored whole);
+        ``consume`` enforces the caps from the tar headers."""
+        await self._running()
 
-        Modes and symlinks are kept. An existing directory at ``remote_path`` is merged into.
+        def fetch() -> T:
+            resolved, _ = self._stat(path)
+            return self._stream_archive(resolved, consume)
 
-        Raises:
-            FileNotFoundError: ``local_path`` does not exist.
-            SandboxFileError: the destination is not writable.
-            SandboxDeadError: the container was removed or stopped.
-        """
-        remote_path = await self._live_path(remote_path)
-        parent, name = _split(remote_path)
-        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            await run_blocking(build_archive, Path(local_path), name, spool)
-            spool.seek(0)
-            await self._file_call("upload", remote_path, self._put_archive, parent, spool)
+        return await self._file_call("download", path, fetch)
 
-    async def download(
-        self,
-        remote_path: str,
-        local_path: str | Path,
-        *,
-        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
-        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    ) -> DownloadReport:
-        """Copy a file or directory tree from the sandbox so that it becomes ``local_path``.
-
-        The engine's archive is streamed straight into
-        :func:`sandlot.sandboxes.archive.extract_archive` (never stored whole). Behaviour,
-        arguments and errors as in :meth:`Sandbox.download`.
-        """
-        remote_path = await self._live_path(remote_path)
-        dest = Path(local_path)
-
-        def fetch() -> DownloadReport:
-            path, _ = self._stat(remote_path)
-            return self._stream_archive(
-                path,
-                lambda raw: extract_archive(
-                    raw, dest, max_bytes=max_bytes, max_file_bytes=max_file_bytes
-                ),
-            )
-
-        return await self._file_call("download", remote_path, fetch)
-
-    def _put_archive(self, parent: str, archive: bytes | IO[bytes]) -> None:
+    def _put_archive_blocking(self, parent: str, archive: bytes | IO[bytes]) -> None:
         """Unpack ``archive`` into the container directory ``parent``. Blocking."""
         try:
             put_archive(self._client, self._cid, parent, archive)
@@ -603,7 +507,7 @@ class DockerSandbox(Sandbox):
             path = posixpath.join(posixpath.dirname(path), target)
         raise SandboxFileError(f"too many levels of symbolic links: {path}")
 
-    def _stream_archive(self, path: str, consume: Callable[[IO[bytes]], T]) -> T:
+    def _stream_archive(self, path: str, consume: Reader[T]) -> T:
         """Call ``consume`` on the engine's tar stream of ``path`` (read as it arrives, never
         stored), then drop the connection. Blocking."""
         api = self._client
@@ -625,10 +529,3 @@ def put_archive(api: APIClient, container: str, path: str, data: bytes | IO[byte
     url = api._url("/containers/{0}/archive", container)
     response = api._put(url, params={"path": path, "noOverwriteDirNonDir": "true"}, data=data)
     api._raise_for_status(response)
-
-
-def _split(path: str) -> tuple[str, str]:
-    """``(parent, basename)`` of a normalised absolute sandbox path other than ``/``."""
-    if path == "/":
-        raise SandboxFileError("cannot write to the root directory /")
-    return posixpath.split(path)

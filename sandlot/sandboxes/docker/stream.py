@@ -44,8 +44,8 @@ def read_ahead(attached: Any) -> bytes:
     """Stream bytes the HTTP client already buffered while it parsed the response headers.
 
     Whoever reads the raw socket of an attached exec (:func:`pump`,
-    :class:`sandlot.sandboxes.docker.channel.DockerChannel`) must take these bytes first: they
-    are the start of the multiplexed stream. http.client reads headers through a
+    :class:`sandlot.sandboxes.docker.docker_channel.DockerChannel`) must take these bytes first:
+    they are the start of the multiplexed stream. http.client reads headers through a
     ``BufferedReader``; when the engine sends the first frames right behind them (a fast command
     on a loaded machine), those bytes sit in that buffer and never show up on the socket.
     docker 7.1 keeps the response on the returned socket as ``_response``.

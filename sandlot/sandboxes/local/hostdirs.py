@@ -130,8 +130,14 @@ class HostDirs:
         data = {"labels": dict(labels), "pid": os.getpid()}
         (self.root / LABELS_FILE).write_text(json.dumps(data))
 
+    @property
+    def shim_bin(self) -> Path:
+        """``~/.local/bin`` of the sandbox, where its ``python`` link to ``python3`` goes."""
+        return self.home / ".local" / "bin"
+
     def remove_if_empty(self) -> bool:
-        """Delete ``root`` when its sub-directories are empty (a sandbox that wrote nothing):
+        """Delete ``root`` when its sub-directories are empty (a sandbox that wrote nothing but
+        its ``python`` link):
         a few syscalls, cheaper than a thread hop for :meth:`remove`. ``False`` (whatever
         remains is left for :meth:`remove`) when anything else is there or ``root`` is a
         mount point."""
@@ -139,6 +145,10 @@ class HostDirs:
             return False
         try:
             (self.root / LABELS_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                (self.shim_bin / "python").unlink()
+                self.shim_bin.rmdir()
+                self.shim_bin.parent.rmdir()
             for sub in (self.work, self.tmp, self.home, self.empty, self.overlay, self.transfer):
                 with contextlib.suppress(FileNotFoundError):
                     sub.rmdir()

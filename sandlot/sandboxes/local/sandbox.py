@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import IO, ClassVar, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -27,24 +27,13 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
-from sandlot.sandboxes.archive import (
-    ARCHIVE_OVERHEAD_BYTES,
-    DEFAULT_DOWNLOAD_MAX_BYTES,
-    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    DEFAULT_READ_MAX_BYTES,
-    DownloadReport,
-    build_archive,
-    check_read_size,
-    extract_archive,
-)
-from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
-from sandlot.sandboxes.local.channel import LocalChannel
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
 from sandlot.sandboxes.local.init_client import InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
@@ -57,23 +46,24 @@ from sandlot.sandboxes.local.jail import (
     JAIL_HOME,
     JAIL_OVERLAY,
     JailConfig,
+    _covered_top_level,
     check_workdir,
     jail_argv,
     keyring_filter,
 )
 from sandlot.sandboxes.local.limits import Limits, init_limits
+from sandlot.sandboxes.local.local_channel import LocalChannel
 from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
 from sandlot.sandboxes.local.peer import InitDied
 from sandlot.sandboxes.local.process import Completed, run_command
 from sandlot.sandboxes.local.venv import OVERLAY_ENV, BuiltEnvironment, ensure_environment
 from sandlot.sandboxes.local.zygote_client import Zygote, acquire, fork_init, release
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.transport import FILE_TIMEOUT_S, Reader, RunOutput, RunRequest, TreeCaps
 
 log = logging.getLogger("sandlot.sandboxes.local")
+T = TypeVar("T")
 
-# A file operation that takes this long is stuck (e.g. reading a FIFO planted by a command).
-_FILE_OP_TIMEOUT_S = 600.0
-_ERROR_TAIL_CHARS = 2000
 
 _WRITE_SCRIPT = 'mkdir -p -- "$1" && cat >"$2"'
 _UNTAR_SCRIPT = 'mkdir -p -- "$1" && exec tar -x -f - --no-same-owner -C "$1"'
@@ -115,20 +105,6 @@ def _bwrap_missing(path: str) -> BackendUnavailableError:
         f"(Fedora/RHEL), or point `bwrap_path` at it. To run commands directly on this host "
         f'with NO isolation at all, open the sandbox with isolation="none".'
     )
-
-
-def _tail(data: bytes) -> str:
-    return data.decode("utf-8", "replace").strip()[-_ERROR_TAIL_CHARS:]
-
-
-def _text(data: bytes, dropped: int, stream: str) -> str:
-    text = data.decode("utf-8", "replace")
-    if dropped:
-        text += (
-            f"\n[sandlot: {stream} truncated: kept the first {len(data)} bytes, "
-            f"discarded the remaining {dropped} bytes]\n"
-        )
-    return text
 
 
 class LocalSandbox(Sandbox):
@@ -443,13 +419,32 @@ class LocalSandbox(Sandbox):
         await self._start_init(init_interpreter(Path("/")))
 
     def _host_path(self) -> str:
-        """The host's ``PATH`` without the caller's virtualenv: its Python never runs tests."""
+        """The host's ``PATH`` without the caller's virtualenv (its Python never runs tests)
+        and, in a jail, without the directories the jail does not show (pyenv shims in a home
+        directory, ``/opt``, ...): ``PATH`` lists only what a command can find there."""
         entries = os.environ.get("PATH", DEFAULT_PATH).split(os.pathsep)
         venvs = {os.environ.get("VIRTUAL_ENV")}
         if sys.prefix != sys.base_prefix:
             venvs.add(sys.prefix)
         hidden = {os.path.join(v, "bin") for v in venvs if v}
-        return os.pathsep.join(e for e in entries if e and e.rstrip("/") not in hidden)
+        kept = [e for e in entries if e and e.rstrip("/") not in hidden]
+        if self.isolated:
+            view = self.options.host_view
+            kept = [e for e in kept if _covered_top_level(e, Path("/"), view)]
+        return os.pathsep.join(kept)
+
+    def _offer_python(self, path: str, rootfs: Path, dirs: HostDirs, home: str) -> str:
+        """``path``, extended by ``~/.local/bin`` holding a ``python`` link to ``python3`` when
+        ``path`` finds ``python3`` but no ``python`` (Debian ships only ``python3``; container
+        images and the tools models were trained with call ``python``)."""
+        prefix = "" if rootfs == Path("/") else str(rootfs)
+        seen = os.pathsep.join(prefix + e for e in path.split(os.pathsep))
+        python3 = _which("python3", seen)
+        if python3 is None or _which("python", seen) is not None:
+            return path
+        dirs.shim_bin.mkdir(parents=True, exist_ok=True)
+        (dirs.shim_bin / "python").symlink_to(python3[len(prefix) :])
+        return f"{path}{os.pathsep}{home}/.local/bin"
 
     def _base_env(self, rootfs: Path, dirs: HostDirs) -> dict[str, str]:
         on_host = rootfs == Path("/")
@@ -457,7 +452,10 @@ class LocalSandbox(Sandbox):
         if on_host:
             env.update({k: os.environ[k] for k in self.options.inherit_env if k in os.environ})
         path = self._host_path() if on_host else DEFAULT_PATH
-        if self._venv is not None:
+        home = JAIL_HOME if self.isolated else str(dirs.home)
+        if self._venv is None:
+            path = self._offer_python(path, rootfs, dirs, home)
+        else:
             overlay = JAIL_OVERLAY if self.isolated else str(dirs.overlay)
             path = os.pathsep.join([f"{overlay}/bin", str(self._venv.bin_dir), path])
             env.update(
@@ -465,7 +463,7 @@ class LocalSandbox(Sandbox):
             )
         env.update(
             PATH=path,
-            HOME=JAIL_HOME if self.isolated else str(dirs.home),
+            HOME=home,
             LANG="C.UTF-8",
             TERM="dumb",
             PAGER="cat",
@@ -490,33 +488,27 @@ class LocalSandbox(Sandbox):
         if self._dirs is not None and not removed and not self._dirs.remove_if_empty():
             await anyio.to_thread.run_sync(self._dirs.remove)
 
-    async def is_alive(self) -> bool:
-        """``True`` while started, not closed, within its lifetime, its init runs and its
-        directory exists."""
-        return (
-            self._started
-            and not self._closed
-            and time.monotonic() < self._deadline
-            and self._init is not None
-            and self._init.alive
-            and self._dirs is not None
-            and self._dirs.exists()
-        )
+    async def _probe(self) -> str | None:
+        return self._probe_now()
 
-    def _ensure_usable(self) -> tuple[HostDirs, InitProcess]:
-        self._check_open()
+    def _probe_now(self) -> str | None:
+        """Why the sandbox cannot run commands (lifetime over, init exited, directory
+        removed), else ``None``; cheap checks of this process's own state."""
         assert self._dirs is not None and self._init is not None
         if time.monotonic() >= self._deadline:
-            raise SandboxDeadError(
-                f"sandbox {self.id} reached the end of its lifetime (timeout_s="
-                f"{self.spec.timeout_s})"
-            )
+            return f"reached the end of its lifetime (timeout_s={self.spec.timeout_s})"
         if not self._init.alive:
-            raise SandboxDeadError(f"sandbox {self.id} is dead: its init exited")
+            return "is dead: its init exited"
         if not self._dirs.exists():
-            raise SandboxDeadError(
-                f"sandbox {self.id} is gone: its host directory {self._dirs.root} was removed"
-            )
+            return f"is gone: its host directory {self._dirs.root} was removed"
+        return None
+
+    def _ensure_usable(self) -> tuple[HostDirs, InitProcess]:
+        self._check_usable()
+        assert self._dirs is not None and self._init is not None
+        reason = self._probe_now()
+        if reason is not None:
+            raise self._mark_dead(reason)
         return self._dirs, self._init
 
     # ----------------------------------------------------------------- running
@@ -531,7 +523,7 @@ class LocalSandbox(Sandbox):
             return str(self._dirs.work) + path[len(workdir) :]
         return path
 
-    async def _run(
+    async def _spawn(
         self,
         argv: Sequence[str],
         *,
@@ -563,70 +555,42 @@ class LocalSandbox(Sandbox):
                 stdout_path=stdout_path,
             )
         except InitDied as exc:
-            raise SandboxDeadError(f"sandbox {self.id} is dead: its init exited") from exc
+            raise self._mark_dead("is dead: its init exited") from exc
         except SpawnFailed as exc:
             raise SandboxError(f"cannot start a process: {exc}", retryable=True) from exc
-        if self._closed:
+        if self.closed:
             raise SandboxDeadError(f"sandbox {self.id} was closed while a command was running")
         if done.timed_out and lifetime_bound:
-            raise SandboxDeadError(
-                f"sandbox {self.id} reached the end of its lifetime (timeout_s="
-                f"{self.spec.timeout_s}) while a command was running"
+            raise self._mark_dead(
+                f"reached the end of its lifetime (timeout_s={self.spec.timeout_s}) while a "
+                "command was running"
             )
         if done.returncode != 0 and not dirs.exists():
-            raise SandboxDeadError(f"sandbox {self.id} is gone: its host directory was removed")
+            raise self._mark_dead(f"is gone: its host directory {dirs.root} was removed")
         return done
 
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-    ) -> ExecResult:
-        """Run ``bash -c cmd`` in the sandbox's jail and wait for it.
+    async def _run(self, run: RunRequest) -> RunOutput:
+        """Run ``bash -c command`` in the jail through its init (see :meth:`Transport._run`).
 
-        Args:
-            cmd: a shell command line, or an argv list (quoted for the shell).
-            timeout: wall-clock limit in seconds (``None``: only the sandbox lifetime). At the
-                limit the command's process tree is killed; the result has
-                ``timed_out=True``, ``exit_code=124`` and the output printed until then.
-            cwd: working directory in the sandbox, relative ones from ``spec.workdir`` (the
-                default). One that does not exist gives exit status 1 and a message on stderr.
-            env: variables added to the sandbox environment for this command only.
-            stdin: bytes, or text sent as UTF-8, fed to standard input (default: empty).
-
-        Returns:
-            The ``ExecResult``. Each of stdout and stderr keeps its first
-            ``LocalOptions.max_output_bytes`` bytes, then a truncation note (``truncated``).
-            A command killed by signal N exits with ``128 + N``. Output written by background
-            processes after the command exits is not collected.
+        ``timeout=None`` is bounded by the sandbox's lifetime; at the limit the command's
+        process tree is killed (its session, descendants, and processes still carrying its
+        ``SANDLOT_EXEC_ID``), not the jail. Output written by background processes after the
+        command exits is not collected.
 
         Raises:
-            SandboxDeadError: the sandbox is closed, its init died, its directory was removed,
-                or it reached its lifetime.
+            SandboxDeadError: the init died, the directory was removed, or the lifetime ended.
             SandboxError: no process could be started (``retryable``).
         """
-        self._ensure_usable()
-        target = self.resolve_path(cwd) if cwd is not None else self.spec.workdir
-        done = await self._run(
-            ["bash", "-c", as_shell(cmd)],
-            cwd=target,
-            env={**self._env, **env} if env else self._env,
-            timeout=timeout,
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+        done = await self._spawn(
+            ["bash", "-c", run.command],
+            cwd=run.cwd,
+            env={**self._env, **run.env} if run.env else self._env,
+            timeout=run.timeout,
+            stdin=run.stdin,
             max_output_bytes=self.options.max_output_bytes,
         )
-        return ExecResult(
-            exit_code=TIMEOUT_EXIT_CODE if done.timed_out else done.returncode,
-            stdout=_text(done.stdout, done.stdout_dropped, "stdout"),
-            stderr=_text(done.stderr, done.stderr_dropped, "stderr"),
-            timed_out=done.timed_out,
-            duration_s=done.duration_s,
-            truncated=bool(done.stdout_dropped or done.stderr_dropped),
-        )
+        code = None if done.timed_out else done.returncode
+        return RunOutput(code, done.stdout, done.stderr, done.stdout_dropped, done.stderr_dropped)
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         """A session whose ``bash`` the init spawns in the sandbox's jail (see ``LocalChannel``).
@@ -641,7 +605,7 @@ class LocalSandbox(Sandbox):
             try:
                 return await LocalChannel.start(init, cwd=self._seen(cwd), env=self._env)
             except InitDied as exc:
-                raise SandboxDeadError(f"sandbox {self.id} is dead: its init exited") from exc
+                raise self._mark_dead("is dead: its init exited") from exc
             except SpawnFailed as exc:
                 raise SandboxError(f"cannot start a shell: {exc}", retryable=True) from exc
 
@@ -657,137 +621,68 @@ class LocalSandbox(Sandbox):
         stdin: bytes | Path | None = None,
         stdout_path: Path | None = None,
     ) -> bytes:
-        done = await self._run(
+        done = await self._spawn(
             argv,
             cwd=self.spec.workdir,
             env=self._env,
-            timeout=_FILE_OP_TIMEOUT_S,
+            timeout=FILE_TIMEOUT_S,
             stdin=stdin,
             stdout_path=stdout_path,
         )
         if done.timed_out:
             raise SandboxFileError(f"{what} in sandbox {self.id}: timed out")
         if done.returncode != 0:
-            raise SandboxFileError(f"{what} in sandbox {self.id}: {_tail(done.stderr)}")
+            raise SandboxFileError(f"{what} in sandbox {self.id}: {clip_tail(done.stderr)}")
         return done.stdout
 
-    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
-        """Return the exact bytes of a file, read by ``head -c`` inside the jail.
-
-        Args:
-            path: file in the sandbox; relative paths start at ``spec.workdir``.
-            max_bytes: cap in bytes; at most one byte more is ever read.
-
-        Raises:
-            DownloadLimitError: the file is larger than ``max_bytes``.
-            SandboxFileError: the file is missing or unreadable (the message names ``path``).
-            SandboxDeadError: the sandbox is closed or died.
-        """
-        self._ensure_usable()
-        target = self.resolve_path(path)
-        data = await self._file_op(
-            ["head", "-c", str(max_bytes + 1), "--", self._seen(target)],
-            f"cannot read {target!r}",
+    async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
+        """Read by ``head -c`` inside the jail: at most one byte beyond ``max_bytes``."""
+        return await self._file_op(
+            ["head", "-c", str(max_bytes + 1), "--", self._seen(path)], f"cannot read {path!r}"
         )
-        check_read_size(target, len(data), max_bytes)
-        return data
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        """Write a file from inside the jail, creating parent directories.
-
-        The write happens in the jail, so a symlink planted at ``path`` cannot lead outside the
-        sandbox's writable directories.
-
-        Args:
-            path: file in the sandbox; relative paths start at ``spec.workdir``.
-            data: the content; text is written as UTF-8.
-
-        Raises:
-            SandboxFileError: the path is not writable in the sandbox (the message names it).
-            SandboxDeadError: the sandbox is closed or died.
-        """
-        self._ensure_usable()
-        target = self.resolve_path(path)
-        parent = posixpath.dirname(target)
+    async def _put_bytes(self, path: str, data: bytes) -> None:
+        """Written from inside the jail, so a symlink planted at ``path`` cannot lead outside
+        the sandbox's writable directories."""
+        parent = posixpath.dirname(path)
         await self._file_op(
-            ["bash", "-c", _WRITE_SCRIPT, "sandlot-write", self._seen(parent), self._seen(target)],
-            f"cannot write {target!r}",
-            stdin=data.encode() if isinstance(data, str) else data,
+            ["bash", "-c", _WRITE_SCRIPT, "sandlot-write", self._seen(parent), self._seen(path)],
+            f"cannot write {path!r}",
+            stdin=data,
         )
 
     def _staging_file(self) -> Path:
         assert self._dirs is not None
         return self._dirs.ensure(self._dirs.transfer) / f"{uuid.uuid4().hex}.tar"
 
-    async def upload(self, local_path: str | Path, remote_path: str) -> None:
-        """Copy a host file or directory tree into the sandbox.
-
-        The tree travels as a tar stream into ``tar -x`` inside the jail. Symbolic links are
-        copied as links, file modes are kept, ownership becomes the sandbox user's.
-
-        Args:
-            local_path: host file or directory.
-            remote_path: path in the sandbox that becomes that file or directory (relative
-                paths start at ``spec.workdir``); parents are created, an existing directory
-                is merged into.
-
-        Raises:
-            FileNotFoundError: ``local_path`` does not exist.
-            SandboxFileError: the destination is not writable.
-            SandboxDeadError: the sandbox is closed or died.
-        """
-        self._ensure_usable()
-        target = self.resolve_path(remote_path)
-        parent, base = posixpath.split(target)
-        if not base:
-            raise SandboxFileError(f"cannot upload onto {target!r}")
-        archive = self._staging_file()
+    async def _put_archive(self, parent: str, archive: IO[bytes], target: str) -> None:
+        """Staged in the sandbox's host directory, streamed into ``tar -x`` inside the jail."""
+        staging = self._staging_file()
         try:
-            await anyio.to_thread.run_sync(build_archive, Path(local_path), base, archive)
+            with staging.open("wb") as out:
+                await anyio.to_thread.run_sync(shutil.copyfileobj, archive, out)
             await self._file_op(
                 ["bash", "-c", _UNTAR_SCRIPT, "sandlot-upload", self._seen(parent)],
                 f"cannot upload to {target!r}",
-                stdin=archive,
+                stdin=staging,
             )
         finally:
-            archive.unlink(missing_ok=True)
+            staging.unlink(missing_ok=True)
 
-    async def download(
-        self,
-        remote_path: str,
-        local_path: str | Path,
-        *,
-        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
-        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    ) -> DownloadReport:
-        """Copy a file or directory tree from the sandbox to the host.
-
-        ``tar -c`` runs inside the jail (a link at ``remote_path`` is resolved there first)
-        into a staging file cut at ``max_bytes`` plus room for headers; the archive is then
-        extracted by :func:`sandlot.sandboxes.archive.extract_archive`. Behaviour, arguments
-        and errors as in :meth:`Sandbox.download`.
-        """
-        self._ensure_usable()
-        target = self.resolve_path(remote_path)
-        archive = self._staging_file()
-        cap = max_bytes + ARCHIVE_OVERHEAD_BYTES + 1
+    async def _get_archive(self, path: str, caps: TreeCaps, consume: Reader[T]) -> T:
+        """``tar -c`` inside the jail (a link at ``path`` resolved there first) into a staging
+        file in the sandbox's host directory, cut at ``caps.max_archive_bytes``."""
+        staging = self._staging_file()
         try:
             await self._file_op(
                 [
-                    *("bash", "-c", _TAR_SCRIPT, "sandlot-download", self._seen(target)),
-                    *(str(cap), str(max_file_bytes)),
+                    *("bash", "-c", _TAR_SCRIPT, "sandlot-download", self._seen(path)),
+                    *(str(caps.max_archive_bytes), str(caps.max_file_bytes)),
                 ],
-                f"cannot download {target!r}",
-                stdout_path=archive,
+                f"cannot download {path!r}",
+                stdout_path=staging,
             )
-            with archive.open("rb") as stream:
-                return await anyio.to_thread.run_sync(
-                    lambda: extract_archive(
-                        stream,
-                        Path(local_path),
-                        max_bytes=max_bytes,
-                        max_file_bytes=max_file_bytes,
-                    )
-                )
+            with staging.open("rb") as stream:
+                return await anyio.to_thread.run_sync(consume, stream)
         finally:
-            archive.unlink(missing_ok=True)
+            staging.unlink(missing_ok=True)

@@ -21,11 +21,9 @@ import logging
 import math
 import posixpath
 import shlex
-import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
@@ -38,29 +36,19 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.archive import (
-    ARCHIVE_OVERHEAD_BYTES,
-    DEFAULT_DOWNLOAD_MAX_BYTES,
-    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    DEFAULT_READ_MAX_BYTES,
-    DownloadReport,
-    build_archive,
-    check_read_size,
-    extract_archive,
-)
-from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import sandbox_labels
-from sandlot.sandboxes.modal.channel import ModalChannel
+from sandlot.sandboxes.modal.modal_channel import ModalChannel
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.network import public_cidrs
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.transport import RunOutput, RunRequest
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 T = TypeVar("T")
@@ -68,8 +56,6 @@ T = TypeVar("T")
 # Modal's own exec timeout, a backstop behind ours in case this process dies mid-command.
 _BACKSTOP_MARGIN_S = 30
 _KILL_BUDGET_S = 15.0
-# terminate is retried with backoff (50 ms doubling, at most 1 s): ~4 s over 8 tries.
-_TERMINATE_ATTEMPTS = 8
 # Modal reports an exec that hit its own timeout with return code -1.
 _MODAL_EXEC_TIMEOUT_CODE = -1
 # Image-related failures no retry can fix.
@@ -115,7 +101,6 @@ class ModalSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         super().__init__(spec, options)
         self._sb: Any = None
-        self._dead: str | None = None
         self._attempts = 0
         self._created_at = 0.0
 
@@ -212,46 +197,32 @@ class ModalSandbox(Sandbox):
             )
 
     async def _close(self) -> None:
-        sb, self._sb = self._sb, None
-        if sb is None:
+        """``terminate`` (``close`` tries again: it is what stops the bill)."""
+        if self._sb is None:
             return
-        last: Exception | None = None
-        for attempt in range(_TERMINATE_ATTEMPTS):  # terminate is what stops the bill
-            try:
-                await sb.terminate.aio()
-                return
-            except Exception as exc:
-                last = exc
-                log.warning("sandbox %s: terminate failed, retrying: %s", self.id, exc)
-            await anyio.sleep(min(1.0, 0.05 * 2**attempt))
-        raise SandboxError(
-            f"sandbox {self.id}: terminate failed {_TERMINATE_ATTEMPTS} times: {last}; "
-            "`sandlot gc --backend modal --run-id <run id>` removes it",
-            retryable=True,
+        try:
+            await self._sb.terminate.aio()
+        except Exception as exc:
+            raise SandboxError(
+                f"sandbox {self.id}: terminate failed: {exc}; "
+                "`sandlot gc --backend modal --run-id <run id>` removes it",
+                retryable=True,
+            ) from exc
+        self._sb = None
+
+    async def _probe(self) -> str | None:
+        """Why the Modal sandbox cannot run commands (it finished), else ``None``."""
+        if self._sb is None:
+            return "was terminated"
+        try:
+            code = await self._sb.poll.aio()
+        except Exception:
+            return None
+        return (
+            None
+            if code is None
+            else f"Modal sandbox {self.object_id} finished with exit code {code}"
         )
-
-    async def is_alive(self) -> bool:
-        """``True`` while Modal reports the sandbox running. Never raises."""
-        if self._closed or not self._started or self._dead is not None or self._sb is None:
-            return False
-        return await self._gone() is None
-
-    async def _gone(self) -> SandboxDeadError | None:
-        """``SandboxDeadError`` if the sandbox finished, else ``None`` (also when unknown)."""
-        if self._dead is None:
-            try:
-                code = await self._sb.poll.aio()
-            except Exception:
-                return None
-            if code is None:
-                return None
-            self._dead = f"finished with exit code {code}"
-        return SandboxDeadError(f"sandbox {self.id} ({self.object_id}) {self._dead}")
-
-    def _check_usable(self) -> None:
-        self._check_open()
-        if self._dead is not None:
-            raise SandboxDeadError(f"sandbox {self.id} ({self.object_id}) {self._dead}")
 
     async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Await ``fn(*args)``; an SDK or transport error (see :func:`is_modal_error`) becomes
@@ -277,55 +248,45 @@ class ModalSandbox(Sandbox):
 
     # ----------------------------------------------------------------- commands
 
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-    ) -> ExecResult:
-        """Run ``cmd`` with ``bash -c`` (``sh -c`` when the image has no bash).
+    async def _run(self, run: RunRequest) -> RunOutput:
+        """Run ``command`` with ``Sandbox.exec`` under :mod:`sandlot.sandboxes.remote_shell`'s
+        wrapper (see :meth:`Transport._run`).
 
-        Args and return value as in :meth:`Sandbox.exec`. stdout and stderr are read
-        concurrently, each kept up to ``max_output_bytes``. At ``timeout`` (or on cancellation)
-        every process of the command is killed (SIGTERM, ``stop_grace_s``, SIGKILL) by a second
-        exec; Modal's own exec timeout is set ``30 s`` later as a backstop. ``timeout=None``
-        still ends 30 s after the sandbox's lifetime (``spec.timeout_s``) with
-        ``SandboxDeadError``: a worker that died without ending the output stream must not
-        hang the caller.
+        stdout and stderr are read concurrently. At ``timeout`` (or on cancellation) every
+        process of the command is killed (SIGTERM, ``stop_grace_s``, SIGKILL) by a second exec;
+        Modal's own exec timeout is set ``30 s`` later as a backstop. ``timeout=None`` still
+        ends 30 s after the sandbox's lifetime (``spec.timeout_s``) with ``SandboxDeadError``:
+        a worker that died without ending the output stream must not hang the caller.
 
         Raises:
             SandboxDeadError: the sandbox finished (terminated, lifetime over, crashed).
             SandboxError: Modal failed, the output stream included; ``retryable`` for transient
                 faults. Never an ``ExceptionGroup``.
         """
-        self._check_usable()
-        began = time.monotonic()
-        data = stdin.encode() if isinstance(stdin, str) else stdin
         marker = uuid.uuid4().hex
-        command = await self._fit_argv(as_shell(cmd), marker)
-        argv = remote_shell.exec_argv(command, self.resolve_path(cwd or self.spec.workdir))
-        environment = {**(env or {}), remote_shell.EXEC_MARKER_ENV: marker}
+        argv = remote_shell.exec_argv(await self._fit_argv(run.command, marker), run.cwd)
+        environment = {**run.env, remote_shell.EXEC_MARKER_ENV: marker}
+        timeout = run.timeout
         backstop = None
         if timeout is not None:
             backstop = math.ceil(timeout + self.options.stop_grace_s) + _BACKSTOP_MARGIN_S
         limit = timeout if timeout is not None else self._lifetime_left() + _LIFETIME_MARGIN_S
         out = CappedOutput(self.options.max_output_bytes)
-        code: int | None = None
         launched = False
-        try:
-            with anyio.move_on_after(limit):
-                proc = await self._call("exec", self._launch, argv, backstop, environment)
-                launched = True
-                await self._call("exec stdin", self._feed, proc, data)
-                await self._read_outputs(proc, out)
-                code = await self._call("exec wait", proc.wait.aio)
-        finally:
-            if code is None and launched and self._dead is None:
-                with anyio.CancelScope(shield=True):
-                    await self._kill(marker)
+
+        async def body() -> int:
+            nonlocal launched
+            proc = await self._call("exec", self._launch, argv, backstop, environment)
+            launched = True
+            await self._call("exec stdin", self._feed, proc, run.stdin)
+            await self._read_outputs(proc, out)
+            return int(await self._call("exec wait", proc.wait.aio))
+
+        async def stop() -> None:
+            if launched:
+                await self._kill(marker)
+
+        code = await self._bounded(limit, body, stop)
         if code is None and timeout is None:
             dead = await self._gone()
             raise dead or SandboxDeadError(
@@ -336,15 +297,7 @@ class ModalSandbox(Sandbox):
             dead = await self._gone()
             if dead is not None:
                 raise dead
-        timed_out = code is None or code == _MODAL_EXEC_TIMEOUT_CODE
-        return ExecResult(
-            exit_code=TIMEOUT_EXIT_CODE if timed_out or code is None else code,
-            stdout=out.stdout.text(),
-            stderr=out.stderr.text(),
-            timed_out=timed_out,
-            duration_s=time.monotonic() - began,
-            truncated=out.truncated,
-        )
+        return RunOutput.of(None if code == _MODAL_EXEC_TIMEOUT_CODE else code, out)
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         """A session whose ``bash`` is an exec with open stdin (:class:`ModalChannel`)."""
@@ -429,13 +382,6 @@ class ModalSandbox(Sandbox):
             raise failures[0]
         return int(await proc.wait.aio())
 
-    async def _run_checked(self, what: str, path: str, argv: list[str]) -> None:
-        """Run ``argv``; a non-zero exit becomes ``SandboxFileError`` naming ``path``."""
-        r = await self.exec(argv, timeout=_KILL_BUDGET_S * 20)
-        if not r.ok:
-            detail = r.stderr.strip() or f"exit code {r.exit_code}"
-            raise SandboxFileError(f"{what} {path}: {detail}")
-
     async def _kill(self, marker: str) -> None:
         argv = remote_shell.kill_argv(marker, self.options.stop_grace_s)
         with anyio.move_on_after(self.options.stop_grace_s + _KILL_BUDGET_S) as scope:
@@ -460,86 +406,10 @@ class ModalSandbox(Sandbox):
                 raise SandboxFileError(f"{what} {path}: {cause}") from cause
             raise
 
-    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
-        """The bytes of the file at ``path`` (relative: to ``spec.workdir``).
+    async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
+        """``Sandbox.filesystem.read_bytes`` (whole: Modal's API has no ranged read)."""
+        return bytes(await self._fs("read_file", path, self._sb.filesystem.read_bytes.aio, path))
 
-        Raises:
-            SandboxFileError: missing, a directory, unreadable, or above Modal's read limit.
-            SandboxDeadError: the sandbox finished.
-        """
-        self._check_usable()
-        path = self.resolve_path(path)
-        data = await self._fs("read_file", path, self._sb.filesystem.read_bytes.aio, path)
-        check_read_size(path, len(data), max_bytes)
-        return bytes(data)
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        """Write ``data`` to ``path``, creating parent directories.
-
-        Raises:
-            SandboxFileError: the path cannot be written (a directory, read-only, virtual).
-            SandboxDeadError: the sandbox finished.
-        """
-        self._check_usable()
-        path = self.resolve_path(path)
-        raw = data.encode() if isinstance(data, str) else data
-        await self._fs("write_file", path, self._sb.filesystem.write_bytes.aio, raw, path)
-
-    async def upload(self, local_path: str | Path, remote_path: str) -> None:
-        """Copy a host file or tree to ``remote_path`` as a tar unpacked in the sandbox.
-
-        Modes and symlinks are kept; owners become the sandbox user.
-
-        Raises:
-            FileNotFoundError: ``local_path`` does not exist.
-            SandboxFileError: the destination is not writable.
-            SandboxDeadError: the sandbox finished.
-        """
-        self._check_usable()
-        target = self.resolve_path(remote_path)
-        parent, name = posixpath.split(target)
-        staging = f"/tmp/sandlot-upload-{uuid.uuid4().hex}.tar"
-        with tempfile.TemporaryDirectory() as tmp:
-            archive = Path(tmp) / "upload.tar"
-            await anyio.to_thread.run_sync(build_archive, Path(local_path), name, archive)
-            await self._fs(
-                "upload", target, self._sb.filesystem.write_bytes.aio, archive.read_bytes(), staging
-            )
-        await self._run_checked("upload to", target, remote_shell.tar_extract_argv(staging, parent))
-
-    async def download(
-        self,
-        remote_path: str,
-        local_path: str | Path,
-        *,
-        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
-        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    ) -> DownloadReport:
-        """Copy a file or tree from the sandbox so that it becomes ``local_path``.
-
-        Raises:
-            SandboxFileError: ``remote_path`` is missing, or the archive has unsafe members.
-            SandboxDeadError: the sandbox finished.
-        """
-        self._check_usable()
-        source = self.resolve_path(remote_path)
-        staging = f"/tmp/sandlot-download-{uuid.uuid4().hex}.tar"
-        await self._run_checked(
-            "download",
-            source,
-            remote_shell.tar_create_argv(
-                source, staging, max_bytes + ARCHIVE_OVERHEAD_BYTES + 1, max_file_bytes
-            ),
-        )
-        try:
-            data = await self._fs("download", source, self._sb.filesystem.read_bytes.aio, staging)
-        finally:
-            await self.exec(["rm", "-f", "--", staging], timeout=60)
-        with tempfile.TemporaryDirectory() as tmp:
-            archive = Path(tmp) / "download.tar"
-            archive.write_bytes(bytes(data))
-            return await anyio.to_thread.run_sync(
-                lambda: extract_archive(
-                    archive, Path(local_path), max_bytes=max_bytes, max_file_bytes=max_file_bytes
-                )
-            )
+    async def _put_bytes(self, path: str, data: bytes) -> None:
+        """``Sandbox.filesystem.write_bytes``, which creates the parents."""
+        await self._fs("write_file", path, self._sb.filesystem.write_bytes.aio, data, path)

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from sandlot.errors import SandlotError
 from sandlot.sandboxes.remote_shell import EXEC_MARKER_ENV
+from sandlot.sandboxes.transport import RunOutput
 
 JOBS_DIR = "/tmp/sandlot-jobs"
 
@@ -69,23 +69,6 @@ rm -rf -- "$d" "$d.stdin"
 """
 
 
-@dataclass(frozen=True)
-class JobResult:
-    """A collected job.
-
-    Attributes:
-        exit_code: its exit status, or ``None`` when collected before it ended.
-        stdout: up to ``cap`` bytes of standard output.
-        stderr: up to ``cap`` bytes of standard error.
-        truncated: either stream was longer than ``cap``.
-    """
-
-    exit_code: int | None
-    stdout: bytes
-    stderr: bytes
-    truncated: bool
-
-
 def job_dir(job_id: str) -> str:
     """Directory of the job ``job_id`` inside the sandbox."""
     return f"{JOBS_DIR}/{job_id}"
@@ -122,7 +105,7 @@ class JobLostError(SandlotError):
     """The job directory vanished before its result was collected."""
 
 
-def parse_poll(stdout: str) -> JobResult | None:
+def parse_poll(stdout: str) -> RunOutput | None:
     """The result printed by the poll script, or ``None`` while the job runs.
 
     Raises:
@@ -137,9 +120,10 @@ def parse_poll(stdout: str) -> JobResult | None:
         raise JobLostError("the job's directory is gone")
     rc, out_size, err_size = head.split()
     out, err = base64.b64decode(lines[1]), base64.b64decode(lines[2])
-    return JobResult(
+    return RunOutput(
         exit_code=None if rc == "-" else int(rc),
         stdout=out,
         stderr=err,
-        truncated=int(out_size) > len(out) or int(err_size) > len(err),
+        stdout_dropped=max(0, int(out_size) - len(out)),
+        stderr_dropped=max(0, int(err_size) - len(err)),
     )

@@ -14,41 +14,28 @@ and verl-project/uni-agent ``uni_agent/sandbox/vefaas.py`` (instance header, boo
 from __future__ import annotations
 
 import logging
-import posixpath
 import secrets
-import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
 import anyio
 from pydantic import BaseModel
 
 from sandlot.errors import (
-    SandboxDeadError,
     SandboxError,
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.archive import (
-    ARCHIVE_OVERHEAD_BYTES,
-    DEFAULT_DOWNLOAD_MAX_BYTES,
-    DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    DEFAULT_READ_MAX_BYTES,
-    DownloadReport,
-    build_archive,
-    check_read_size,
-    extract_archive,
-)
-from sandlot.sandboxes.base import Command, Sandbox, as_shell
+from sandlot.sandboxes.backoff import poll
+from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import SANDBOX_ID, sandbox_labels
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.transport import FILE_TIMEOUT_S, RunOutput, RunRequest
 from sandlot.sandboxes.vefaas import jobs
 from sandlot.sandboxes.vefaas.bootstrap import bootstrap_command
 from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, pick_target
@@ -69,11 +56,9 @@ _DESCRIBE_FIRST_S = 2.0
 _DESCRIBE_MAX_S = 30.0
 # After a create whose answer was lost, how often to look for the instance by its metadata.
 _RECOVER_ATTEMPTS = 8
-_KILL_ATTEMPTS = 8
-_KILL_BACKOFF_S = 0.05  # doubled per try, at most _KILL_BACKOFF_MAX_S: ~4 s over 8 tries
-_KILL_BACKOFF_MAX_S = 1.0
+_RECOVER_BACKOFF_S = 0.05  # doubled per try, at most _RECOVER_BACKOFF_MAX_S: ~4 s over 8 tries
+_RECOVER_BACKOFF_MAX_S = 1.0
 _QUICK_S = 60.0  # timeout of the short data-plane calls (launch, poll, kill, file moves)
-_FILE_TIMEOUT_S = 600.0
 
 
 class VefaasSandbox(Sandbox):
@@ -100,6 +85,7 @@ class VefaasSandbox(Sandbox):
     name: ClassVar[str] = "vefaas"
     Options: ClassVar[type[VefaasOptions]] = VefaasOptions
     options: VefaasOptions
+    staging_dir: str = jobs.JOBS_DIR
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         super().__init__(spec, options)
@@ -107,7 +93,6 @@ class VefaasSandbox(Sandbox):
         self._target: FunctionTarget | None = None
         self._sandbox_id: str | None = None
         self._client: SwerexClient | None = None
-        self._dead: str | None = None
         # A CreateSandbox whose answer was lost may have created an instance we know no id of.
         self._unanswered_create = False
 
@@ -207,7 +192,8 @@ class VefaasSandbox(Sandbox):
         return self._sandbox_id
 
     async def _close(self) -> None:
-        """Close the data-plane client, then ``KillSandbox`` (retried); each step guarded.
+        """Close the data-plane client, then ``KillSandbox`` (``close`` tries again: it is what
+        stops the bill).
 
         After a create whose answer was lost, the instances carrying this sandbox's
         ``sandlot.sandbox_id`` label are listed and killed instead (a few tries: the listing
@@ -219,39 +205,31 @@ class VefaasSandbox(Sandbox):
                 await client.aclose()
             except Exception as exc:
                 log.warning("sandbox %s: closing the data-plane client failed: %s", self.id, exc)
-        sandbox_id, self._sandbox_id = self._sandbox_id, None
         if self._control is None or self._target is None:
             return
-        if sandbox_id is not None:
-            self._unanswered_create = False
-            await self._kill(sandbox_id)
+        if self._sandbox_id is not None:
+            await self._kill(self._sandbox_id)
+            self._sandbox_id = None
         elif self._unanswered_create:
             await self._kill_unanswered()
-            self._unanswered_create = False
+        self._unanswered_create = False
 
     async def _kill(self, sandbox_id: str) -> None:
-        """``KillSandbox``, retried with backoff (``_KILL_ATTEMPTS`` tries): it is what stops
-        the bill, and the control plane throttles exactly when many sandboxes close at once.
+        """``KillSandbox`` once.
 
         Raises:
-            SandboxError: every try failed (the message names the instance).
+            SandboxError: it failed (``retryable`` as the control plane said; the message names
+                the instance and how ``sandlot gc`` removes it).
         """
         assert self._control is not None and self._target is not None
-        last: Exception | None = None
-        for attempt in range(_KILL_ATTEMPTS):
-            try:
-                await self._control.kill(self._target.function_id, sandbox_id)
-                return
-            except SandboxError as exc:
-                last = exc
-                log.warning("sandbox %s: KillSandbox %s failed: %s", self.id, sandbox_id, exc)
-                if not exc.retryable:
-                    break
-            await anyio.sleep(min(_KILL_BACKOFF_MAX_S, _KILL_BACKOFF_S * 2**attempt))
-        raise SandboxError(
-            f"sandbox {self.id}: KillSandbox {sandbox_id} failed: {last}; "
-            "`sandlot gc --backend vefaas --run-id <run id>` removes it"
-        )
+        try:
+            await self._control.kill(self._target.function_id, sandbox_id)
+        except SandboxError as exc:
+            raise SandboxError(
+                f"sandbox {self.id}: KillSandbox {sandbox_id} failed: {exc}; "
+                "`sandlot gc --backend vefaas --run-id <run id>` removes it",
+                retryable=exc.retryable,
+            ) from exc
 
     async def _kill_unanswered(self) -> None:
         """Find, by its labels, the instance an unanswered CreateSandbox may have made; kill it.
@@ -282,44 +260,32 @@ class VefaasSandbox(Sandbox):
                 empty += 1
                 if empty == 2:
                     return
-            await anyio.sleep(min(_KILL_BACKOFF_MAX_S, _KILL_BACKOFF_S * 2**attempt))
+            await anyio.sleep(min(_RECOVER_BACKOFF_MAX_S, _RECOVER_BACKOFF_S * 2**attempt))
         raise SandboxError(
             f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not be "
             f"looked for ({problem}); `sandlot gc --backend vefaas --run-id <run id>` removes it"
         )
 
-    async def is_alive(self) -> bool:
-        """``True`` while the control plane reports the instance ``Running``. Never raises."""
-        if self._closed or not self._started or self._dead is not None or self._sandbox_id is None:
-            return False
+    async def _probe(self) -> str | None:
+        """Why the instance cannot run commands (not ``Running``, unknown), else ``None``."""
+        if self._control is None or self._target is None or self._sandbox_id is None:
+            return "veFaaS instance is gone"
         try:
-            return await self._gone() is None
+            info = await self._control.describe(self._target.function_id, self._sandbox_id)
+        except ControlPlaneError as exc:
+            if not exc.not_found:
+                return None  # cannot tell
+            return f"veFaaS instance {self._sandbox_id} is unknown to veFaaS ({exc})"
         except Exception as exc:  # an SDK fault not classified: cannot tell
             log.warning("sandbox %s: liveness unknown: %s", self.id, exc)
-            return True
+            return None
+        if info.status == RUNNING:
+            return None
+        return f"veFaaS instance {self._sandbox_id} is {info.status or 'gone'}"
 
-    async def _gone(self) -> SandboxDeadError | None:
-        """``SandboxDeadError`` if the instance is no longer running, else ``None``."""
-        if self._dead is None:
-            assert self._control is not None and self._target is not None
-            try:
-                info = await self._control.describe(self._target.function_id, self._id)
-            except ControlPlaneError as exc:
-                if not exc.not_found:
-                    return None  # cannot tell
-                self._dead = f"is unknown to veFaaS ({exc})"
-            else:
-                if info.status == RUNNING:
-                    return None
-                self._dead = f"is {info.status or 'gone'}"
-        return SandboxDeadError(
-            f"sandbox {self.id}: veFaaS instance {self._sandbox_id} {self._dead}"
-        )
-
-    def _check_usable(self) -> SwerexClient:
-        self._check_open()
-        if self._dead is not None or self._client is None:
-            raise SandboxDeadError(f"sandbox {self.id}: veFaaS instance {self._dead or 'is gone'}")
+    @property
+    def _data_client(self) -> SwerexClient:
+        assert self._client is not None, "sandbox not started"
         return self._client
 
     async def _data(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -335,81 +301,56 @@ class VefaasSandbox(Sandbox):
 
     # ----------------------------------------------------------------- commands
 
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-    ) -> ExecResult:
-        """Run ``cmd`` with ``bash -c`` (``sh -c`` without bash) as a detached job.
+    async def _run(self, run: RunRequest) -> RunOutput:
+        """Run ``command`` as a detached job (see :meth:`Transport._run`).
 
-        Args and return value as in :meth:`Sandbox.exec`. No HTTP request lasts as long as the
-        command: a launch that waits up to 50 ms for it, then polls (10 ms doubling to 0.25 s).
-        At ``timeout`` or on cancellation every process of the command is killed (SIGTERM,
-        ``stop_grace_s``, SIGKILL) and the output printed so far is returned (up to
-        ``max_output_bytes`` per stream).
+        No HTTP request lasts as long as the command: a launch that waits up to 50 ms for it,
+        then polls (10 ms doubling to 0.25 s). At ``timeout`` or on cancellation every process
+        of the command is killed (SIGTERM, ``stop_grace_s``, SIGKILL) and the output printed so
+        far is returned (up to ``max_output_bytes`` per stream).
 
         Raises:
             SandboxDeadError: the instance is no longer running.
             SandboxError: the data plane failed (``retryable`` for 5xx / unreachable).
         """
-        client = self._check_usable()
-        began = time.monotonic()
-        data = stdin.encode() if isinstance(stdin, str) else stdin
+        client = self._data_client
         job = uuid.uuid4().hex
-        if data:
+        if run.stdin:
             await self._data(
-                client.write_bytes, jobs.stdin_path(job), data, timeout=_FILE_TIMEOUT_S
+                client.write_bytes, jobs.stdin_path(job), run.stdin, timeout=FILE_TIMEOUT_S
             )
         cap = self.options.max_output_bytes
-        argv = jobs.launch_argv(
-            job, self.resolve_path(cwd or self.spec.workdir), as_shell(cmd), env or {}, cap
-        )
+        argv = jobs.launch_argv(job, run.cwd, run.command, run.env, cap)
         launched = await self._data(client.execute, argv, timeout=_QUICK_S)
-        result = self._parse(launched.stdout)
-        try:
-            with anyio.move_on_after(timeout):
-                if result is None:
-                    result = await self._wait_job(client, job)
-        finally:
-            if result is None:
-                with anyio.CancelScope(shield=True):
-                    result = await self._stop_job(client, job)
-        assert result is not None
-        timed_out = result.exit_code is None
-        return ExecResult(
-            exit_code=TIMEOUT_EXIT_CODE if result.exit_code is None else result.exit_code,
-            stdout=result.stdout.decode("utf-8", "replace"),
-            stderr=result.stderr.decode("utf-8", "replace"),
-            timed_out=timed_out,
-            duration_s=time.monotonic() - began,
-            truncated=result.truncated,
-        )
+        first = self._parse(launched.stdout)
+        if first is not None:
+            return first
+        stopped = RunOutput(exit_code=None)
 
-    async def _poll(self, client: SwerexClient, job: str, *, force: bool) -> jobs.JobResult | None:
+        async def stop() -> None:
+            nonlocal stopped
+            stopped = await self._stop_job(client, job)
+
+        done = await self._bounded(run.timeout, lambda: self._wait_job(client, job), stop)
+        return stopped if done is None else done
+
+    async def _poll(self, client: SwerexClient, job: str, *, force: bool) -> RunOutput | None:
         argv = jobs.poll_argv(job, self.options.max_output_bytes, force=force)
         out = await self._data(client.execute, argv, timeout=_QUICK_S)
         return self._parse(out.stdout)
 
-    def _parse(self, stdout: str) -> jobs.JobResult | None:
+    def _parse(self, stdout: str) -> RunOutput | None:
         try:
             return jobs.parse_poll(stdout)
         except (jobs.JobLostError, ValueError) as exc:
             raise SandboxError(f"sandbox {self.id}: lost the result of a command: {exc}") from exc
 
-    async def _wait_job(self, client: SwerexClient, job: str) -> jobs.JobResult:
-        delay = _POLL_FIRST_S
-        while True:
-            result = await self._poll(client, job, force=False)
-            if result is not None:
-                return result
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+    async def _wait_job(self, client: SwerexClient, job: str) -> RunOutput:
+        return await poll(
+            lambda: self._poll(client, job, force=False), first_s=_POLL_FIRST_S, max_s=_POLL_MAX_S
+        )
 
-    async def _stop_job(self, client: SwerexClient, job: str) -> jobs.JobResult:
+    async def _stop_job(self, client: SwerexClient, job: str) -> RunOutput:
         """Kill the job's processes and collect what they printed."""
         argv = remote_shell.kill_argv(job, self.options.stop_grace_s)
         try:
@@ -417,107 +358,28 @@ class VefaasSandbox(Sandbox):
             result = await self._poll(client, job, force=True)
         except SandboxError as exc:
             log.warning("sandbox %s: could not stop command %s: %s", self.id, job, exc)
-            return jobs.JobResult(exit_code=None, stdout=b"", stderr=b"", truncated=False)
+            return RunOutput(exit_code=None)
         assert result is not None
-        return jobs.JobResult(None, result.stdout, result.stderr, result.truncated)
-
-    async def _run_checked(self, what: str, path: str, argv: list[str]) -> None:
-        r = await self.exec(argv, timeout=_FILE_TIMEOUT_S)
-        if not r.ok:
-            detail = r.stderr.strip() or f"exit code {r.exit_code}"
-            raise SandboxFileError(f"{what} {path}: {detail}")
+        return RunOutput(
+            None, result.stdout, result.stderr, result.stdout_dropped, result.stderr_dropped
+        )
 
     # ----------------------------------------------------------------- files
 
-    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
-        """The exact bytes of the file at ``path`` (``base64`` through ``/execute``).
-
-        Raises:
-            SandboxFileError: missing, a directory, or unreadable (the message names it).
-            SandboxDeadError: the instance is no longer running.
-        """
-        client = self._check_usable()
-        path = self.resolve_path(path)
+    async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
+        """The file's bytes, ``base64`` through ``/execute``."""
         try:
-            data = await self._data(client.read_bytes, path, timeout=_FILE_TIMEOUT_S)
+            return await self._data(self._data_client.read_bytes, path, timeout=FILE_TIMEOUT_S)
         except FileNotFoundError as exc:
             raise SandboxFileError(f"read_file {path}: {exc}") from exc
-        check_read_size(path, len(data), max_bytes)
-        return data
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        """Write ``data`` to ``path``, creating parents: uploaded beside, then moved in place.
-
-        Raises:
-            SandboxFileError: the path cannot be written (a directory, read-only, virtual).
-            SandboxDeadError: the instance is no longer running.
-        """
-        client = self._check_usable()
-        path = self.resolve_path(path)
-        raw = data.encode() if isinstance(data, str) else data
+    async def _put_bytes(self, path: str, data: bytes) -> None:
+        """Uploaded beside (``/upload``), then moved in place by a command that creates the
+        parents and refuses a directory."""
         staging = f"{jobs.JOBS_DIR}/upload-{uuid.uuid4().hex}"
-        await self._data(client.write_bytes, staging, raw, timeout=_FILE_TIMEOUT_S)
+        await self._data(self._data_client.write_bytes, staging, data, timeout=FILE_TIMEOUT_S)
         script = (
             '[ -d "$1" ] && { echo "is a directory" >&2; rm -f -- "$0"; exit 1; }; '
             'mkdir -p -- "$(dirname -- "$1")" && cat -- "$0" >"$1"; rc=$?; rm -f -- "$0"; exit $rc'
         )
         await self._run_checked("write_file", path, ["/bin/sh", "-c", script, staging, path])
-
-    async def upload(self, local_path: str | Path, remote_path: str) -> None:
-        """Copy a host file or tree to ``remote_path`` (a tar uploaded, unpacked in place).
-
-        Raises:
-            FileNotFoundError: ``local_path`` does not exist.
-            SandboxFileError: the destination is not writable.
-            SandboxDeadError: the instance is no longer running.
-        """
-        client = self._check_usable()
-        target = self.resolve_path(remote_path)
-        parent, name = posixpath.split(target)
-        staging = f"{jobs.JOBS_DIR}/upload-{uuid.uuid4().hex}.tar"
-        with tempfile.TemporaryDirectory() as tmp:
-            archive = Path(tmp) / "upload.tar"
-            await anyio.to_thread.run_sync(build_archive, Path(local_path), name, archive)
-            await self._data(
-                client.write_bytes, staging, archive.read_bytes(), timeout=_FILE_TIMEOUT_S
-            )
-        await self._run_checked("upload to", target, remote_shell.tar_extract_argv(staging, parent))
-
-    async def download(
-        self,
-        remote_path: str,
-        local_path: str | Path,
-        *,
-        max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES,
-        max_file_bytes: int = DEFAULT_DOWNLOAD_MAX_FILE_BYTES,
-    ) -> DownloadReport:
-        """Copy a file or tree from the sandbox so that it becomes ``local_path``.
-
-        Raises:
-            SandboxFileError: ``remote_path`` is missing, or the archive has unsafe members.
-            SandboxDeadError: the instance is no longer running.
-        """
-        client = self._check_usable()
-        source = self.resolve_path(remote_path)
-        staging = f"{jobs.JOBS_DIR}/download-{uuid.uuid4().hex}.tar"
-        await self._run_checked(
-            "download",
-            source,
-            remote_shell.tar_create_argv(
-                source, staging, max_bytes + ARCHIVE_OVERHEAD_BYTES + 1, max_file_bytes
-            ),
-        )
-        try:
-            data = await self._data(client.read_bytes, staging, timeout=_FILE_TIMEOUT_S)
-        except FileNotFoundError as exc:
-            raise SandboxFileError(f"download {source}: {exc}") from exc
-        finally:
-            await self.exec(["rm", "-f", "--", staging], timeout=_QUICK_S)
-        with tempfile.TemporaryDirectory() as tmp:
-            archive = Path(tmp) / "download.tar"
-            archive.write_bytes(data)
-            return await anyio.to_thread.run_sync(
-                lambda: extract_archive(
-                    archive, Path(local_path), max_bytes=max_bytes, max_file_bytes=max_file_bytes
-                )
-            )
