@@ -379,7 +379,7 @@ def rollout_command(
                     try:
                         await run_rollout(rows, episodes, log_file, **common)
                     finally:
-                        left_open = episodes.tally.alive
+                        left_open = episodes.alive
 
         def on_signal(signum: int, count: int) -> None:
             name = signal.Signals(signum).name

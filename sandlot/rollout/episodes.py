@@ -4,7 +4,6 @@ loop (:mod:`sandlot.rollout.ray_episodes` runs them on a Ray cluster)."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,8 +13,8 @@ from sandlot.datasets.rows import TaskRow
 from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.policy import Policy
-from sandlot.rollout.tally import SandboxTally, tracked_backend
 from sandlot.rollout.trajectory import ExitReason, Trajectory
+from sandlot.sandboxes.base import live_sandboxes
 from sandlot.sandboxes.limits import starting_gate
 
 
@@ -78,18 +77,17 @@ class InProcessEpisodes:
         # Resolved once: validating the options looks the backend up among the installed
         # entry points, which costs milliseconds per call.
         self.sandbox_options = sandbox_options or config.sandbox.options_for(backend)
-        self.tally = SandboxTally(backend)
-        self._tracking: contextlib.ExitStack | None = None
 
     def __enter__(self) -> InProcessEpisodes:
-        self._tracking = contextlib.ExitStack()
-        self.tally = self._tracking.enter_context(tracked_backend(self.backend))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._tracking is not None:
-            self._tracking.close()
-            self._tracking = None
+        return None
+
+    @property
+    def alive(self) -> int:
+        """Sandboxes of the backend open in this process (``sandboxes.base.live_sandboxes``)."""
+        return live_sandboxes(self.backend)
 
     async def run(self, row: TaskRow, sample: int) -> Trajectory:
         return await run_episode(
@@ -103,4 +101,4 @@ class InProcessEpisodes:
         )
 
     async def gauges(self) -> Gauges:
-        return Gauges(starting=starting_gate().stats.starting, alive=self.tally.alive)
+        return Gauges(starting=starting_gate().stats.starting, alive=self.alive)

@@ -23,8 +23,8 @@ from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.episodes import Gauges, infra_error_trajectory
 from sandlot.rollout.errors import RolloutError
 from sandlot.rollout.policy import Policy
-from sandlot.rollout.tally import SandboxTally, tracked_backend
 from sandlot.rollout.trajectory import Trajectory
+from sandlot.sandboxes.base import live_sandboxes
 from sandlot.sandboxes.labels import pin_run_id
 from sandlot.sandboxes.limits import starting_gate
 
@@ -37,7 +37,7 @@ _RAY_CANCEL_WAIT_S = 75.0
 
 
 class EpisodeWorker:
-    """One Ray actor of :class:`RayEpisodes`: its own event loop, model client and tally.
+    """One Ray actor of :class:`RayEpisodes`: its own event loop, model client and sandboxes.
 
     Plain Python (wrapped with ``ray.remote`` by the driver), so it can also be tested
     without Ray.
@@ -61,7 +61,6 @@ class EpisodeWorker:
         self._model = model_name_or_path
         self._stack = contextlib.AsyncExitStack()
         self._policy: Policy | None = None
-        self._tally = SandboxTally(backend)
         self._running = 0
 
     async def setup(self) -> None:
@@ -72,7 +71,6 @@ class EpisodeWorker:
         policy: Any = self._factory()
         if hasattr(policy, "__aenter__"):
             policy = await self._stack.enter_async_context(policy)
-        self._tally = self._stack.enter_context(tracked_backend(self._backend))
         self._options = self._config.sandbox.options_for(self._backend)
         self._policy = policy
 
@@ -96,17 +94,17 @@ class EpisodeWorker:
 
     async def gauges(self) -> tuple[int, int]:
         """(sandboxes in STARTING, sandboxes open) in this actor."""
-        return starting_gate().stats.starting, self._tally.alive
+        return starting_gate().stats.starting, live_sandboxes(self._backend)
 
     async def close(self, wait_s: float = _RAY_CANCEL_WAIT_S) -> int:
         """Wait (at most ``wait_s``) for cancelled episodes to close their sandboxes, then
         close the policy. Returns the sandboxes still open."""
         with anyio.move_on_after(wait_s):
-            # Polled: the tally has no event to wait on, and this runs once per actor.
-            while self._running or self._tally.alive:  # noqa: ASYNC110
+            # Polled: the live count has no event to wait on, and this runs once per actor.
+            while self._running or live_sandboxes(self._backend):  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         await self._stack.aclose()
-        return self._tally.alive
+        return live_sandboxes(self._backend)
 
 
 def forwarded_env() -> dict[str, str]:

@@ -21,7 +21,7 @@
 * **interruption**: :func:`run_until_signalled` turns SIGINT/SIGTERM into cancellation of the
   running episodes; the agent loop closes their sandboxes on cancellation (``Sandbox.close`` is
   shielded), appends already under way are shielded too, and
-  :class:`~sandlot.rollout.tally.SandboxTally` checks that no sandbox is left open;
+  :func:`~sandlot.sandboxes.base.live_sandboxes` checks that no sandbox is left open;
 * **where episodes run** (:class:`~sandlot.rollout.episodes.Episodes`): in this process
   (:class:`~sandlot.rollout.episodes.InProcessEpisodes`), or on a pool of Ray actors
   (:class:`~sandlot.rollout.ray_episodes.RayEpisodes`) with this loop on the driver.

@@ -72,10 +72,10 @@ State = Literal["new", "started", "dead", "closed"]
 _live: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 
 
-def live_sandboxes() -> int:
-    """How many sandboxes of this process are started and not yet closed (dead ones count:
-    they hold resources until closed)."""
-    return len(_live)
+def live_sandboxes(backend: str | None = None) -> int:
+    """How many sandboxes of this process (of ``backend`` only, when given) are started and
+    not yet closed (dead ones count: they hold resources until closed)."""
+    return sum(1 for sb in list(_live) if backend is None or sb.name == backend)
 
 
 class NoOptions(BaseModel):

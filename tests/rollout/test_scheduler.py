@@ -36,8 +36,8 @@ from sandlot.rollout.scheduler import run_rollout, run_until_signalled
 from sandlot.rollout.stats import RolloutStats
 from sandlot.rollout.store import TrajectoryLog, iter_trajectories, write_predictions
 from sandlot.rollout.summary import pass_at_k, summarize
-from sandlot.rollout.tally import tracked_backend
 from sandlot.rollout.trajectory import ExitReason, Trajectory
+from sandlot.sandboxes.base import live_sandboxes
 from sandlot.sandboxes.registry import get_backend, register_backend
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.testing.simulated import SimulatedSandbox
@@ -414,15 +414,14 @@ async def test_cancellation_closes_every_sandbox_and_keeps_finished(tmp_path: Pa
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run)
                 await wait_until(lambda: stats.done >= 3 and len(FakeSandbox.open_ids) >= 4)
-                assert eps.tally.alive == 4
+                assert eps.alive == 4
                 tg.cancel_scope.cancel()
         assert not scope.cancelled_caught
-        assert eps.tally.alive == 0
+        assert eps.alive == 0
     assert FakeSandbox.open_ids == set()
     kept = lines_of(path)
     assert sorted(d["instance_id"] for d in kept) == [f"fake__fake-{i}" for i in range(3)]
     assert {d["exit_reason"] for d in kept} == {"no_tool_call"}
-    assert get_backend(FAKE) is FakeSandbox  # the tally's class is gone again
 
 
 async def test_sandbox_start_failures_are_retried_by_the_scheduler(tmp_path: Path) -> None:
@@ -433,20 +432,20 @@ async def test_sandbox_start_failures_are_retried_by_the_scheduler(tmp_path: Pat
         InProcessEpisodes(FakePolicy(), fake_config(), backend=FAKE) as eps,
     ):
         await run_rollout([row(0)], eps, log, retry_backoff_s=0.01)
-        assert eps.tally.opened == 2 and eps.tally.alive == 0
+        assert FakeSandbox.start_failures == 0 and eps.alive == 0
     (only,) = lines_of(path)
     assert only["exit_reason"] == "no_tool_call" and only["attempts"] == 2
     assert set(only["timings_s"]) >= {"queue", "start", "setup", "agent", "model", "total"}
 
 
-async def test_tracked_backend_counts_and_restores() -> None:
-    with tracked_backend(FAKE) as tally:
-        with tracked_backend(FAKE) as inner:
-            assert inner is tally
-        async with get_backend(FAKE)(SandboxSpec(image="fake-image")) as sb:
-            assert isinstance(sb, FakeSandbox) and tally.alive == 1
-        assert (tally.opened, tally.alive) == (1, 0)
-    assert get_backend(FAKE) is FakeSandbox
+async def test_live_sandboxes_counts_started_and_not_closed_per_backend() -> None:
+    before, before_all = live_sandboxes(FAKE), live_sandboxes()
+    sb = get_backend(FAKE)(SandboxSpec(image="fake-image"))
+    assert live_sandboxes(FAKE) == before  # opened, not started
+    async with sb:
+        assert live_sandboxes(FAKE) == before + 1 and live_sandboxes() == before_all + 1
+        assert live_sandboxes("no-such-backend") == 0
+    assert live_sandboxes(FAKE) == before
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
