@@ -27,6 +27,7 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
+from sandlot.images import ImageRoot, is_image_reference, open_image
 from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
@@ -209,6 +210,7 @@ class LocalSandbox(Sandbox):
         self._dirs: HostDirs | None = None
         self._cgroups: list[Cgroup] = []
         self._jail_config: JailConfig | None = None
+        self._image: ImageRoot | None = None  # a container image's layers (sandlot.images)
         self._init: InitProcess | None = None
         self._zygote: tuple[JailConfig, Zygote] | None = None
         self._venv: BuiltEnvironment | None = None
@@ -255,13 +257,15 @@ class LocalSandbox(Sandbox):
         image = self.spec.image
         if image == "host":
             return Path("/")
+        if self._image is not None:  # its overlay's mount point, in the jail's namespace only
+            return sandboxes_dir(self.options.root_dir) / self.id / "rootfs"
         rootfs = Path(image).absolute()
         if not self.isolated:
             raise SandboxStartError('isolation="none" runs on the host only; use image="host"')
         if not rootfs.is_dir():
             raise SandboxStartError(
-                f"the local backend runs image='host' or a root filesystem directory; "
-                f"{image!r} is not a directory (container images need the docker backend)"
+                f"the local backend runs image='host', a root filesystem directory or a "
+                f"container image reference; {image!r} is not a directory"
             )
         return rootfs
 
@@ -273,12 +277,14 @@ class LocalSandbox(Sandbox):
 
     async def _start(self) -> None:
         spec, opts = self.spec, self.options
+        if self.isolated and is_image_reference(spec.image):
+            self._image = await anyio.to_thread.run_sync(open_image, spec.image)
         rootfs = self._rootfs()
         bwrap = self._find_bwrap() if self.isolated else ""
         problem = check_workdir(spec.workdir, rootfs, opts.host_view)
         if problem:
             raise SandboxStartError(problem)
-        python = init_interpreter(rootfs)
+        python = init_interpreter(rootfs, self._image)
         parent = sandboxes_dir(opts.root_dir)
         try:
             parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -292,7 +298,7 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             raise SandboxStartError(f"cannot write the sandbox's labels: {exc}") from exc
         source = rootfs / spec.workdir.lstrip("/")
-        if rootfs != Path("/") and source.is_dir():
+        if rootfs != Path("/") and self._image is None and source.is_dir():
             await anyio.to_thread.run_sync(copy_tree, source, dirs.work)
         self._cgroups = create_cgroups(
             self.id, opts.max_processes if opts.pids_cgroup else None, spec.cpu
@@ -316,6 +322,7 @@ class LocalSandbox(Sandbox):
                 sandboxes_dir=parent,
                 host_view=opts.host_view,
                 readonly=interpreter_prefixes() if rootfs == Path("/") else (),
+                layers=self._image.layers if self._image else (),
             )
         else:
             log.warning(
@@ -472,6 +479,8 @@ class LocalSandbox(Sandbox):
             GIT_PAGER="cat",
             SANDLOT_WORKDIR=self.spec.workdir if self.isolated else str(dirs.work),
         )
+        if self._image is not None:  # the image's Env over our defaults, as docker does
+            env.update(self._image.config.env)
         if not self.isolated:
             env["TMPDIR"] = str(dirs.tmp)
         env.update(self.spec.env)
