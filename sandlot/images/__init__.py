@@ -8,14 +8,14 @@ layers under a private writable layer. See ``docs/images.md``.
 
 Pieces, bottom up: ``reference`` (what a name means), ``tools`` (skopeo, found or a one-line
 install hint), ``unpack`` (one OCI layer tar into an overlayfs-format directory), ``store`` (the
-cache: paths, locks, records, list, prune), ``pull`` (skopeo into the shared blob store, then
+cache: paths, locks, records, list, prune), ``pulling`` (skopeo into the shared blob store, then
 unpack each missing layer), ``root`` (what a sandbox mounts).
 """
 
 from __future__ import annotations
 
 from sandlot.images.errors import ImageError
-from sandlot.images.pull import open_image, pull
+from sandlot.images.pulling import open_image, pull
 from sandlot.images.reference import is_image_reference
 from sandlot.images.root import ImageConfig, ImageRoot
 
