@@ -1,0 +1,55 @@
+"""``sandlot image pull / list / prune`` against the test registry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import tiny_image
+from registry import Registry, tools_missing
+from requirements import needs
+
+from sandlot.cli.image_cmd import parse_size
+from sandlot.cli.main import cli
+
+pytestmark = needs(tools_missing)
+
+
+def test_pull_list_prune(
+    registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "200")
+    first, second = tiny_image(registry, tmp_path), tiny_image(registry, tmp_path)
+    dataset = tmp_path / "instances.jsonl"
+    row = {"repo": "o/r", "base_commit": "0" * 40, "patch": "", "test_patch": "",
+           "FAIL_TO_PASS": [], "PASS_TO_PASS": []}  # fmt: skip
+    dataset.write_text(
+        json.dumps({**row, "instance_id": "a", "image": {"local": second}})
+        + "\n"
+        + json.dumps({**row, "instance_id": "b", "image": "host"})
+        + "\n"
+    )
+    runner = CliRunner()
+    result = runner.invoke(cli, ["image", "pull", first, "--dataset", str(dataset)])
+    assert result.exit_code == 0, result.output
+    assert "2/2 images ready" in result.output
+    listed = runner.invoke(cli, ["image", "list"])
+    assert first in listed.output and second in listed.output
+    pruned = runner.invoke(cli, ["image", "prune", "--older-than", "0s"])
+    assert "2 images and 2 layers removed" in pruned.output, pruned.output
+    assert first not in runner.invoke(cli, ["image", "list"]).output
+
+
+def test_a_failed_pull_is_reported_and_fails_the_command(
+    registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(cli, ["image", "pull", f"{registry.host}/no-such-image:1"])
+    assert result.exit_code == 1 and "failed" in result.output
+
+
+def test_sizes() -> None:
+    assert parse_size("200G") == 200 << 30 and parse_size("1.5k") == 1536
