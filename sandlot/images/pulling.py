@@ -28,7 +28,8 @@ from sandlot.images.tools import find_tool
 from sandlot.images.unpack import unpack_layer
 
 RETRIES = 3
-"""skopeo's ``--retry-times``: a registry that drops the connection mid-blob is retried."""
+"""skopeo's ``--retry-times``, and how often a copy that failed for a transient reason is
+repeated."""
 
 _TRANSIENT = (
     "connection reset", "connection refused", "EOF", "timeout", "502 Bad Gateway",
@@ -150,20 +151,29 @@ def pull(
 def _skopeo_copy(
     ref: Reference, store: ImageStore, layout: Path, log: Callable[[str], None] | None
 ) -> None:
+    """Copy ``ref`` into the OCI layout ``layout`` with its blobs in the shared store; a copy
+    that fails for a transient reason (a connection dropped mid-blob, which skopeo's own
+    ``--retry-times`` does not retry) is repeated up to :data:`RETRIES` times, the blobs it
+    finished not transferred again."""
     argv = [find_tool("skopeo"), "copy", "--quiet", "--retry-times", str(RETRIES)]
     argv += ["--dest-shared-blob-dir", str(store.blobs)]
     if ref.plain_http:
         argv.append("--src-tls-verify=false")
     argv += [ref.source, f"oci:{layout / 'layout'}:image"]
-    if log:
-        log(f"{ref.text}: copying with skopeo")
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
+    for attempt in range(RETRIES + 1):
+        if log:
+            log(f"{ref.text}: copying with skopeo" + (f" (retry {attempt})" if attempt else ""))
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return
         message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output"
-        raise ImageError(
+        error = ImageError(
             f"cannot pull {ref.text!r}: skopeo exited with {done.returncode}: {message}",
             retryable=any(t in done.stderr for t in _TRANSIENT),
         )
+        if not error.retryable or attempt == RETRIES:
+            raise error
+        time.sleep(0.5 * (attempt + 1))
 
 
 def _verified_json(store: ImageStore, digest: str, what: str) -> dict[str, Any]:

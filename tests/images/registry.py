@@ -10,11 +10,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,3 +139,57 @@ def _podman(*args: str) -> None:
     done = subprocess.run(["podman", *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"podman {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+@contextmanager
+def dropping_proxy(upstream: str, drop_after: int) -> Iterator[tuple[str, list[str]]]:
+    """A TCP proxy to ``upstream`` (``host:port``) that cuts the connection of the first blob
+    download after ``drop_after`` bytes of its response, as a flaky network does; yields its
+    ``host:port`` and the list of blob requests it cut."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    cut: list[str] = []
+    host, port = upstream.rsplit(":", 1)
+
+    def pump(src: socket.socket, dst: socket.socket, watch: list[int] | None) -> None:
+        try:
+            while data := src.recv(65536):
+                if watch is not None and watch[0] >= 0:
+                    room = drop_after - watch[0]
+                    if len(data) >= room:
+                        dst.sendall(data[:room])
+                        break  # cut mid-blob
+                    watch[0] += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def requests(client: socket.socket, server: socket.socket, watch: list[int]) -> None:
+        try:
+            while data := client.recv(65536):
+                line = data.split(b"\r\n", 1)[0].decode("latin-1")
+                if not cut and line.startswith("GET ") and "/blobs/sha256:" in line:
+                    cut.append(line)
+                    watch[0] = 0  # count this response's bytes from here
+                server.sendall(data)
+        except OSError:
+            pass
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection((host, int(port)))
+            watch = [-1]
+            threading.Thread(target=requests, args=(client, server, watch), daemon=True).start()
+            threading.Thread(target=pump, args=(server, client, watch), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}", cut
+    finally:
+        listener.close()

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_image
-from registry import Registry, build_and_push, local_name, running_registry, tools_missing
+from registry import (
+    Registry,
+    build_and_push,
+    dropping_proxy,
+    local_name,
+    running_registry,
+    tools_missing,
+)
 from requirements import needs
 
 import sandlot
@@ -149,4 +156,12 @@ def test_an_interrupted_pull_leaves_nothing_a_later_pull_uses(
     )
     monkeypatch.setattr(pulling, "unpack_layer", real)
     result = pull(ref, store)
+    assert not result.cached and result.layers_unpacked == 1
+
+
+def test_a_connection_dropped_mid_blob_is_retried(registry: Registry, tmp_path: Path) -> None:
+    ref = tiny_image(registry, tmp_path, payload=os.urandom(2 << 20))
+    with dropping_proxy(registry.host, drop_after=256 << 10) as (proxy, cut):
+        result = pull(ref.replace(registry.host, proxy), ImageStore(tmp_path / "cache"))
+    assert len(cut) == 1 and "/blobs/sha256:" in cut[0]
     assert not result.cached and result.layers_unpacked == 1
