@@ -123,7 +123,8 @@ def pull(
     key = name_key(ref)
     started = time.monotonic()
     store.ensure()
-    with store.lock("name-" + hashlib.sha256(key.encode()).hexdigest()[:32]):
+    name_lock = store.lock("name-" + hashlib.sha256(key.encode()).hexdigest()[:32])
+    with store.pulling(), name_lock:
         record = None if force else store.resolve(key)
         if record is not None:
             store.touch(record["manifest"])

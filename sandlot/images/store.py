@@ -19,6 +19,7 @@ one image download it once and unpack each layer once.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -112,6 +113,24 @@ class ImageStore:
             self.tmp,
         ):
             path.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def pulling(self) -> Iterator[None]:
+        """Held (shared) by every pull while it adds layers and records, so that
+        :meth:`prune`, which holds it exclusively, never removes a layer a pull has unpacked
+        but not yet recorded. ``flock(2)``: shared among pulls, across processes and threads."""
+        with self._flock(fcntl.LOCK_SH):
+            yield
+
+    @contextmanager
+    def _flock(self, mode: int) -> Iterator[None]:
+        self.locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.locks / "prune.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, mode)
+            yield
+        finally:
+            os.close(fd)
 
     def lock(self, name: str) -> filelock.FileLock:
         """An exclusive lock named ``name`` shared by every process using this cache."""
@@ -237,7 +256,7 @@ class ImageStore:
         keeps the removed layer files it has open: prune when no sandbox runs.
         """
         now = time.time() if now is None else now
-        with self.lock("prune"):
+        with self._flock(fcntl.LOCK_EX):
             images = sorted(self.entries(), key=lambda i: i.last_used)
             removed: list[str] = []
             kept = list(images)

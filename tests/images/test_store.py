@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 from pathlib import Path
+
+import pytest
 
 from sandlot.images.store import ImageStore
 
@@ -56,3 +59,19 @@ def test_prune_by_age_then_size_keeps_shared_layers(tmp_path: Path) -> None:
     assert result.images == (b,)  # the least recently used goes first
     assert [i.manifest for i in store.entries()] == [c]
     assert not store.layer(_digest("base")).exists()
+
+
+def test_prune_waits_for_pulls_in_progress(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path)
+    store.ensure()
+    with store.pulling():  # a pull that has unpacked a layer and not yet recorded its image
+        _image(store, "a", ["a-top"], used=100)
+        (store.images / f"{_digest('a')[7:]}.json").unlink()
+        fd = os.open(store.locks / "prune.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):  # the lock prune takes
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    store.prune()
+    assert not store.layer(_digest("a-top")).exists()  # unrecorded once the pull is over
