@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandlot.images.errors import ImageError
 from sandlot.images.unpack import OPAQUE_XATTR
 
 _MAX_SYMLINKS = 40  # as the kernel's path walk (MAXSYMLINKS)
@@ -135,6 +136,45 @@ class ImageRoot:
             except OSError:
                 pass
         return out
+
+    def user_ids(self) -> tuple[int, int] | None:
+        """(uid, gid) of the config's ``User`` (``name``, ``uid``, ``name:group``,
+        ``uid:gid``, names looked up in the image's ``/etc/passwd`` and ``/etc/group`` as
+        docker does); ``None`` for root or no ``User``.
+
+        Raises:
+            ImageError: a name the image's files do not have.
+        """
+        user, _, group = self.config.user.partition(":")
+        if user in ("", "0", "root") and group in ("", "0", "root"):
+            return None
+        uid, gid = self._id(user or "0", "/etc/passwd", 2), None
+        if group:
+            gid = self._id(group, "/etc/group", 2)
+        elif not user.isdigit():
+            gid = self._field(user, "/etc/passwd", 3)
+        return uid, gid if gid is not None else uid
+
+    def _id(self, name: str, table: str, column: int) -> int:
+        if name.isdigit():
+            return int(name)
+        found = self._field(name, table, column)
+        if found is None:
+            raise ImageError(
+                f"image {self.reference!r} runs as User {self.config.user!r}, but its {table} "
+                f"has no {name!r}"
+            )
+        return found
+
+    def _field(self, name: str, table: str, column: int) -> int | None:
+        path = self.lookup(table)
+        if path is None:
+            return None
+        for line in path.read_text(errors="replace").splitlines():
+            fields = line.split(":")
+            if len(fields) > column and fields[0] == name and fields[column].isdigit():
+                return int(fields[column])
+        return None
 
     def executable(self, path: str) -> bool:
         """Whether ``path`` (absolute, in the image) is an executable file."""

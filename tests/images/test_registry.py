@@ -20,7 +20,7 @@ from registry import (
     running_registry,
     tools_missing,
 )
-from requirements import needs
+from requirements import TEST_IMAGE, needs
 
 import sandlot
 import sandlot.images.pulling as pulling
@@ -165,3 +165,15 @@ def test_a_connection_dropped_mid_blob_is_retried(registry: Registry, tmp_path: 
         result = pull(ref.replace(registry.host, proxy), ImageStore(tmp_path / "cache"))
     assert len(cut) == 1 and "/blobs/sha256:" in cut[0]
     assert not result.cached and result.layers_unpacked == 1
+
+
+@pytest.mark.anyio
+async def test_the_image_user_runs_the_commands(
+    registry: Registry, shared_store: ImageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containerfile = f"FROM {TEST_IMAGE}\nRUN useradd -u 1234 -m alice\nUSER alice\n"
+    ref = build_and_push(tmp_path, containerfile, "user:1", registry)
+    monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(shared_store.root))
+    async with sandlot.open("local", image=ref) as sb:
+        r = await sb.exec("id -un; id -u; id -g; touch /usr/local/mine && echo wrote")
+        assert r.stdout.split() == ["alice", "1234", "1234", "wrote"], r

@@ -154,6 +154,9 @@ class JailConfig:
         layers: for a container image, its unpacked layers, topmost first
             (:class:`sandlot.images.ImageRoot`): the jail's root is then ``rootfs``, an
             overlayfs of them under a private writable layer, mounted by :func:`overlay_argv`.
+        user: (uid, gid) the jail's processes run as, in a user namespace of their own where
+            that id owns what root owns outside it (an image's non-root ``User``); ``None``:
+            root.
     """
 
     bwrap: str
@@ -166,6 +169,7 @@ class JailConfig:
     host_view: str = "minimal"
     readonly: tuple[str, ...] = ()
     layers: tuple[Path, ...] = ()
+    user: tuple[int, int] | None = None
 
 
 def _shown(name: str, rootfs: Path, host_view: str) -> bool:
@@ -428,4 +432,6 @@ def _namespaces_argv(config: JailConfig) -> list[str]:
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not config.network:
         argv.append("--unshare-net")
+    if config.user is not None:
+        argv += ["--unshare-user", "--uid", str(config.user[0]), "--gid", str(config.user[1])]
     return [*argv, "--die-with-parent", "--new-session", "--as-pid-1"]

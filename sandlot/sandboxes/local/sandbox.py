@@ -323,6 +323,7 @@ class LocalSandbox(Sandbox):
                 host_view=opts.host_view,
                 readonly=interpreter_prefixes() if rootfs == Path("/") else (),
                 layers=self._image.layers if self._image else (),
+                user=self._image.user_ids() if self._image else None,
             )
         else:
             log.warning(
