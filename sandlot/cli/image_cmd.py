@@ -63,15 +63,27 @@ def dataset_images(dataset: Path, backend: str) -> list[str]:
               help="Whose image names a --dataset row gives (its image map's key).")  # fmt: skip
 @click.option("-j", "--jobs", default=4, show_default=True, help="Images pulled at once.")
 @click.option("--force", is_flag=True, help="Re-resolve names already cached (as docker pull).")
+@click.option("--ray", "on_ray", is_flag=True, help="Pull on every node of the Ray cluster.")
+@click.option("--ray-address", default="auto", show_default=True, help="The cluster to join.")
 def pull_command(
-    refs: tuple[str, ...], dataset: Path | None, backend_images: str, jobs: int, force: bool
+    refs: tuple[str, ...],
+    dataset: Path | None,
+    backend_images: str,
+    jobs: int,
+    force: bool,
+    on_ray: bool,
+    ray_address: str,
 ) -> None:
-    """Pull REFS (and a dataset's images) into the cache, in parallel, with a summary."""
+    """Pull REFS (and a dataset's images) into the cache, in parallel, with a summary; with
+    --ray, into the cache of every node of the cluster (one task per node)."""
     names = list(
         dict.fromkeys([*refs, *(dataset_images(dataset, backend_images) if dataset else [])])
     )
     if not names:
         raise click.UsageError("nothing to pull: give image references or --dataset")
+    if on_ray:
+        _pull_on_ray(names, jobs, ray_address)
+        return
     console = Console(stderr=True)
     store = ImageStore()
     results: dict[str, PullResult | str] = {}
@@ -107,6 +119,23 @@ def pull_command(
         + (f", {failed} failed" if failed else "")
     )
     if failed:
+        raise SystemExit(1)
+
+
+def _pull_on_ray(names: list[str], jobs: int, address: str) -> None:
+    from sandlot.images.prefetch import prefetch_on_cluster
+
+    results = prefetch_on_cluster(names, jobs, address)
+    table = Table("node", "ready", "failed", "transferred", "seconds")
+    for node in results:
+        table.add_row(node.node, str(node.ready), str(len(node.failed)),
+                      human_size(node.transferred), f"{node.seconds:.1f}")  # fmt: skip
+    Console().print(table)
+    for node in results:
+        for name, error in node.failed:
+            click.echo(f"{node.node}: {name}: {error}", err=True)
+    click.echo(f"{len(names)} images on {len(results)} nodes")
+    if any(node.failed for node in results):
         raise SystemExit(1)
 
 

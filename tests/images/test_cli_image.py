@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from requirements import needs
 
 from sandlot.cli.image_cmd import parse_size
 from sandlot.cli.main import cli
+from sandlot.images.store import ImageStore
 
 pytestmark = needs(tools_missing)
 
@@ -53,3 +56,21 @@ def test_a_failed_pull_is_reported_and_fails_the_command(
 
 def test_sizes() -> None:
     assert parse_size("200G") == 200 << 30 and parse_size("1.5k") == 1536
+
+
+@pytest.mark.slow
+def test_pull_on_every_ray_node(registry: Registry, tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    ref = tiny_image(registry, tmp_path)
+    cache = tmp_path / "node-cache"
+    env = {"PYTHONPATH": os.pathsep.join(sys.path), "SANDLOT_IMAGE_CACHE": str(cache)}
+    ray.init(
+        num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
+    )
+    try:
+        result = CliRunner().invoke(cli, ["image", "pull", ref, "--ray"])
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 0, result.output
+    assert "1 images on 1 nodes" in result.output
+    assert ImageStore(cache).entries()[0].references == (ref,)
