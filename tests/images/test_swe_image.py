@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from registry import Registry, build_and_push, local_name, tools_missing
 from requirements import TEST_IMAGE, docker_engine_missing, needs
 
 from sandlot.cli.main import cli
+from sandlot.images.store import ImageStore
 from sandlot.sandboxes.local.jail import DEFAULT_PATH
 
 pytestmark = needs(tools_missing, docker_engine_missing)
@@ -120,3 +122,29 @@ def test_local_image_resolves_as_docker_does(
     assert reports["local"] == reports["docker"]
     resolved = reports["local"]["resolved_ids"]
     assert resolved == (["imgonly__calc-1"] if predictions == "gold" else [])
+
+
+@pytest.mark.slow
+def test_swe_mini_in_an_image_gives_the_docker_report(
+    registry: Registry, shared_store: ImageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/swe-mini with every instance in the test image (pushed to the registry for
+    ``local``, the engine's copy for ``docker``): the same run report, all resolved."""
+    examples = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"
+    subprocess.run(
+        [sys.executable, str(examples / "make_repos.py")], check=True, capture_output=True
+    )
+    ref = build_and_push(tmp_path / "context", f"FROM {TEST_IMAGE}\n", "swe-mini:1", registry)
+    monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(shared_store.root))
+    reports = {}
+    for backend, image in (("local", ref), ("docker", TEST_IMAGE)):
+        out = tmp_path / backend
+        result = CliRunner().invoke(
+            cli,
+            ["eval", "--dataset", str(examples / "instances.jsonl"), "--predictions", "gold",
+             "--backend", backend, "--image", image, "--run-id", RUN_ID, "--output-dir", str(out)],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        reports[backend] = _run_report(out)
+    assert reports["local"] == reports["docker"]
+    assert reports["local"]["resolved_instances"] == 8

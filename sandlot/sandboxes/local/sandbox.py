@@ -42,7 +42,7 @@ from sandlot.sandboxes.archive import (
     extract_archive,
 )
 from sandlot.sandboxes.base import Command, Sandbox, as_shell
-from sandlot.sandboxes.environment import EnvironmentRecipe
+from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
 from sandlot.sandboxes.local.channel import LocalChannel
@@ -420,7 +420,8 @@ class LocalSandbox(Sandbox):
             await anyio.to_thread.run_sync(ensure_environment, recipe.packages_only())
 
     async def _install_environment(self, recipe: EnvironmentRecipe) -> None:
-        """Mount the recipe's cached virtual environment (built on first use) first on ``PATH``.
+        """Mount the recipe's cached virtual environment (built on first use) first on ``PATH``;
+        in a container image, run the recipe's container script as the docker backend does.
 
         The environment is built on this machine, outside the jail, once per recipe and
         interpreter (:func:`~sandlot.sandboxes.local.venv.ensure_environment`; concurrent
@@ -432,8 +433,13 @@ class LocalSandbox(Sandbox):
         Raises:
             EnvironmentBuildError: the interpreter is missing or the build failed.
             SandboxStartError: the image is a root filesystem directory (recipes need the host).
+            SandboxSetupError: (a container image) the recipe's script failed, as on docker.
         """
         assert self._dirs is not None
+        if self._image is not None:  # a container image is the environment, as on docker
+            self._env["PATH"] = container_path(self._env)
+            await super()._install_environment(recipe)
+            return
         if self._rootfs() != Path("/"):
             raise SandboxStartError(
                 "an environment recipe on the local backend needs image='host': the cached "
