@@ -7,9 +7,11 @@
 layers under a private writable layer. See ``docs/images.md``.
 
 Pieces, bottom up: ``reference`` (what a name means), ``tools`` (skopeo, found or a one-line
-install hint), ``unpack`` (one OCI layer tar into an overlayfs-format directory), ``store`` (the
-cache: paths, locks, records, list, prune), ``pulling`` (skopeo into the shared blob store, then
-unpack each missing layer), ``root`` (what a sandbox mounts).
+install hint), ``unpack`` (one OCI layer tar into an overlayfs-format directory), ``root`` (what
+a sandbox mounts: layers, config, lookups through the stack), ``store`` (the cache: paths,
+locks, records, list, prune), ``pulling`` (skopeo into the shared blob store, then unpack each
+missing layer), ``prefetch`` (the same on every node of a Ray cluster). The jail's side is
+``sandlot.sandboxes.local.jail.overlay_argv``.
 """
 
 from __future__ import annotations

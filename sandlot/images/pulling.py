@@ -111,7 +111,7 @@ def pull(
     Args:
         image: a reference (see :mod:`sandlot.images.reference`).
         store: the cache; the default one when ``None``.
-        force: re-resolve a name already cached (its unchanged blobs are not transferred).
+        force: re-resolve a tag already cached (its unchanged blobs are not transferred).
         log: called with one line per step (for progress output).
 
     Raises:
@@ -125,7 +125,8 @@ def pull(
     store.ensure()
     name_lock = store.lock("name-" + hashlib.sha256(key.encode()).hexdigest()[:32])
     with store.pulling(), name_lock:
-        record = None if force else store.resolve(key)
+        # A name that pins a digest never resolves to anything else: nothing to re-resolve.
+        record = None if force and not ref.by_digest else store.resolve(key)
         if record is not None:
             store.touch(record["manifest"])
             return PullResult(

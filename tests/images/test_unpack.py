@@ -127,3 +127,28 @@ def test_plain_tar_and_trailing_bytes_are_hashed(tmp_path: Path) -> None:
     blob, diff_id = _layer(tmp_path, "plain", [_entry("f", data=b"x" * 5000)], compress=False)
     unpack_layer(blob, diff_id, tmp_path / "out", [])
     assert (tmp_path / "out/f").read_bytes() == b"x" * 5000
+
+
+def test_image_config_and_user_lookup(tmp_path: Path) -> None:
+    layer = _unpack(
+        tmp_path,
+        "etc",
+        [
+            _entry("etc/passwd", data=b"root:x:0:0::/root:/bin/sh\nalice:x:1234:99::/h:/bin/sh\n"),
+            _entry("etc/group", data=b"root:x:0:\nstaff:x:50:\n"),
+        ],
+    )
+    document = {"config": {"Env": ["A=1", "B=x=y", "A=2"], "User": "alice", "WorkingDir": "/w",
+                           "Entrypoint": ["/bin/sh"], "Cmd": ["-c", "true"]}}  # fmt: skip
+    config = ImageConfig.from_oci(document)
+    assert config.env == {"A": "2", "B": "x=y"} and config.working_dir == "/w"
+    assert (config.entrypoint, config.cmd) == (("/bin/sh",), ("-c", "true"))
+
+    def ids(user: str) -> tuple[int, int] | None:
+        root = ImageRoot("t", "sha256:" + "0" * 64, (layer,), ImageConfig(user=user))
+        return root.user_ids()
+
+    assert ids("alice") == (1234, 99) and ids("alice:staff") == (1234, 50)
+    assert ids("7:8") == (7, 8) and ids("7") == (7, 7) and ids("root") is None and ids("") is None
+    with pytest.raises(ImageError, match="has no 'bob'"):
+        ids("bob")
