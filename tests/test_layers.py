@@ -2,7 +2,7 @@
 
 From the bottom: the I/O-free leaves (``sandlot.errors``, ``sandlot.result``,
 ``sandlot._optional``), ``runtimes/`` (what runs inside a sandbox; knows no backend),
-``sandboxes/``, ``testing/`` (simulated sandboxes), ``tools/``, ``datasets/``, ``rewards/``,
+``images/`` (container images pulled and unpacked for ``local``), ``sandboxes/``, ``testing/`` (simulated sandboxes), ``tools/``, ``datasets/``, ``rewards/``,
 ``rollout/``, ``trainer/``, ``cli/``. An import inside a function counts as much as one at the top.
 """
 
@@ -19,6 +19,7 @@ LAYERS = [
     "result",
     "_optional",
     "runtimes",
+    "images",
     "sandboxes",
     "testing",
     "tools",
