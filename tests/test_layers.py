@@ -2,8 +2,9 @@
 
 From the bottom: the I/O-free leaves (``sandlot.errors``, ``sandlot.result``,
 ``sandlot._optional``), ``runtimes/`` (what runs inside a sandbox; knows no backend),
-``images/`` (container images pulled and unpacked for ``local``), ``sandboxes/``, ``testing/`` (simulated sandboxes), ``tools/``, ``datasets/``, ``rewards/``,
-``rollout/``, ``trainer/``, ``cli/``. An import inside a function counts as much as one at the top.
+``images/`` (container images pulled and unpacked for ``local``), ``sandboxes/``, ``testing/``
+(simulated sandboxes), ``tools/``, ``datasets/``, ``rewards/``, ``rollout/``, ``trainer/``,
+``cli/``. An import inside a function counts as much as one at the top.
 """
 
 from __future__ import annotations
