@@ -28,6 +28,8 @@ variable                           type     default   meaning
                                                       the names a backend pulls
 ``SANDLOT_LOCAL_ROOT``             path     unset     ``local`` sandboxes' host directories; else
                                                       ``<tmp>/sandlot-local-<uid>``
+``SANDLOT_IMAGE_CACHE``            path     unset     container images pulled for ``local``; else
+                                                      ``$XDG_CACHE_HOME/sandlot/images``
 ``SANDLOT_ENV_CACHE``              path     unset     ``local`` test environments; else
                                                       ``~/.cache/sandlot/envs``
 ``SANDLOT_ENV_INSTALLER``          name     unset     ``uv`` or ``pip`` for those environments;
@@ -76,6 +78,7 @@ class Settings(BaseModel):
     budget_s: float | None = Field(None, alias="SANDLOT_START_BUDGET_S")
     image_overrides: str | None = Field(None, alias="SANDLOT_IMAGE_OVERRIDES")
     local_root: str | None = Field(None, alias="SANDLOT_LOCAL_ROOT")
+    image_cache: str | None = Field(None, alias="SANDLOT_IMAGE_CACHE")
     env_cache: str | None = Field(None, alias="SANDLOT_ENV_CACHE")
     env_installer: str | None = Field(None, alias="SANDLOT_ENV_INSTALLER")
     docker_api_threads: int = Field(32, alias="SANDLOT_DOCKER_API_THREADS")

@@ -37,19 +37,6 @@ def test_a_bad_value_names_the_variable() -> None:
         Settings.from_env({"SANDLOT_MAX_STARTING": "many"})
 
 
-# The sandbox modules whose settings reads go through sandlot.settings; the other sandbox modules
-# belong to the backend refactor (issue #23 item 1) and are not checked yet.
-_CONVERTED_SANDBOX_MODULES = {
-    "limits.py",
-    "labels.py",
-    "images.py",
-    "environment.py",
-    "local/venv.py",
-    "local/hostdirs.py",
-    "docker/engine.py",
-}
-
-
 def _environment_reads(path: Path) -> list[tuple[int, str]]:
     """(line, variable) of each ``os.environ.get/[]`` or ``os.getenv`` read in ``path``; a
     variable given by a module-level string constant is resolved, any other is ``"?"``."""
@@ -80,16 +67,7 @@ def _environment_reads(path: Path) -> list[tuple[int, str]]:
 
 def test_settings_are_read_only_through_sandlot_settings() -> None:
     package = Path(sandlot.settings.__file__).parent
-    sandboxes = package / "sandboxes"
-    checked = [
-        path
-        for path in package.rglob("*.py")
-        if path.name != "settings.py"
-        and (
-            sandboxes not in path.parents
-            or str(path.relative_to(sandboxes)) in _CONVERTED_SANDBOX_MODULES
-        )
-    ]
+    checked = [path for path in package.rglob("*.py") if path.name != "settings.py"]
     variables = {field.alias for field in Settings.model_fields.values()}
     direct = [
         f"{path.relative_to(package)}:{line} reads ${variable}"

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from importlib.metadata import entry_points
 
 from sandlot.errors import BackendNotFoundError
 from sandlot.sandboxes.base import Sandbox
+from sandlot.settings import settings
 
 ENTRY_POINT_GROUP = "sandlot.backends"
 DEFAULT_BACKEND = "local"
@@ -49,7 +49,8 @@ def available_backends() -> list[str]:
 
 def resolve_backend_name(name: str | None = None) -> str:
     """Pick the backend: ``name``, else ``$SANDLOT_BACKEND``, else ``$DEPLOYMENT``, else local."""
-    for candidate in (name, os.environ.get("SANDLOT_BACKEND"), os.environ.get("DEPLOYMENT")):
+    env = settings()
+    for candidate in (name, env.backend, env.deployment):
         if candidate:
             return candidate.strip().lower()
     return DEFAULT_BACKEND

@@ -83,7 +83,7 @@ async def test_unusable_workdir_or_image_fails_to_start() -> None:
     with pytest.raises(SandboxStartError, match="reserved"):
         await open_local(workdir="/proc").start()
     with pytest.raises(SandboxStartError, match="not a directory"):
-        await open_local(image="python:3.12").start()
+        await open_local(image="/sandlot-no-such-rootfs").start()
 
 
 @needs_bwrap

@@ -229,7 +229,7 @@ class InitProcess:
         is ready.
 
         Args:
-            jail: the bwrap command line up to ``--`` (empty: no jail).
+            jail: the bwrap command line, ending with ``--`` (empty: no jail).
             python: the interpreter that runs the init, as seen inside the jail.
             our_python: ``python`` is this process's own (base) interpreter, which can load the
                 init's code compiled here.
@@ -251,14 +251,16 @@ class InitProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info, info_w = os.pipe() if jail else (-1, -1)
         code = _compiled_init() if our_python else None
-        head = [jail[0], "--info-fd", str(info_w), *jail[1:]] if jail else []
+        # bwrap's own options go just before the final "--": the command may start with a
+        # wrapper that runs bwrap (an image's overlay mount, jail.overlay_argv).
+        head = [*jail[:-1], "--info-fd", str(info_w), "--"] if jail else []
         fds: tuple[int, ...] = (theirs.fileno(), info_w) if jail else (theirs.fileno(),)
         program = -1
         if jail and seccomp:
             program, program_w = os.pipe()  # far below a pipe's capacity: written at once
             os.write(program_w, seccomp)
             os.close(program_w)
-            head[1:1] = ["--seccomp", str(program)]
+            head[-1:-1] = ["--seccomp", str(program)]
             fds += (program,)
         argv = [*head, python, "-I", "-S", "-c", INIT_SOURCE if code is None else _LOADER]
         argv += [str(theirs.fileno()), limits]

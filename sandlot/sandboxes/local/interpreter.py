@@ -15,24 +15,27 @@ import sys
 from pathlib import Path
 
 from sandlot.errors import SandboxStartError
+from sandlot.images.root import ImageRoot
 
 _IMAGE_PYTHONS = ("usr/local/bin/python3", "usr/bin/python3", "bin/python3")
 
 
-def init_interpreter(rootfs: Path) -> str:
-    """The interpreter (path as the jail sees it) that runs the init of a sandbox on ``rootfs``.
+def init_interpreter(rootfs: Path, image: ImageRoot | None = None) -> str:
+    """The interpreter (path as the jail sees it) that runs the init of a sandbox on ``rootfs``,
+    or on container image ``image`` (looked up through its layers).
 
     Raises:
-        SandboxStartError: a root filesystem directory without ``python3``.
+        SandboxStartError: a root filesystem directory or image without ``python3``.
     """
-    if rootfs == Path("/"):
+    if rootfs == Path("/") and image is None:
         return _host_interpreter()
     for candidate in _IMAGE_PYTHONS:
-        if os.access(rootfs / candidate, os.X_OK):
+        if image.executable("/" + candidate) if image else os.access(rootfs / candidate, os.X_OK):
             return "/" + candidate
+    name = image.reference if image else str(rootfs)
     raise SandboxStartError(
-        f"the local backend runs each sandbox's init with Python, but the root filesystem "
-        f"{str(rootfs)!r} has no python3 in /usr/local/bin, /usr/bin or /bin; add one to it"
+        f"the local backend runs each sandbox's init with Python, but the root filesystem of "
+        f"{name!r} has no python3 in /usr/local/bin, /usr/bin or /bin; add one to it"
     )
 
 

@@ -48,6 +48,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandlot.images.tools import find_tool
 from sandlot.sandboxes.local.hostdirs import HostDirs
 
 JAIL_HOME = "/sandlot/home"
@@ -150,6 +151,12 @@ class JailConfig:
             ``"full"`` every top-level directory (see ``LocalOptions.host_view``).
         readonly: host directories bound read-only at their own path when the image is the
             host (interpreters the init and the environment need).
+        layers: for a container image, its unpacked layers, topmost first
+            (:class:`sandlot.images.ImageRoot`): the jail's root is then ``rootfs``, an
+            overlayfs of them under a private writable layer, mounted by :func:`overlay_argv`.
+        user: (uid, gid) the jail's processes run as, in a user namespace of their own where
+            that id owns what root owns outside it (an image's non-root ``User``); ``None``:
+            root.
     """
 
     bwrap: str
@@ -161,6 +168,8 @@ class JailConfig:
     environment: Path | None = None
     host_view: str = "minimal"
     readonly: tuple[str, ...] = ()
+    layers: tuple[Path, ...] = ()
+    user: tuple[int, int] | None = None
 
 
 def _shown(name: str, rootfs: Path, host_view: str) -> bool:
@@ -244,13 +253,47 @@ def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     empty = dirs.ensure(dirs.empty, 0o555)
     argv = _system_argv(config, _proc_argv(empty))
     argv += ["--bind", str(dirs.tmp), "/tmp", "--bind", str(dirs.home), JAIL_HOME]
-    argv += ["--bind", str(dirs.work), config.workdir]
+    if config.layers:  # the workdir is the image's, in the writable root: nothing to copy
+        argv += ["--dir", config.workdir]
+    else:
+        argv += ["--bind", str(dirs.work), config.workdir]
     for source, dest in _read_only_binds(config):
         argv += ["--ro-bind", source, dest]
     argv += _masks_argv(config, empty)
     if config.environment is not None:
         argv += ["--bind", str(dirs.ensure(dirs.overlay)), JAIL_OVERLAY]
-    return [*argv, *_namespaces_argv(config), "--cap-drop", "ALL"]
+    prefix = overlay_argv(config, dirs) if config.layers else []
+    return [*prefix, *argv, *_namespaces_argv(config), "--cap-drop", "ALL"]
+
+
+_MOUNT_SCRIPT = (
+    'cd "$1" && "$2" -t overlay overlay -o "userxattr,lowerdir=$3,upperdir=$4,workdir=$5" "$6" '
+    '&& shift 6 && exec "$@"'
+)
+
+
+def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
+    """The command that runs bwrap (append its argv) once ``config.rootfs`` is an overlayfs of
+    ``config.layers`` under the sandbox's own writable ``upper`` directory.
+
+    util-linux's ``unshare`` makes a user and mount namespace (the caller is root in it, as
+    rootless podman is) where the kernel lets an unprivileged user mount overlayfs (Linux
+    5.11, with ``userxattr``); ``mount`` mounts it, then ``exec`` turns that process into bwrap,
+    so the mount lives exactly as long as the jail. The lower layers are named relative to
+    their common directory: ``mount`` options are limited to one page.
+
+    Raises:
+        BackendUnavailableError: ``unshare``, ``mount`` or ``sh`` is missing.
+        OSError: the sandbox's overlay directories cannot be created.
+    """
+    base = os.path.commonpath([str(p.parent) for p in config.layers])
+    lower = ":".join(os.path.relpath(p, base) for p in config.layers)
+    upper = dirs.ensure(dirs.root / "upper", 0o755)
+    work = dirs.ensure(dirs.root / "overlay-work")
+    config.rootfs.mkdir(exist_ok=True)
+    unshare = [find_tool("unshare"), "--user", "--map-root-user", "--mount"]
+    script = [find_tool("sh"), "-c", _MOUNT_SCRIPT, "sandlot-overlay", base, find_tool("mount")]
+    return [*unshare, *script, lower, str(upper), str(work), str(config.rootfs)]
 
 
 @dataclass(frozen=True)
@@ -345,7 +388,10 @@ def _proc_argv(empty: Path) -> list[str]:
 
 
 def _system_argv(config: JailConfig, proc: list[str]) -> list[str]:
-    argv = [config.bwrap, *_top_level(config.rootfs, config.host_view), *proc]
+    if config.layers:  # an image: its writable overlay is the root
+        argv = [config.bwrap, "--bind", str(config.rootfs), "/", *proc]
+    else:
+        argv = [config.bwrap, *_top_level(config.rootfs, config.host_view), *proc]
     return [*argv, "--dev", "/dev", "--tmpfs", "/run"]
 
 
@@ -382,7 +428,10 @@ def _masks_argv(config: JailConfig, empty: Path | None) -> list[str]:
 
 
 def _namespaces_argv(config: JailConfig) -> list[str]:
-    argv = ["--remount-ro", "/", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    argv = [] if config.layers else ["--remount-ro", "/"]
+    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not config.network:
         argv.append("--unshare-net")
+    if config.user is not None:
+        argv += ["--unshare-user", "--uid", str(config.user[0]), "--gid", str(config.user[1])]
     return [*argv, "--die-with-parent", "--new-session", "--as-pid-1"]

@@ -27,11 +27,12 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
+from sandlot.images import ImageRoot, is_image_reference, open_image
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import clip_tail
-from sandlot.sandboxes.environment import EnvironmentRecipe
+from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
@@ -185,6 +186,7 @@ class LocalSandbox(Sandbox):
         self._dirs: HostDirs | None = None
         self._cgroups: list[Cgroup] = []
         self._jail_config: JailConfig | None = None
+        self._image: ImageRoot | None = None  # a container image's layers (sandlot.images)
         self._init: InitProcess | None = None
         self._zygote: tuple[JailConfig, Zygote] | None = None
         self._venv: BuiltEnvironment | None = None
@@ -231,13 +233,15 @@ class LocalSandbox(Sandbox):
         image = self.spec.image
         if image == "host":
             return Path("/")
+        if self._image is not None:  # its overlay's mount point, in the jail's namespace only
+            return sandboxes_dir(self.options.root_dir) / self.id / "rootfs"
         rootfs = Path(image).absolute()
         if not self.isolated:
             raise SandboxStartError('isolation="none" runs on the host only; use image="host"')
         if not rootfs.is_dir():
             raise SandboxStartError(
-                f"the local backend runs image='host' or a root filesystem directory; "
-                f"{image!r} is not a directory (container images need the docker backend)"
+                f"the local backend runs image='host', a root filesystem directory or a "
+                f"container image reference; {image!r} is not a directory"
             )
         return rootfs
 
@@ -249,12 +253,14 @@ class LocalSandbox(Sandbox):
 
     async def _start(self) -> None:
         spec, opts = self.spec, self.options
+        if self.isolated and is_image_reference(spec.image):
+            self._image = await anyio.to_thread.run_sync(open_image, spec.image)
         rootfs = self._rootfs()
         bwrap = self._find_bwrap() if self.isolated else ""
         problem = check_workdir(spec.workdir, rootfs, opts.host_view)
         if problem:
             raise SandboxStartError(problem)
-        python = init_interpreter(rootfs)
+        python = init_interpreter(rootfs, self._image)
         parent = sandboxes_dir(opts.root_dir)
         try:
             parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -268,7 +274,7 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             raise SandboxStartError(f"cannot write the sandbox's labels: {exc}") from exc
         source = rootfs / spec.workdir.lstrip("/")
-        if rootfs != Path("/") and source.is_dir():
+        if rootfs != Path("/") and self._image is None and source.is_dir():
             await anyio.to_thread.run_sync(copy_tree, source, dirs.work)
         self._cgroups = create_cgroups(
             self.id, opts.max_processes if opts.pids_cgroup else None, spec.cpu
@@ -292,6 +298,8 @@ class LocalSandbox(Sandbox):
                 sandboxes_dir=parent,
                 host_view=opts.host_view,
                 readonly=interpreter_prefixes() if rootfs == Path("/") else (),
+                layers=self._image.layers if self._image else (),
+                user=self._image.user_ids() if self._image else None,
             )
         else:
             log.warning(
@@ -388,7 +396,8 @@ class LocalSandbox(Sandbox):
             await anyio.to_thread.run_sync(ensure_environment, recipe.packages_only())
 
     async def _install_environment(self, recipe: EnvironmentRecipe) -> None:
-        """Mount the recipe's cached virtual environment (built on first use) first on ``PATH``.
+        """Mount the recipe's cached virtual environment (built on first use) first on ``PATH``;
+        in a container image, run the recipe's container script as the docker backend does.
 
         The environment is built on this machine, outside the jail, once per recipe and
         interpreter (:func:`~sandlot.sandboxes.local.venv.ensure_environment`; concurrent
@@ -400,8 +409,13 @@ class LocalSandbox(Sandbox):
         Raises:
             EnvironmentBuildError: the interpreter is missing or the build failed.
             SandboxStartError: the image is a root filesystem directory (recipes need the host).
+            SandboxSetupError: (a container image) the recipe's script failed, as on docker.
         """
         assert self._dirs is not None
+        if self._image is not None:  # a container image is the environment, as on docker
+            self._env["PATH"] = container_path(self._env)
+            await super()._install_environment(recipe)
+            return
         if self._rootfs() != Path("/"):
             raise SandboxStartError(
                 "an environment recipe on the local backend needs image='host': the cached "
@@ -470,6 +484,8 @@ class LocalSandbox(Sandbox):
             GIT_PAGER="cat",
             SANDLOT_WORKDIR=self.spec.workdir if self.isolated else str(dirs.work),
         )
+        if self._image is not None:  # the image's Env over our defaults, as docker does
+            env.update(self._image.config.env)
         if not self.isolated:
             env["TMPDIR"] = str(dirs.tmp)
         env.update(self.spec.env)

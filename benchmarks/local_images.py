@@ -1,0 +1,207 @@
+"""Benchmark of container images on the ``local`` backend (issue #24), in one run.
+
+Starts a registry on 127.0.0.1 (Debian's ``docker-registry``), builds and pushes with podman a
+multi-layer image (the test image plus the layers of ``tests/images/registry.py``'s
+``LAYERED``) and a second one that adds one layer on top, then measures:
+
+* **pull** of the fresh multi-layer image into an empty cache (skopeo into the shared blob
+  store, then each layer unpacked) vs ``skopeo copy`` of the same image into an OCI layout
+  (transfer only): goal <= 1.2x;
+* **second image**: pulling the image that shares all but its top layer transfers only that
+  layer (layers and bytes transferred);
+* **open -> first exec** on the cached image (a fresh sandbox each time: overlay mount, jail,
+  init, ``exec("true")``), median of ``--n``: goal <= 50 ms, vs the engine's create + start +
+  exec of the same image (the docker SDK against ``$DOCKER_HOST``), in the same run;
+* **disk**: ``--sandboxes`` sandboxes of the image open at once, each writing 1 MiB; the growth
+  of the disk used (sandboxes' directories and the cache, ``du``) vs what they wrote: goal
+  <= written + 1 MiB each.
+
+Needs skopeo, docker-registry, podman, bubblewrap (``bash .ci/images-packages.sh``), the
+engine (``$DOCKER_HOST``) and ``SANDLOT_TEST_IMAGE`` in it.
+
+Usage: python benchmarks/local_images.py [--n 20] [--sandboxes 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "images")]
+
+from registry import LAYERED, build_and_push, local_name, running_registry, tools_missing  # noqa: E402
+
+import sandlot  # noqa: E402
+from sandlot.images import pull  # noqa: E402
+from sandlot.images.store import ImageStore  # noqa: E402
+
+PULL_RATIO_TARGET = 1.2
+OPEN_EXEC_TARGET_MS = 50.0
+MIB = 1 << 20
+
+
+def _du(*paths: Path) -> int:
+    """Bytes of disk used by ``paths`` (``du``: hard links counted once)."""
+    out = subprocess.run(["du", "-s", "-B1", *map(str, paths)], capture_output=True, text=True)
+    return sum(int(line.split()[0]) for line in out.stdout.splitlines())
+
+
+def _tar_floor(store: ImageStore, manifest: str, dest: Path) -> float:
+    """Seconds GNU tar takes to extract the image's layer blobs: the file-creation floor of
+    any unpack on this disk."""
+    record = store.record(manifest)
+    assert record is not None
+    started = time.perf_counter()
+    for i, blob in enumerate(record["layer_blobs"]):
+        (dest / str(i)).mkdir(parents=True)
+        subprocess.run(["tar", "-xzf", str(store.blob(blob["digest"])), "-C", str(dest / str(i))],
+                       check=True, capture_output=True)  # fmt: skip
+    return time.perf_counter() - started
+
+
+def _skopeo_copy(ref: str, dest: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", f"docker://{ref}",
+                    f"oci:{dest}:image"], check=True)  # fmt: skip
+    return time.perf_counter() - started
+
+
+async def _open_exec(image: str, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        async with sandlot.open("local", image=image) as sb:
+            r = await sb.exec("true")
+            times.append(time.perf_counter() - started)
+            assert r.exit_code == 0, r
+    return times
+
+
+def _engine_create_start_exec(image: str, n: int) -> list[float]:
+    import docker
+
+    client = docker.from_env()
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        container = client.containers.create(image, ["sleep", "infinity"])
+        try:
+            container.start()
+            exit_code, _ = container.exec_run(["true"])
+            times.append(time.perf_counter() - started)
+            assert exit_code == 0
+        finally:
+            container.remove(force=True)
+    return times
+
+
+async def _disk(image: str, count: int, sandboxes_root: Path, cache: Path) -> tuple[int, int]:
+    """Open ``count`` sandboxes of ``image`` at once, each writing 1 MiB into the image's root;
+    return (disk growth with all of them open, bytes written)."""
+    before = _du(sandboxes_root, cache)
+    opened: list[sandlot.Sandbox] = []
+    growth = 0
+    try:
+        limiter = anyio.CapacityLimiter(8)
+
+        async def one() -> None:
+            async with limiter:
+                sb = sandlot.open("local", image=image)
+                await sb.start()
+                opened.append(sb)
+                r = await sb.exec("head -c 1048576 /dev/urandom > /usr/local/written")
+                assert r.exit_code == 0, r
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(count):
+                tg.start_soon(one)
+        growth = _du(sandboxes_root, cache) - before
+    finally:
+        for sb in opened:
+            await sb.close()
+    return growth, count * MIB
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=20, help="open->exec and engine samples")
+    parser.add_argument("--sandboxes", type=int, default=100, help="concurrent sandboxes (disk)")
+    args = parser.parse_args(argv)
+    console = Console()
+    reason = tools_missing()
+    if reason:
+        console.print(f"[red]cannot run:[/red] {reason}")
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="sandlot-bench-images-"))
+    rows: list[tuple[str, str, str, bool]] = []
+    try:
+        with running_registry(work / "registry") as reg:
+            tag = str(int(time.time()))
+            layered = build_and_push(work / "b1", LAYERED, f"bench-layered:{tag}", reg)
+            plus_file = f"FROM {local_name(f'bench-layered:{tag}')}\nRUN echo plus > /plus\n"
+            plus = build_and_push(work / "b2", plus_file, f"bench-plus:{tag}", reg)
+
+            copy_s = _skopeo_copy(layered, work / "skopeo-layout")
+            store = ImageStore(work / "cache")
+            first = pull(layered, store)
+            ratio = first.seconds / copy_s
+            rows.append(("pull of a fresh multi-layer image",
+                         f"{first.seconds:.2f} s ({first.layers_transferred} layers, "
+                         f"{first.transferred / MIB:.0f} MiB)",
+                         f"skopeo copy {copy_s:.2f} s: {ratio:.2f}x (goal <= {PULL_RATIO_TARGET}x)",
+                         ratio <= PULL_RATIO_TARGET))  # fmt: skip
+            tar_s = _tar_floor(store, first.root.manifest, work / "tar")
+            rows.append(("  of which: GNU tar -x of the same layers", f"{tar_s:.2f} s",
+                         "the disk's file-creation floor of any unpack", True))  # fmt: skip
+            second = pull(plus, store)
+            rows.append(("second image, all but its top layer shared",
+                         f"{second.layers_transferred} layer, {second.transferred} bytes",
+                         "goal: only its top layer", second.layers_transferred == 1))  # fmt: skip
+
+            os.environ["SANDLOT_IMAGE_CACHE"] = str(store.root)
+            os.environ["SANDLOT_LOCAL_ROOT"] = str(work / "sandboxes")
+            anyio.run(_open_exec, layered, 2)  # warm: the page cache, the compiled init
+            ours = anyio.run(_open_exec, layered, args.n)
+            engine = _engine_create_start_exec(local_name(f"bench-layered:{tag}"), args.n)
+            ours_ms, engine_ms = statistics.median(ours) * 1000, statistics.median(engine) * 1000
+            baseline = (
+                f"engine create+start+exec {engine_ms:.1f} ms; goal <= {OPEN_EXEC_TARGET_MS:.0f} ms"
+            )
+            met = ours_ms <= OPEN_EXEC_TARGET_MS
+            rows.append(
+                ("open -> first exec, cached image (median)", f"{ours_ms:.1f} ms", baseline, met)
+            )
+
+            (work / "sandboxes").mkdir(exist_ok=True)
+            growth, written = anyio.run(
+                _disk, layered, args.sandboxes, work / "sandboxes", store.root
+            )
+            extra = (growth - written) / args.sandboxes
+            rows.append((f"{args.sandboxes} sandboxes open, 1 MiB written each",
+                         f"disk +{growth / MIB:.1f} MiB",
+                         f"{extra / 1024:.0f} KiB each beyond what they wrote (goal <= 1024)",
+                         extra <= MIB))  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    table = Table("measure", "local images", "baseline / goal", "met")
+    for row in rows:
+        table.add_row(row[0], row[1], row[2], "yes" if row[3] else "[red]no[/red]")
+    console.print(table)
+    return 0 if all(r[3] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""``sandlot image``: pull, list and prune the local backend's container image cache."""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sandlot.cli.gc_cmd import parse_duration
+from sandlot.errors import SandboxError
+from sandlot.images import is_image_reference, pull
+from sandlot.images.pulling import PullResult
+from sandlot.images.store import ImageStore
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"200G"``, ``"512M"``, ``"1.5T"``, ``"4096"`` (bytes; binary units) → bytes.
+
+    Raises:
+        click.BadParameter: not a size.
+    """
+    match = _SIZE.match(text.lower())
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a size like 512M, 200G, 1.5T")
+    return int(float(match[1]) * _SIZE_UNITS[match[2]])
+
+
+def human_size(size: float) -> str:
+    """``1536`` → ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+@click.group("image")
+def image_group() -> None:
+    """The local backend's image cache (see docs/images.md)."""
+
+
+def dataset_images(dataset: Path, backend: str) -> list[str]:
+    """The distinct container images the instances of ``dataset`` name for ``backend``."""
+    from sandlot.datasets.loaders import iter_instances
+
+    names = dict.fromkeys(inst.image_for(backend) for inst in iter_instances(dataset))
+    return [name for name in names if is_image_reference(name)]
+
+
+@image_group.command("pull")
+@click.argument("refs", nargs=-1)
+@click.option("--dataset", type=click.Path(exists=True, path_type=Path),
+              help="Also pull every image the instances of this dataset name.")  # fmt: skip
+@click.option("--backend-images", default="local", show_default=True,
+              help="Whose image names a --dataset row gives (its image map's key).")  # fmt: skip
+@click.option("-j", "--jobs", default=4, show_default=True, help="Images pulled at once.")
+@click.option("--force", is_flag=True, help="Re-resolve names already cached (as docker pull).")
+@click.option("--ray", "on_ray", is_flag=True, help="Pull on every node of the Ray cluster.")
+@click.option("--ray-address", default="auto", show_default=True, help="The cluster to join.")
+def pull_command(
+    refs: tuple[str, ...],
+    dataset: Path | None,
+    backend_images: str,
+    jobs: int,
+    force: bool,
+    on_ray: bool,
+    ray_address: str,
+) -> None:
+    """Pull REFS (and a dataset's images) into the cache, in parallel, with a summary; with
+    --ray, into the cache of every node of the cluster (one task per node)."""
+    names = list(
+        dict.fromkeys([*refs, *(dataset_images(dataset, backend_images) if dataset else [])])
+    )
+    if not names:
+        raise click.UsageError("nothing to pull: give image references or --dataset")
+    if on_ray:
+        _pull_on_ray(names, jobs, ray_address)
+        return
+    console = Console(stderr=True)
+    store = ImageStore()
+    results: dict[str, PullResult | str] = {}
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(pull, name, store, force=force): name for name in names}
+        for future in as_completed(futures):
+            name = futures[future]
+            try:
+                result = future.result()
+            except SandboxError as exc:
+                results[name] = str(exc)
+                console.print(f"[{len(results)}/{len(names)}] {name}: [red]failed[/]: {exc}")
+                continue
+            results[name] = result
+            what = "cached" if result.cached else f"{human_size(result.transferred)} transferred"
+            console.print(f"[{len(results)}/{len(names)}] {name}: {what} in {result.seconds:.1f} s")
+    table = Table("image", "status", "transferred", "layers", "seconds")
+    for name in names:
+        outcome = results[name]
+        if isinstance(outcome, str):
+            table.add_row(name, "[red]failed[/]", "", "", "")
+        else:
+            status = "cached" if outcome.cached else "pulled"
+            table.add_row(name, status, human_size(outcome.transferred),
+                          str(outcome.layers_transferred), f"{outcome.seconds:.1f}")  # fmt: skip
+    Console().print(table)
+    done = [r for r in results.values() if not isinstance(r, str)]
+    failed = len(results) - len(done)
+    click.echo(
+        f"{len(done)}/{len(names)} images ready, {human_size(sum(r.transferred for r in done))} "
+        f"transferred in {time.monotonic() - started:.1f} s"
+        + (f", {failed} failed" if failed else "")
+    )
+    if failed:
+        raise SystemExit(1)
+
+
+def _pull_on_ray(names: list[str], jobs: int, address: str) -> None:
+    from sandlot.images.prefetch import prefetch_on_cluster
+
+    results = prefetch_on_cluster(names, jobs, address)
+    table = Table("node", "ready", "failed", "transferred", "seconds")
+    for node in results:
+        table.add_row(node.node, str(node.ready), str(len(node.failed)),
+                      human_size(node.transferred), f"{node.seconds:.1f}")  # fmt: skip
+    Console().print(table)
+    for node in results:
+        for name, error in node.failed:
+            click.echo(f"{node.node}: {name}: {error}", err=True)
+    click.echo(f"{len(names)} images on {len(results)} nodes")
+    if any(node.failed for node in results):
+        raise SystemExit(1)
+
+
+@image_group.command("list")
+def list_command() -> None:
+    """Cached images: size, bytes shared with other images, last use."""
+    store = ImageStore()
+    table = Table("image", "manifest", "size", "shared", "last used")
+    now = time.time()
+    for info in store.entries():
+        ago = max(0, int(now - info.last_used))
+        used = f"{ago // 3600}h{ago % 3600 // 60:02d}m ago"
+        names = ", ".join(info.references)
+        table.add_row(
+            names, info.manifest[7:19], human_size(info.size), human_size(info.shared), used
+        )
+    Console().print(table)
+    click.echo(f"cache: {store.root}")
+
+
+@image_group.command("prune")
+@click.option("--older-than", help="Remove images unused for this long (90m, 12h, 7d).")
+@click.option(
+    "--keep-size", help="Then remove the least recently used until the cache is this big (200G)."
+)
+def prune_command(older_than: str | None, keep_size: str | None) -> None:
+    """Remove unused images, then every layer and blob no remaining image needs."""
+    result = ImageStore().prune(
+        older_than_s=parse_duration(older_than) if older_than else None,
+        keep_size=parse_size(keep_size) if keep_size else None,
+    )
+    for manifest in result.images:
+        click.echo(f"removed {manifest[7:19]}")
+    click.echo(
+        f"{len(result.images)} images and {result.layers} layers removed, "
+        f"{human_size(result.bytes_freed)} freed"
+    )

@@ -1,0 +1,24 @@
+"""Container images for the ``local`` backend: pulled rootless, layers stored once.
+
+``image=`` on ``local`` accepts what docker accepts plus the local sources skopeo reads
+(:mod:`sandlot.images.reference`). :func:`open_image` turns such a name into an
+:class:`ImageRoot`: the image's unpacked layers in the content-addressed cache
+(:mod:`sandlot.images.store`) and its config, which the jail mounts as kernel overlayfs lower
+layers under a private writable layer. See ``docs/images.md``.
+
+Pieces, bottom up: ``reference`` (what a name means), ``tools`` (skopeo, found or a one-line
+install hint), ``unpack`` (one OCI layer tar into an overlayfs-format directory), ``root`` (what
+a sandbox mounts: layers, config, lookups through the stack), ``store`` (the cache: paths,
+locks, records, list, prune), ``pulling`` (skopeo into the shared blob store, then unpack each
+missing layer), ``prefetch`` (the same on every node of a Ray cluster). The jail's side is
+``sandlot.sandboxes.local.jail.overlay_argv``.
+"""
+
+from __future__ import annotations
+
+from sandlot.images.errors import ImageError
+from sandlot.images.pulling import open_image, pull
+from sandlot.images.reference import is_image_reference
+from sandlot.images.root import ImageConfig, ImageRoot
+
+__all__ = ["ImageConfig", "ImageError", "ImageRoot", "is_image_reference", "open_image", "pull"]

@@ -1,0 +1,253 @@
+"""Pull an image into the cache and open it for a sandbox.
+
+skopeo copies the image into a private OCI layout whose blobs go to the cache's shared blob
+directory (``--dest-shared-blob-dir``): a blob already there (a layer another image shares) is
+not transferred again, and skopeo verifies every blob it transfers against its digest. Each
+layer not yet unpacked is then unpacked once (:mod:`sandlot.images.unpack`, its ``diff_id``
+verified) and renamed into place; the image record and its name are written last. A name
+already cached is not pulled again (docker's ``missing`` pull policy); ``force`` re-resolves it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandlot.images.errors import ImageError
+from sandlot.images.reference import Reference, parse
+from sandlot.images.root import ImageConfig, ImageRoot
+from sandlot.images.store import ImageStore, hex_of
+from sandlot.images.tools import find_tool
+from sandlot.images.unpack import unpack_layer
+
+RETRIES = 3
+"""skopeo's ``--retry-times``, and how often a copy that failed for a transient reason is
+repeated."""
+
+_TRANSIENT = (
+    "connection reset", "connection refused", "EOF", "timeout", "502 Bad Gateway",
+    "503 Service Unavailable", "504 Gateway", "TLS handshake",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """One pull.
+
+    Attributes:
+        root: the image, ready to mount.
+        cached: it was already in the cache (nothing transferred).
+        transferred: bytes of layer blobs transferred (those not in the cache before).
+        layers_transferred: how many layer blobs were transferred.
+        layers_unpacked: how many layers were unpacked (the others were already).
+        seconds: wall time of the pull.
+    """
+
+    root: ImageRoot
+    cached: bool
+    transferred: int
+    layers_transferred: int
+    layers_unpacked: int
+    seconds: float
+
+
+def name_key(ref: Reference) -> str:
+    """The cache key of a name: the skopeo source, and for a local source also the size and
+    modification time of its file (or ``index.json``), so a rebuilt archive is pulled again."""
+    if not ref.local:
+        return ref.source
+    body = ref.source.split(":", 1)[1]
+    for candidate in (body, body.rsplit(":", 1)[0]):
+        path = Path(candidate)
+        target = path / "index.json" if path.is_dir() else path
+        if target.exists():
+            st = target.stat()
+            return f"{ref.source}@{st.st_size}:{st.st_mtime_ns}"
+    return ref.source
+
+
+def _parse(image: str) -> Reference:
+    try:
+        ref = parse(image)
+    except ValueError as exc:
+        raise ImageError(str(exc), retryable=False) from exc
+    if ref is None:
+        raise ImageError(f"{image!r} is not an image reference ('host' or a directory)")
+    return ref
+
+
+def open_image(image: str, store: ImageStore | None = None) -> ImageRoot:
+    """The image named ``image``, pulled first when it is not cached; records its use.
+
+    Raises:
+        ImageError: it cannot be pulled or unpacked (``retryable`` says whether to retry).
+        BackendUnavailableError: skopeo is missing (the message says how to install it).
+    """
+    store = store or ImageStore()
+    ref = _parse(image)
+    record = store.resolve(name_key(ref))
+    if record is None:
+        return pull(image, store).root
+    store.touch(record["manifest"])
+    return _root(store, image, record)
+
+
+def pull(
+    image: str,
+    store: ImageStore | None = None,
+    *,
+    force: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> PullResult:
+    """Pull ``image`` into the cache (once, whatever other processes and threads do).
+
+    Args:
+        image: a reference (see :mod:`sandlot.images.reference`).
+        store: the cache; the default one when ``None``.
+        force: re-resolve a tag already cached (its unchanged blobs are not transferred).
+        log: called with one line per step (for progress output).
+
+    Raises:
+        ImageError: the pull or an unpack failed; nothing of it is used by a later run.
+        BackendUnavailableError: skopeo is missing.
+    """
+    store = store or ImageStore()
+    ref = _parse(image)
+    key = name_key(ref)
+    started = time.monotonic()
+    store.ensure()
+    name_lock = store.lock("name-" + hashlib.sha256(key.encode()).hexdigest()[:32])
+    with store.pulling(), name_lock:
+        # A name that pins a digest never resolves to anything else: nothing to re-resolve.
+        record = None if force and not ref.by_digest else store.resolve(key)
+        if record is not None:
+            store.touch(record["manifest"])
+            return PullResult(
+                _root(store, image, record), True, 0, 0, 0, time.monotonic() - started
+            )
+        had = set(os.listdir(store.blobs / "sha256"))
+        with store.scratch() as layout:
+            _skopeo_copy(ref, store, layout, log)
+            record = _read_layout(store, layout, ref)
+        layers = record["layer_blobs"]
+        fresh = [b for b in layers if hex_of(b["digest"]) not in had]
+        unpacked = _unpack_all(store, record, log)
+        store.put_image(key, record)
+    return PullResult(
+        _root(store, image, record),
+        cached=False,
+        transferred=sum(b["size"] for b in fresh),
+        layers_transferred=len(fresh),
+        layers_unpacked=unpacked,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _skopeo_copy(
+    ref: Reference, store: ImageStore, layout: Path, log: Callable[[str], None] | None
+) -> None:
+    """Copy ``ref`` into the OCI layout ``layout`` with its blobs in the shared store; a copy
+    that fails for a transient reason (a connection dropped mid-blob, which skopeo's own
+    ``--retry-times`` does not retry) is repeated up to :data:`RETRIES` times, the blobs it
+    finished not transferred again."""
+    argv = [find_tool("skopeo"), "copy", "--quiet", "--retry-times", str(RETRIES)]
+    argv += ["--dest-shared-blob-dir", str(store.blobs)]
+    if ref.plain_http:
+        argv.append("--src-tls-verify=false")
+    argv += [ref.source, f"oci:{layout / 'layout'}:image"]
+    for attempt in range(RETRIES + 1):
+        if log:
+            log(f"{ref.text}: copying with skopeo" + (f" (retry {attempt})" if attempt else ""))
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return
+        message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output"
+        error = ImageError(
+            f"cannot pull {ref.text!r}: skopeo exited with {done.returncode}: {message}",
+            retryable=any(t in done.stderr for t in _TRANSIENT),
+        )
+        if not error.retryable or attempt == RETRIES:
+            raise error
+        time.sleep(0.5 * (attempt + 1))
+
+
+def _verified_json(store: ImageStore, digest: str, what: str) -> dict[str, Any]:
+    data = store.blob(digest).read_bytes()
+    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+        raise ImageError(f"the {what} blob {digest} does not match its digest; nothing was cached")
+    document: dict[str, Any] = json.loads(data)
+    return document
+
+
+def _read_layout(store: ImageStore, layout: Path, ref: Reference) -> dict[str, Any]:
+    index = json.loads((layout / "layout" / "index.json").read_text())
+    manifest_digest = index["manifests"][0]["digest"]
+    manifest = _verified_json(store, manifest_digest, "manifest")
+    config_digest = manifest["config"]["digest"]
+    config = _verified_json(store, config_digest, "config")
+    diff_ids = config.get("rootfs", {}).get("diff_ids", [])
+    layers = [
+        {"digest": x["digest"], "size": x["size"], "media_type": x["mediaType"]}
+        for x in manifest["layers"]
+    ]
+    if len(diff_ids) != len(layers):
+        raise ImageError(
+            f"image {ref.text!r} is malformed: {len(layers)} layers but {len(diff_ids)} diff_ids"
+        )
+    return {
+        "manifest": manifest_digest,
+        "references": [ref.text],
+        "diff_ids": diff_ids,
+        "layer_blobs": layers,
+        "blobs": [manifest_digest, config_digest, *(x["digest"] for x in layers)],
+        "config": config.get("config") or {},
+        "platform": f"{config.get('os', '?')}/{config.get('architecture', '?')}",
+        "pulled_at": time.time(),
+    }
+
+
+def _unpack_all(
+    store: ImageStore, record: dict[str, Any], log: Callable[[str], None] | None
+) -> int:
+    unpacked = 0
+    below: list[Path] = []
+    for diff_id, blob in zip(record["diff_ids"], record["layer_blobs"], strict=True):
+        target = store.layer(diff_id)
+        with store.lock("layer-" + hex_of(diff_id)):
+            if not target.is_dir():
+                if log:
+                    log(f"unpacking layer {diff_id[7:19]} ({blob['size']} bytes)")
+                with store.scratch() as scratch:
+                    stats = unpack_layer(
+                        store.blob(blob["digest"]), diff_id, scratch / "layer", below
+                    )
+                    meta = {"unpacked": stats.bytes, "blob": blob["size"], "entries": stats.entries,
+                            "devices_skipped": stats.devices_skipped,
+                            "xattrs_skipped": stats.xattrs_skipped}  # fmt: skip
+                    store.put_layer(diff_id, scratch / "layer", meta)
+                unpacked += 1
+        below.insert(0, target)
+    return unpacked
+
+
+def _root(store: ImageStore, image: str, record: dict[str, Any]) -> ImageRoot:
+    layers: list[Path] = []
+    for diff_id in reversed(record["diff_ids"]):  # topmost first; a repeated layer counts once
+        path = store.layer(diff_id)
+        if path not in layers and any(path.iterdir()):
+            layers.append(path)
+    if not layers:  # overlayfs needs one lower layer, even an empty one
+        layers.append(store.layer(record["diff_ids"][0]))
+    return ImageRoot(
+        reference=image,
+        manifest=record["manifest"],
+        layers=tuple(layers),
+        config=ImageConfig.from_oci({"config": record["config"]}),
+    )

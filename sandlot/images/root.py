@@ -1,0 +1,182 @@
+"""What a sandbox of a container image mounts: its layers and its config."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandlot.images.errors import ImageError
+from sandlot.images.unpack import OPAQUE_XATTR
+
+_MAX_SYMLINKS = 40  # as the kernel's path walk (MAXSYMLINKS)
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The parts of an OCI image config (``config`` object of ``image-spec/config.md``) a
+    sandbox honours.
+
+    Attributes:
+        env: ``Env``, as a mapping (a later duplicate wins, as in docker).
+        working_dir: ``WorkingDir`` (``""`` when unset).
+        user: ``User`` (``""`` when unset, i.e. root).
+        entrypoint: ``Entrypoint``.
+        cmd: ``Cmd``.
+    """
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    working_dir: str = ""
+    user: str = ""
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+
+    @classmethod
+    def from_oci(cls, document: Mapping[str, Any]) -> ImageConfig:
+        """From a parsed image config blob (its ``config`` object may be absent)."""
+        config = document.get("config") or {}
+        env: dict[str, str] = {}
+        for item in config.get("Env") or ():
+            key, _, value = item.partition("=")
+            env[key] = value
+        return cls(
+            env=env,
+            working_dir=config.get("WorkingDir") or "",
+            user=config.get("User") or "",
+            entrypoint=tuple(config.get("Entrypoint") or ()),
+            cmd=tuple(config.get("Cmd") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class ImageRoot:
+    """An image ready to mount.
+
+    Attributes:
+        reference: the name it was opened by.
+        manifest: ``sha256:<hex>`` of its manifest (as stored).
+        layers: host directories of its unpacked layers, topmost first (overlayfs ``lowerdir``
+            order), each in overlayfs format (:mod:`sandlot.images.unpack`).
+        config: what of its config a sandbox honours.
+    """
+
+    reference: str
+    manifest: str
+    layers: tuple[Path, ...]
+    config: ImageConfig
+
+    def lookup(self, path: str) -> Path | None:
+        """The host file that ``path`` (absolute, in the image) is in the merged view, following
+        symlinks as the kernel would inside the image; ``None`` when it does not exist."""
+        parts = [p for p in path.split("/") if p]
+        hops = 0
+        done: list[str] = []
+        visible: Sequence[Path] = self.layers
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                done = done[:-1]
+                visible = self._dir_layers(done)
+                continue
+            found = self._entry(visible, done, name)
+            if found is None:
+                return None
+            layer, st = found
+            if stat.S_ISLNK(st.st_mode):
+                hops += 1
+                if hops > _MAX_SYMLINKS:
+                    return None
+                target = os.readlink(layer.joinpath(*done, name))
+                parts = [p for p in target.split("/") if p] + parts
+                if target.startswith("/"):
+                    done = []
+                visible = self._dir_layers(done)
+                continue
+            done.append(name)
+            if parts:
+                if not stat.S_ISDIR(st.st_mode):
+                    return None
+                visible = self._dir_layers(done)
+            else:
+                return layer.joinpath(*done)
+        return self.layers[-1].joinpath(*done) if self.layers else None
+
+    def _entry(
+        self, visible: Sequence[Path], parent: list[str], name: str
+    ) -> tuple[Path, os.stat_result] | None:
+        for layer in visible:
+            try:
+                st = os.lstat(layer.joinpath(*parent, name))
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                return None  # a whiteout
+            return layer, st
+        return None
+
+    def _dir_layers(self, parts: list[str]) -> list[Path]:
+        """The layers that contribute to directory ``parts``, topmost first (overlayfs merges
+        directories down to the first opaque one, and stops at anything not a directory)."""
+        out: list[Path] = []
+        for layer in self.layers:
+            path = layer.joinpath(*parts)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                break
+            out.append(layer)
+            try:
+                if os.getxattr(path, OPAQUE_XATTR) == b"y":
+                    break
+            except OSError:
+                pass
+        return out
+
+    def user_ids(self) -> tuple[int, int] | None:
+        """(uid, gid) of the config's ``User`` (``name``, ``uid``, ``name:group``,
+        ``uid:gid``, names looked up in the image's ``/etc/passwd`` and ``/etc/group`` as
+        docker does); ``None`` for root or no ``User``.
+
+        Raises:
+            ImageError: a name the image's files do not have.
+        """
+        user, _, group = self.config.user.partition(":")
+        if user in ("", "0", "root") and group in ("", "0", "root"):
+            return None
+        uid, gid = self._id(user or "0", "/etc/passwd", 2), None
+        if group:
+            gid = self._id(group, "/etc/group", 2)
+        elif not user.isdigit():
+            gid = self._field(user, "/etc/passwd", 3)
+        return uid, gid if gid is not None else uid
+
+    def _id(self, name: str, table: str, column: int) -> int:
+        if name.isdigit():
+            return int(name)
+        found = self._field(name, table, column)
+        if found is None:
+            raise ImageError(
+                f"image {self.reference!r} runs as User {self.config.user!r}, but its {table} "
+                f"has no {name!r}"
+            )
+        return found
+
+    def _field(self, name: str, table: str, column: int) -> int | None:
+        path = self.lookup(table)
+        if path is None:
+            return None
+        for line in path.read_text(errors="replace").splitlines():
+            fields = line.split(":")
+            if len(fields) > column and fields[0] == name and fields[column].isdigit():
+                return int(fields[column])
+        return None
+
+    def executable(self, path: str) -> bool:
+        """Whether ``path`` (absolute, in the image) is an executable file."""
+        found = self.lookup(path)
+        return found is not None and os.access(found, os.X_OK) and found.is_file()

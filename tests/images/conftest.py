@@ -1,0 +1,38 @@
+"""Fixtures of the image tests: a real registry with test images pushed by the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from registry import LAYERED, Registry, build_and_push, running_registry, tools_missing
+from requirements import missing
+
+from sandlot.images.store import ImageStore
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry without auth, on 127.0.0.1 (so reached over plain HTTP, as docker does)."""
+    reason = tools_missing()
+    if reason:
+        missing(reason)
+    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def layered(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Reference of the multi-layer test image in :func:`registry`."""
+    return build_and_push(tmp_path_factory.mktemp("layered"), LAYERED, "layered:1", registry)
+
+
+@pytest.fixture(scope="session")
+def shared_store(tmp_path_factory: pytest.TempPathFactory) -> ImageStore:
+    """One cache for the tests that only read images (the base layers unpack once)."""
+    return ImageStore(tmp_path_factory.mktemp("cache"))

@@ -1,0 +1,154 @@
+"""One OCI layer into overlayfs format, and lookups through a stack of them (no registry)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sandlot.images import ImageConfig, ImageError, ImageRoot
+from sandlot.images.unpack import OPAQUE_XATTR, unpack_layer
+
+
+def _entry(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", **attrs: object) -> tuple:
+    return name, kind, data, attrs
+
+
+def _layer(tmp: Path, name: str, entries: list[tuple], compress: bool = True) -> tuple[Path, str]:
+    """A layer blob from ``entries`` (name, tar type, content, TarInfo attributes) and its
+    diff_id."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, kind, data, attrs in entries:
+            info = tarfile.TarInfo(path)
+            info.type = kind
+            info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+            info.mtime = 1_000_000
+            for key, value in attrs.items():
+                setattr(info, key, value)
+            info.size = len(data) if kind == tarfile.REGTYPE else 0
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+    tar_bytes = raw.getvalue()
+    blob = tmp / f"{name}.blob"
+    blob.write_bytes(gzip.compress(tar_bytes) if compress else tar_bytes)
+    return blob, "sha256:" + hashlib.sha256(tar_bytes).hexdigest()
+
+
+def _unpack(tmp: Path, name: str, entries: list[tuple], below: list[Path] | None = None) -> Path:
+    blob, diff_id = _layer(tmp, name, entries)
+    dest = tmp / name
+    unpack_layer(blob, diff_id, dest, below or [])
+    return dest
+
+
+def test_whiteouts_opaque_dirs_links_modes(tmp_path: Path) -> None:
+    base = _unpack(
+        tmp_path,
+        "base",
+        [
+            _entry("etc", tarfile.DIRTYPE),
+            _entry("etc/gone", data=b"x"),
+            _entry("etc/kept", data=b"kept", mode=0o4750),
+            _entry("data", tarfile.DIRTYPE),
+            _entry("data/old", data=b"old"),
+            _entry("bin", tarfile.SYMTYPE, linkname="usr/bin"),
+            _entry("usr/bin/tool", data=b"#!/bin/sh\n", mode=0o755),
+            _entry("dev/null", tarfile.CHRTYPE, devmajor=1, devminor=3),
+            _entry("ro", tarfile.DIRTYPE, mode=0o555),
+            _entry("ro/f", data=b"f"),
+        ],
+    )
+    top = _unpack(
+        tmp_path,
+        "top",
+        [
+            _entry("etc/.wh.gone"),
+            _entry("data", tarfile.DIRTYPE),
+            _entry("data/.wh..wh..opq"),
+            _entry("data/new", data=b"new"),
+            _entry("etc/hard", tarfile.LNKTYPE, linkname="etc/kept"),
+        ],
+        below=[base],
+    )
+    whiteout = os.lstat(top / "etc/gone")
+    assert stat.S_ISCHR(whiteout.st_mode) and whiteout.st_rdev == 0
+    assert os.getxattr(top / "data", OPAQUE_XATTR) == b"y"
+    # A hard link to a file of a lower layer: the same content, here a link to it.
+    assert (top / "etc/hard").read_bytes() == b"kept"
+    assert stat.S_IMODE(os.lstat(base / "etc/kept").st_mode) == 0o4750
+    assert os.readlink(base / "bin") == "usr/bin"
+    assert not (base / "dev/null").exists()  # device nodes are skipped rootless
+    assert stat.S_IMODE(os.lstat(base / "ro").st_mode) == 0o555
+    assert os.lstat(base / "data/old").st_mtime == 1_000_000
+
+    root = ImageRoot("test", "sha256:" + "0" * 64, (top, base), ImageConfig())
+    assert root.lookup("/etc/gone") is None
+    assert root.lookup("/data/old") is None  # hidden by the opaque directory
+    assert root.lookup("/data/new") == top / "data/new"
+    assert root.lookup("/bin/tool") == base / "usr/bin/tool"  # through the symlink
+    assert root.executable("/bin/tool")
+
+
+@pytest.mark.parametrize(
+    ("entries", "why"),
+    [
+        ([_entry("../escape", data=b"x")], "leaves the layer"),
+        (
+            [_entry("link", tarfile.SYMTYPE, linkname="/etc"), _entry("link/passwd", data=b"x")],
+            "not a directory",
+        ),
+        ([_entry("h", tarfile.LNKTYPE, linkname="nowhere")], "no layer has"),
+        (
+            [_entry("f", data=b"x", pax_headers={"SCHILY.xattr.user.overlay.opaque": "y"})],
+            "overlayfs xattr",
+        ),
+    ],
+)
+def test_entries_that_would_escape_or_forge_are_refused(
+    tmp_path: Path, entries: list, why: str
+) -> None:
+    with pytest.raises(ImageError, match=why):
+        _unpack(tmp_path, "bad", entries)
+
+
+def test_a_layer_that_is_not_its_diff_id_is_refused(tmp_path: Path) -> None:
+    blob, _ = _layer(tmp_path, "l", [_entry("f", data=b"x")])
+    with pytest.raises(ImageError, match="not the diff_id"):
+        unpack_layer(blob, "sha256:" + "1" * 64, tmp_path / "out", [])
+
+
+def test_plain_tar_and_trailing_bytes_are_hashed(tmp_path: Path) -> None:
+    blob, diff_id = _layer(tmp_path, "plain", [_entry("f", data=b"x" * 5000)], compress=False)
+    unpack_layer(blob, diff_id, tmp_path / "out", [])
+    assert (tmp_path / "out/f").read_bytes() == b"x" * 5000
+
+
+def test_image_config_and_user_lookup(tmp_path: Path) -> None:
+    layer = _unpack(
+        tmp_path,
+        "etc",
+        [
+            _entry("etc/passwd", data=b"root:x:0:0::/root:/bin/sh\nalice:x:1234:99::/h:/bin/sh\n"),
+            _entry("etc/group", data=b"root:x:0:\nstaff:x:50:\n"),
+        ],
+    )
+    document = {"config": {"Env": ["A=1", "B=x=y", "A=2"], "User": "alice", "WorkingDir": "/w",
+                           "Entrypoint": ["/bin/sh"], "Cmd": ["-c", "true"]}}  # fmt: skip
+    config = ImageConfig.from_oci(document)
+    assert config.env == {"A": "2", "B": "x=y"} and config.working_dir == "/w"
+    assert (config.entrypoint, config.cmd) == (("/bin/sh",), ("-c", "true"))
+
+    def ids(user: str) -> tuple[int, int] | None:
+        root = ImageRoot("t", "sha256:" + "0" * 64, (layer,), ImageConfig(user=user))
+        return root.user_ids()
+
+    assert ids("alice") == (1234, 99) and ids("alice:staff") == (1234, 50)
+    assert ids("7:8") == (7, 8) and ids("7") == (7, 7) and ids("root") is None and ids("") is None
+    with pytest.raises(ImageError, match="has no 'bob'"):
+        ids("bob")
