@@ -101,6 +101,12 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         help=f"Directory of git mirrors <owner>__<name> for local rows [env {REPO_MIRROR_ENV}].",
     )
     @click.option(
+        "--local-images",
+        is_flag=True,
+        help="local rows run the images docker rows name (pulled by the local backend, no "
+        "daemon; see docs/images.md) instead of the host with a repository mirror.",
+    )
+    @click.option(
         "--prompt-template",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         default=None,
@@ -129,6 +135,7 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         seed: int | None,
         backend: Any,
         repo_mirror: str | None,
+        local_images: bool,
         prompt_template: Path | None,
         image_overrides: Path | None,
         agent_name: str,
@@ -148,6 +155,7 @@ def prepare_command(pre: Preprocessor) -> click.Command:
                 else PromptTemplate(),
                 image_overrides=load_image_overrides(image_overrides) if image_overrides else {},
                 repo_mirror=repo_mirror,
+                local_images=local_images,
                 agent_name=agent_name,
                 skip_invalid=skip_invalid,
             )

@@ -111,6 +111,10 @@ class PrepareOptions:
     template: PromptTemplate = field(default_factory=PromptTemplate)
     image_overrides: Mapping[str, str] = field(default_factory=dict)
     repo_mirror: str | None = None
+    local_images: bool = False
+    """``local`` rows run the container images ``docker`` rows name (the local backend pulls
+    them, see ``docs/images.md``), not the host with a repository mirror: one file then gives
+    the same verdicts on both backends."""
     agent_name: str = DEFAULT_AGENT_NAME
     skip_invalid: bool = False
     """Leave invalid records out (listed in ``<output>.rejected.jsonl``) instead of stopping."""
@@ -152,19 +156,27 @@ def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
         OutputDirError: the output directory cannot be created or written (checked first).
         ImportError: ``datasets`` (Hugging Face input) or ``pyarrow`` is missing.
     """
-    if options.backend not in pre.backends:
+    # With local_images a local row is converted exactly as a docker row (its image, no
+    # mirror, no host environment); only its sandbox.backend says local.
+    convert_for: RowBackend = (
+        "docker" if options.backend == "local" and options.local_images else options.backend
+    )
+    if convert_for not in pre.backends:
+        local = " (or --local-images, to run the docker images on local)" * (
+            "docker" in pre.backends
+        )
         raise LocalRowError(
             f"{pre.name} cannot be prepared for DEPLOYMENT={options.backend}; supported: "
-            f"{', '.join(pre.backends)}"
+            f"{', '.join(pre.backends)}{local if options.backend == 'local' else ''}"
         )
     if options.max_instances is not None and options.max_instances < 0:
         raise DatasetMessageError(f"max_instances must be >= 0, got {options.max_instances}")
     target = output_path(pre, options)
     _check_writable(target.parent)
     ctx = ConvertContext(
-        backend=options.backend,
+        backend=convert_for,
         image_overrides=options.image_overrides,
-        repo_mirror=resolve_mirror(options.repo_mirror) if options.backend == "local" else None,
+        repo_mirror=resolve_mirror(options.repo_mirror) if convert_for == "local" else None,
     )
     source = options.input or pre.hf_id
     records = _select(read_source(source, split=options.split or pre.default_split), options)

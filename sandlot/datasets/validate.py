@@ -45,6 +45,7 @@ from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.swebench_specs import SpecError, resolve_log_parser, resolve_test_cmd
 from sandlot.datasets.uni_agent import LAYOUT as UNI_AGENT
 from sandlot.datasets.uni_agent import UniAgentRowError, to_sandlot_record
+from sandlot.images.reference import parse as parse_reference
 from sandlot.sandboxes.images import backend_image
 
 VEFAAS_REGISTRY_SUFFIX = ".cr.volces.com"
@@ -315,15 +316,19 @@ def row_problems(row: TaskRow, index: int | None = None) -> list[Problem]:
 def image_misfit(image: str, backend: str) -> str | None:
     """Why ``backend`` cannot run ``image``, or ``None``.
 
-    ``local`` runs the host (:data:`~sandlot.datasets.images.LOCAL_IMAGE`) or a root
-    filesystem path, never a registry image; ``docker`` and ``modal`` cannot pull from the
+    ``local`` runs the host (:data:`~sandlot.datasets.images.LOCAL_IMAGE`), a root
+    filesystem path or a container image reference (``sandlot.images``, pulled without a
+    daemon; also from the veFaaS registry, given its credentials); ``docker`` and ``modal``
+    cannot pull from the
     veFaaS registry (``*.cr.volces.com``); ``vefaas`` pulls only from it, after mapping the
     canonical names of the image families (:func:`sandlot.sandboxes.images.backend_image`).
     """
     if backend == "local":
-        if image == LOCAL_IMAGE or image.startswith("/"):
-            return None
-        return f"{image!r} is a registry image; the local backend runs {LOCAL_IMAGE!r} or a rootfs"
+        try:
+            parse_reference(image)
+        except ValueError as exc:
+            return f"{image!r} is neither {LOCAL_IMAGE!r}, a root filesystem nor an image: {exc}"
+        return None
     if image == LOCAL_IMAGE:
         return f"{LOCAL_IMAGE!r} only exists on the local backend, not on {backend}"
     if backend == "vefaas":

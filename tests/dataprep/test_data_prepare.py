@@ -130,6 +130,28 @@ def test_swe_rebench_local_rows_install_from_the_mirror(tmp_path: Path, mirror: 
     assert inst.env == {}
 
 
+@pytest.mark.parametrize("name", ["swe_bench_verified", "swe_rebench", "r2e_gym_subset"])
+def test_local_images_rows_are_the_docker_rows_on_the_local_backend(
+    name: str, tmp_path: Path
+) -> None:
+    """--local-images: one file, the same instances as docker's, run by local (no mirror)."""
+    docker = _rows(run_prepare(name, tmp_path / "docker", "docker").path)
+    local = _rows(run_prepare(name, tmp_path / "local", "local", local_images=True).path)
+    assert [r.instance for r in local] == [r.instance for r in docker]
+    for row in local:
+        env = row.extra_info.tools_kwargs.env
+        assert env.sandbox.backend == "local" and env.repo_source is None
+        assert env.image == row.instance.image_for("docker") != "host"
+
+
+def test_local_images_changes_nothing_for_other_backends(tmp_path: Path) -> None:
+    plain = _rows(run_prepare("swe_bench_verified", tmp_path / "a", "modal").path)
+    flagged = _rows(
+        run_prepare("swe_bench_verified", tmp_path / "b", "modal", local_images=True).path
+    )
+    assert [r.instance for r in flagged] == [r.instance for r in plain]
+
+
 def test_r2e_rows_grade_with_the_hidden_tests(tmp_path: Path) -> None:
     rows = _rows(run_prepare("r2e_gym_subset", tmp_path, "vefaas").path)
     inst = rows[0].instance
