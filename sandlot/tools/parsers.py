@@ -71,6 +71,8 @@ _CLOSED_PARAMETER = re.compile(
     r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=))", re.DOTALL
 )
 _INT = re.compile(r"^[+-]?\d+$")
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,40 @@ def _body(match: re.Match[str]) -> str:
     return closed if closed is not None else match.group(2)
 
 
+def _json_calls(text: str) -> tuple[str, list[str]]:
+    """The text outside ``<tool_call>`` blocks and each block's body. A body that is one JSON
+    value followed by ``</tool_call>`` (or by the end of the text) ends after that value, so a
+    ``</tool_call>`` inside a JSON string (a file being written) does not close the block, as
+    vLLM's ``(.*?)</tool_call>`` would; any other body runs to the next ``</tool_call>``, or to
+    the end for an unclosed last call, as vLLM reads it."""
+    outside: list[str] = []
+    bodies: list[str] = []
+    pos = 0
+    while (start := text.find(_OPEN, pos)) >= 0:
+        outside.append(text[pos:start])
+        begin = start + len(_OPEN)
+        end = _json_end(text, begin)
+        after = end + len(text[end:]) - len(text[end:].lstrip()) if end is not None else -1
+        if end is not None and text.startswith(_CLOSE, after):
+            bodies.append(text[begin:end])
+            pos = after + len(_CLOSE)
+            continue
+        close = text.find(_CLOSE, begin) if after != len(text) else -1
+        bodies.append(text[begin:] if close < 0 else text[begin:close])
+        pos = len(text) if close < 0 else close + len(_CLOSE)
+    outside.append(text[pos:])
+    return "".join(outside).strip(), bodies
+
+
+def _json_end(text: str, begin: int) -> int | None:
+    """Where the JSON value starting at ``begin`` (after whitespace) ends, or ``None``."""
+    index = begin + len(text[begin:]) - len(text[begin:].lstrip())
+    try:
+        return _DECODER.raw_decode(text, index)[1]
+    except json.JSONDecodeError:
+        return None
+
+
 class HermesParser(ToolCallParser):
     """JSON calls in ``<tool_call>`` tags (Hermes / Qwen2.5 / Qwen3 chat templates)."""
 
@@ -177,11 +213,11 @@ class HermesParser(ToolCallParser):
     )
 
     def _parse(self, text: str) -> ParsedResponse:
-        content = _outside(text, _TOOL_CALL)
+        content, bodies = _json_calls(text)
         calls: list[ToolCall] = []
-        for match in _TOOL_CALL.finditer(text):
+        for body in bodies:
             try:
-                obj = json.loads(_body(match))
+                obj = json.loads(body)
             except json.JSONDecodeError as exc:
                 return self._error(f"invalid JSON inside <tool_call> ({exc})", content, calls)
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):

@@ -35,16 +35,26 @@ SCHEMAS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "bare", "parameters": {"properties": {}}}},
 ]
 
-# Text the qwen3_coder format cannot carry inside a value.
-_CLOSERS = ("</parameter>", "</function>", "</tool_call>", "<parameter=", "<tool_call>")
+# Text the qwen3_coder format cannot carry inside a value, and the reasoning tags, which the
+# reasoning split reads in the raw reply wherever they stand (as vLLM's deepseek_r1 parser).
+_CLOSERS = (
+    "</parameter>",
+    "</function>",
+    "</tool_call>",
+    "<parameter=",
+    "<tool_call>",
+    "<think>",
+    "</think>",
+)
 safe_text = st.text().filter(lambda s: not any(c in s for c in _CLOSERS))
 json_leaf = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(),
     st.floats(allow_nan=False, allow_infinity=False),
-    st.text(),
+    safe_text,
 )
+
 typed_args = st.fixed_dictionaries(
     {},
     optional={
@@ -58,7 +68,10 @@ typed_args = st.fixed_dictionaries(
     },
 )
 content_text = st.text().filter(
-    lambda s: "<tool_call>" not in s and "</tool_call>" not in s and "<function=" not in s
+    lambda s: (
+        not any(t in s for t in ("<tool_call>", "</tool_call>", "<function=", "<think>"))
+        and "</think>" not in s
+    )
 )
 
 
@@ -177,6 +190,21 @@ def test_a_reasoning_block_left_open_is_all_reasoning(name: str) -> None:
     assert closed.calls == [CALL] and closed.reasoning == f"thought {draft}"
     # Without the template opening it, text without tags is the answer.
     assert parser.parse(draft).calls == [CALL]
+
+
+@given(
+    value=st.text().filter(lambda s: "<think>" not in s and "</think>" not in s),
+    closed=st.booleans(),
+)
+def test_hermes_tags_inside_a_json_string_do_not_end_the_call(value: str, closed: bool) -> None:
+    """A file being written may hold ``</tool_call>`` (or ``<tool_call>``): inside a JSON
+    string it is data, not markup (vLLM's non-greedy regex would cut the call there). Think
+    tags are left out: the reasoning split reads the raw reply, as vLLM's does."""
+    call = ToolCall("typed", {"s": value, "o": {"x": "</tool_call><tool_call>"}})
+    parser = get_parser("hermes", SCHEMAS)
+    text = parser.render([call], "Writing it.")
+    parsed = parser.parse(text if closed else text.removesuffix("</tool_call>"))
+    assert parsed.error is None and parsed.calls == [call] and parsed.content == "Writing it."
 
 
 @pytest.mark.parametrize("name", sorted(PARSERS))
