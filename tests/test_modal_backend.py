@@ -222,6 +222,35 @@ async def test_terminate_failing_for_good_does_not_raise_from_close(
     assert len(fake.calls_of("Sandbox.terminate")) == 8
 
 
+async def test_a_terminate_that_never_answers_is_cut_retried_and_reported(
+    fake: FakeModal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Against an unresponsive API the SDK waits as long as its transport (155 s measured):
+    each terminate is cut at control_timeout_s, close retries it within its budget, and the
+    last failure is logged with the way to remove the sandbox."""
+    sb = make(control_timeout_s=0.1)
+    await sb.start()
+    fake.unanswered.add("Sandbox.terminate")
+    with anyio.fail_after(30):  # 8 attempts x 0.1 s + the backoff, far below close's budget
+        await sb.close()
+    assert len(fake.calls_of("Sandbox.terminate")) == 8
+    assert "did not answer within control_timeout_s=0.1 s" in caplog.text
+    assert "failed" in caplog.text and sb.closed
+
+
+async def test_file_calls_and_polls_that_never_answer_are_cut(fake: FakeModal) -> None:
+    async with make(control_timeout_s=0.1) as sb:
+        fake.unanswered |= {"filesystem.read_bytes", "filesystem.write_bytes", "Sandbox.poll"}
+        with anyio.fail_after(30):
+            with pytest.raises(SandboxError, match="did not answer") as read:
+                await sb.read_file("/tmp/x")
+            with pytest.raises(SandboxError, match="did not answer") as write:
+                await sb.write_file("/tmp/x", b"x")
+            assert await sb.is_alive()  # an unanswered poll says nothing: not dead
+        assert read.value.retryable and write.value.retryable
+        fake.unanswered.clear()
+
+
 async def test_a_dying_sandbox_raises_dead(fake: FakeModal) -> None:
     async with make() as sb:
         fake.die(fake.sandboxes[0])

@@ -335,11 +335,13 @@ class FakeSandbox:
 
     async def _poll(self) -> int | None:
         self._record("Sandbox.poll")
+        await self.fake.maybe_unanswered("Sandbox.poll")
         self.fake.maybe_fault("Sandbox.poll")
         return None if self.frozen else self.returncode
 
     async def _terminate(self) -> None:
         self._record("Sandbox.terminate", self.object_id)
+        await self.fake.maybe_unanswered("Sandbox.terminate")
         if self.fake.terminate_failures > 0:
             self.fake.terminate_failures -= 1
             raise InternalError("terminate failed (injected)")
@@ -373,6 +375,7 @@ class FakeSandbox:
 
     async def _read_bytes(self, path: str) -> bytes:
         self._record("filesystem.read_bytes", path)
+        await self.fake.maybe_unanswered("filesystem.read_bytes")
         script = '[ -d "$0" ] && exit 21; [ -e "$0" ] || exit 2; cat -- "$0"'
         code, out, err = await self._run(script, path)
         _raise_fs(code, err, path)
@@ -380,6 +383,7 @@ class FakeSandbox:
 
     async def _write_bytes(self, data: bytes, path: str) -> None:
         self._record("filesystem.write_bytes", len(data), path)
+        await self.fake.maybe_unanswered("filesystem.write_bytes")
         script = '[ -d "$0" ] && exit 21; mkdir -p -- "$(dirname -- "$0")" || exit 20; cat >"$0"'
         code, _, err = await self._run(script, path, data)
         _raise_fs(code, err, path)
@@ -433,6 +437,9 @@ class FakeModal:
         self.stream_failures = 0
         self.build_failures: list[str] = []
         self.fault_rate = 0.0
+        self.unanswered: set[str] = set()
+        """Calls (``"Sandbox.poll"``, ``"Sandbox.terminate"``, ``"filesystem.read_bytes"``,
+        ``"filesystem.write_bytes"``) that never answer, as against an unresponsive API."""
         self.faults_served: list[tuple[str, str]] = []
         self.rng = random.Random(7)
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -473,6 +480,11 @@ class FakeModal:
         fault = self.rng.choice(TRANSIENT_FAULTS)
         self.faults_served.append((call, fault.__name__))
         raise fault(f"{call}: injected {fault.__name__}, please try again")
+
+    async def maybe_unanswered(self, call: str) -> None:
+        """Wait forever (until cancelled) when ``call`` is in :attr:`unanswered`."""
+        if call in self.unanswered:
+            await asyncio.Event().wait()
 
     def freeze(self, sb: FakeSandbox) -> None:
         """The sandbox's worker is lost silently: streams hang, poll says running."""

@@ -23,6 +23,10 @@ class ModalOptions(BaseModel):
         max_output_bytes: bytes of stdout and of stderr kept per exec; the rest is dropped and
             the result says ``truncated=True``.
         stop_grace_s: seconds a timed-out or cancelled command gets between SIGTERM and SIGKILL.
+        control_timeout_s: seconds one control call (``poll``, ``terminate``,
+            ``filesystem.read_bytes``/``write_bytes``) may take; the SDK itself waits as long as
+            its transport does (155 s measured against an unresponsive API). A terminate cut
+            off is retried by ``close`` within its budget, a poll cut off says nothing.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -34,3 +38,4 @@ class ModalOptions(BaseModel):
     create_timeout_s: float = Field(default=300.0, gt=0)
     max_output_bytes: int = Field(default=10 * MiB, gt=0)
     stop_grace_s: float = Field(default=1.0, ge=0)
+    control_timeout_s: float = Field(default=20.0, gt=0)

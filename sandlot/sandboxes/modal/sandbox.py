@@ -201,7 +201,7 @@ class ModalSandbox(Sandbox):
         if self._sb is None:
             return
         try:
-            await self._sb.terminate.aio()
+            await self._control("terminate", self._sb.terminate.aio)
         except Exception as exc:
             raise SandboxError(
                 f"sandbox {self.id}: terminate failed: {exc}; "
@@ -215,13 +215,25 @@ class ModalSandbox(Sandbox):
         if self._sb is None:
             return "was terminated"
         try:
-            code = await self._sb.poll.aio()
-        except Exception:
+            with anyio.fail_after(self.options.control_timeout_s):
+                code = await self._sb.poll.aio()
+        except Exception:  # a poll that fails or does not answer tells nothing
             return None
         return (
             None
             if code is None
             else f"Modal sandbox {self.object_id} finished with exit code {code}"
+        )
+
+    async def _control(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(*args)`` cut off after ``options.control_timeout_s`` with a retryable
+        ``SandboxError`` (the SDK's own calls wait as long as its transport does)."""
+        limit = self.options.control_timeout_s
+        with anyio.move_on_after(limit):
+            return await fn(*args)
+        raise SandboxError(
+            f"sandbox {self.id}: {what}: Modal did not answer within control_timeout_s={limit:g} s",
+            retryable=True,
         )
 
     async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -399,7 +411,7 @@ class ModalSandbox(Sandbox):
         self._check_usable()
         modal = self.sdk()
         try:
-            return await self._call(what, fn, *args)
+            return await self._control(what, self._call, what, fn, *args)
         except SandboxError as exc:
             cause = exc.__cause__
             if isinstance(cause, modal.exception.SandboxFilesystemError):
