@@ -23,9 +23,8 @@ returns a bash script, run in the repository, that keeps exactly ``HEAD`` and it
 6. verifies that no ref reaches a commit outside ``HEAD``'s history (exit 1 otherwise).
 
 :func:`sandlot.rewards.history.hide_future` runs it in every sandbox once its repository is set
-up; dataset rows whose consumers run only their ``post_setup_cmd`` (uni-agent's format,
-SWE-rebench rows) also carry it there. A copy of the repository elsewhere in an image (an
-alternate's own directory, a mirror) is the dataset's to remove.
+up, so no dataset row carries it in its ``post_setup_cmd``. A copy of the repository elsewhere
+in an image (an alternate's own directory, a mirror) is the dataset's to remove.
 
 SWE-bench's own images run a weaker variant when they are built (tags newer than the base
 commit's date, reflog, ``gc``; ``swebench.harness.test_spec.python.make_repo_script_list_py``);

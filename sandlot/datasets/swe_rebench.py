@@ -24,10 +24,11 @@ images) is kept in the instance. The test command is, as in the fork's eval scri
 (:func:`test_directives`); on images it is preceded by ``install_config.install``, which the
 harness re-runs before every test run. ``log_parser`` is ``install_config.log_parser``.
 
-Environment: the images (family ``swe-rebench``) hold a full clone of the repository, so every
-row's ``post_setup_cmd`` first removes all history after ``base_commit``
-(:func:`sandlot.datasets.git_history.strip_future_history_cmd`). ``DEPLOYMENT=local`` rows clone
-from the mirror directory and then run ``install_config.pre_install`` and ``install``.
+Environment: the images (family ``swe-rebench``) hold a full clone of the repository, whose
+history after ``base_commit`` every sandbox's set-up removes
+(:func:`sandlot.rewards.instance_setup.prepare_repo`), so rows carry no cleanup of their own: it
+would run twice. ``DEPLOYMENT=local`` rows clone from the mirror directory and then run
+``install_config.pre_install`` and ``install`` as their ``post_setup_cmd``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandlot.datasets.command import run_preprocessor
-from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH, image_name
 from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
 from sandlot.datasets.row_fields import image_environment, local_environment
@@ -75,13 +75,12 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
     directives = test_directives(str(record["test_patch"]))
     data = {k: v for k, v in record.items() if k not in DROPPED}
     data["log_parser"] = config.get("log_parser") or "parse_log_pytest"
-    cleanup = strip_future_history_cmd(str(record["base_commit"]))
     run_tests = " ".join([test_cmd, *directives])
     if ctx.backend == "local":
-        setup = "\n".join([cleanup, *map(str, pre_install), install]).strip()
-        data.update(local_environment(record, ctx, setup))
+        setup = "\n".join([*map(str, pre_install), install]).strip()
+        data.update(local_environment(record, ctx, setup or None))
         # The local backend builds this as a cached virtualenv: the row's tests never run on
-        # the caller's Python. Install steps stay in the setup, after the history cleanup.
+        # the caller's Python. Install steps stay in the setup.
         data["environment"] = {
             "python": config.get("python"),
             "pip_packages": [str(p) for p in config.get("pip_packages") or []],
@@ -94,7 +93,7 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
             ctx.backend,
             overrides=ctx.image_overrides,
         )
-        data.update(image_environment(record, image, IMAGE_PATH[ImageFamily.SWE_REBENCH], cleanup))
+        data.update(image_environment(record, image, IMAGE_PATH[ImageFamily.SWE_REBENCH], None))
         data["test_cmd"] = f"{install}\n{run_tests}" if install else run_tests
     return data
 

@@ -35,8 +35,9 @@ sandlot grader and are refused. The column mapping is in ``docs/datasets.md``.
 
 What changes on the way: the environment fields of the family's preprocessor replace
 uni-agent's (``PATH`` of the image's test environment, which uni-agent's eval scripts activated
-themselves; for SWE-rebench the removal of all history after ``base_commit``, stronger than
-uni-agent's tag and reflog cleanup; for R2E-Gym the same layout set-up, with guards); the
+themselves; for SWE-rebench no set-up command: uni-agent's tag and reflog cleanup gives way to
+the removal of all history after ``base_commit`` that every sandbox's set-up runs; for R2E-Gym
+the same layout set-up, with guards); the
 image stays as it is, and the backend is ``vefaas`` for images in the veFaaS registry, else
 ``docker`` unless one is given.
 """
@@ -49,7 +50,6 @@ from typing import Any
 
 from sandlot.datasets import r2e_gym
 from sandlot.datasets.errors import DatasetMessageError
-from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH, RowBackend
 from sandlot.datasets.swebench_specs import test_directives
 from sandlot.sandboxes.images import ImageFamily
@@ -216,7 +216,8 @@ def _setup(name: str, instance: Mapping[str, Any], uni_agent_setup: str | None) 
         base = str(instance.get("base_commit") or "")
         if not base:
             raise UniAgentRowError("metadata.base_commit is missing")
-        return strip_future_history_cmd(base)
+        # uni-agent's reset leaves other branches; prepare_repo's history cleanup replaces it.
+        return None
     if name == "r2e_gym":
         return r2e_gym.SETUP_CMD
     return uni_agent_setup

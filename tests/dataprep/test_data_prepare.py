@@ -23,7 +23,6 @@ from dataprep_support import (
 from requirements import EVAL, need_module
 
 from sandlot.cli.main import cli
-from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH
 from sandlot.datasets.loaders import DatasetError, load_instances
 from sandlot.datasets.local import LocalRowError
@@ -108,10 +107,11 @@ def test_swe_bench_rows_use_the_image_as_is(tmp_path: Path) -> None:
     assert extras["difficulty"] == source["difficulty"]
 
 
-def test_swe_rebench_rows_strip_history_and_run_the_dataset_test_command(tmp_path: Path) -> None:
+def test_swe_rebench_rows_run_the_dataset_test_command(tmp_path: Path) -> None:
     rows = _rows(run_prepare("swe_rebench", tmp_path, "modal").path)
     inst = rows[0].instance
-    assert inst.post_setup_cmd == strip_future_history_cmd(MINICALC_BASE)
+    # The history after base_commit goes in every sandbox's set-up (prepare_repo), not here.
+    assert inst.post_setup_cmd is None
     assert inst.test_cmd == f"{INSTALL}\n{PYTEST} tests/test_evaluator.py"
     assert inst.log_parser == "parse_log_pytest"
     extras = inst.model_extra or {}
@@ -125,7 +125,7 @@ def test_swe_rebench_local_rows_install_from_the_mirror(tmp_path: Path, mirror: 
     inst = rows[0].instance
     assert inst.image == "host"
     assert inst.repo_source == str(mirror / "sandlot-examples__minicalc")
-    assert inst.post_setup_cmd == f"{strip_future_history_cmd(MINICALC_BASE)}\n{INSTALL}"
+    assert inst.post_setup_cmd == INSTALL
     assert inst.test_cmd == f"{PYTEST} tests/test_evaluator.py"
     assert inst.env == {}
 

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from dataprep_support import MINICALC_BASE, fixture_rows
+from dataprep_support import fixture_rows
 from requirements import EVAL, need_module
 
 from sandlot.cli.main import cli
-from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.images import IMAGE_PATH
 from sandlot.datasets.loaders import DatasetError, load_instances
 from sandlot.datasets.r2e_commit import gold_patch
@@ -144,7 +143,7 @@ def test_convert_rewrites_into_sandlot_rows(tmp_path: Path) -> None:
     inst = rebench.instance
     assert rebench.extra_info.tools_kwargs.reward.name == "swe_rebench"
     assert inst.test_cmd == f"{INSTALL}\n{PYTEST} tests/test_evaluator.py"
-    assert inst.post_setup_cmd == strip_future_history_cmd(MINICALC_BASE)
+    assert inst.post_setup_cmd is None  # prepare_repo removes the history after base_commit
     assert inst.log_parser == "parse_log_pytest"
 
     inst = r2e.instance
