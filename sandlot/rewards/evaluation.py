@@ -113,16 +113,8 @@ async def evaluate(
     Returns:
         The ``EvalResult``; ``reward`` is 1.0 exactly when ``resolved``.
     """
-    started = time.monotonic()
-    base: dict[str, Any] = {
-        "instance_id": instance.instance_id,
-        "model_name_or_path": model_name_or_path,
-    }
-    if not model_patch or not model_patch.strip():
-        return EvalResult(**base, status=EvalStatus.EMPTY_PATCH)
-    timings: dict[str, float] = {}
 
-    async def steps() -> EvalResult:
+    async def steps(base: dict[str, Any], timings: dict[str, float]) -> EvalResult:
         backend_name = resolve_backend_name(backend)
         spec = instance_spec(instance, backend_name)
         async with open_sandbox(backend_name, spec, options=sandbox_options) as sb:
@@ -133,7 +125,7 @@ async def evaluate(
                 sb, instance, model_patch, base, timings, timeout, integrity_checks
             )
 
-    return await _guarded(steps, instance, base, timings, started)
+    return await _guarded(steps, instance, model_patch, model_name_or_path)
 
 
 async def evaluate_in_sandbox(
@@ -162,6 +154,22 @@ async def evaluate_in_sandbox(
         integrity_checks: as in :func:`evaluate`; the changes are then everything that differs
             from ``base_commit`` in the working tree.
     """
+
+    async def steps(base: dict[str, Any], timings: dict[str, float]) -> EvalResult:
+        return await _test_and_grade(sb, instance, None, base, timings, timeout, integrity_checks)
+
+    return await _guarded(steps, instance, model_patch, model_name_or_path)
+
+
+async def _guarded(
+    steps: Callable[[dict[str, Any], dict[str, float]], Awaitable[EvalResult]],
+    instance: Instance,
+    model_patch: str | None,
+    model_name_or_path: str,
+) -> EvalResult:
+    """``empty_patch`` for an empty ``model_patch``; else run ``steps(base, timings)`` (the
+    result's common fields; step durations in seconds, filled as they go), turning every
+    failure but cancellation into an error ``EvalResult``."""
     started = time.monotonic()
     base: dict[str, Any] = {
         "instance_id": instance.instance_id,
@@ -170,23 +178,8 @@ async def evaluate_in_sandbox(
     if not model_patch or not model_patch.strip():
         return EvalResult(**base, status=EvalStatus.EMPTY_PATCH)
     timings: dict[str, float] = {}
-
-    async def steps() -> EvalResult:
-        return await _test_and_grade(sb, instance, None, base, timings, timeout, integrity_checks)
-
-    return await _guarded(steps, instance, base, timings, started)
-
-
-async def _guarded(
-    steps: Callable[[], Awaitable[EvalResult]],
-    instance: Instance,
-    base: dict[str, Any],
-    timings: dict[str, float],
-    started: float,
-) -> EvalResult:
-    """Run ``steps``, turning every failure but cancellation into an error ``EvalResult``."""
     try:
-        result = await steps()
+        result = await steps(base, timings)
     except _EvalError as exc:
         timings["total"] = time.monotonic() - started
         return EvalResult(**base, status=exc.status, error=str(exc), timings_s=timings)
