@@ -5,7 +5,6 @@ gets them back, over whatever the agent planted, for the grading only."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 from requirements import EVAL, bwrap_missing, need_module, needs
+from rollout.scripted_policy import RunOnce
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
@@ -20,7 +20,6 @@ from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
 from sandlot.rollout.graded import remove_graded, restore_graded
-from sandlot.rollout.policy import Message, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason
 from sandlot.sandboxes.local.jail import JAIL_HOME
 from sandlot.sandboxes.open import open as open_sandbox
@@ -43,20 +42,6 @@ LOOK = (
     "grep -rl test_wrap_hid''den / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr "
     "2>/dev/null; echo look-done"
 )
-
-
-class Look:
-    """Runs one command, then ends the episode with a turn without a tool call."""
-
-    def __init__(self, command: str) -> None:
-        call = json.dumps({"name": "bash", "arguments": {"command": command}})
-        self.turns = [f"<tool_call>\n{call}\n</tool_call>", "done"]
-
-    async def generate(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyTurn:
-        return PolicyTurn(content=self.turns.pop(0))
-
-    def secrets(self) -> list[str]:
-        return []
 
 
 def _config(mode: str = "fresh") -> Any:
@@ -84,7 +69,7 @@ async def test_graded_files_are_gone_before_the_first_turn_and_survivors_are_rep
         "/testbed/tests/test_wrap.py",
     ]
     with caplog.at_level(logging.WARNING, logger="sandlot.rollout"):
-        traj = await run_episode(row, Look(LOOK), _config())
+        traj = await run_episode(row, RunOnce(LOOK), _config())
     assert traj.exit_reason is ExitReason.NO_TOOL_CALL, traj.error
     seen = traj.steps[0].observations[0].output
     assert "look-done" in seen and "version-readable" in seen
@@ -121,6 +106,6 @@ async def test_same_mode_puts_the_real_files_back_over_what_the_agent_planted(
 
 
 async def test_rows_without_graded_files_keep_their_sandbox_as_it_was(make_row: MakeRow) -> None:
-    traj = await run_episode(make_row("textkit__textkit-2"), Look("ls tests"), _config("same"))
+    traj = await run_episode(make_row("textkit__textkit-2"), RunOnce("ls tests"), _config("same"))
     assert traj.exit_reason is ExitReason.NO_TOOL_CALL and traj.warnings == []
     assert "test_" in traj.steps[0].observations[0].output

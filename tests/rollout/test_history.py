@@ -6,12 +6,11 @@ object; ``HEAD``, its history and the set-up's uncommitted files stay."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing, need_module, needs
+from rollout.scripted_policy import RunOnce
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
@@ -19,7 +18,6 @@ from sandlot.rewards.history import hide_future
 from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
-from sandlot.rollout.policy import Message, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason
 from sandlot.sandboxes.open import open as open_sandbox
 
@@ -88,25 +86,13 @@ async def test_no_git_command_reaches_the_fix(backend: str, instances: dict[str,
         assert head.stdout.strip() == inst.base_commit
 
 
-class Look:
-    def __init__(self, command: str) -> None:
-        call = json.dumps({"name": "bash", "arguments": {"command": command}})
-        self.turns = [f"<tool_call>\n{call}\n</tool_call>", "done"]
-
-    async def generate(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyTurn:
-        return PolicyTurn(content=self.turns.pop(0))
-
-    def secrets(self) -> list[str]:
-        return []
-
-
 @pytest.mark.skipif(bwrap_missing() is not None, reason=str(bwrap_missing()))
 async def test_an_episode_starts_without_the_future(make_row: MakeRow) -> None:
     row = make_row("textkit__textkit-2", post_setup_cmd=FUTURE)
     config = parse_agent_config(
         {"sandbox": {"backend": "local"}, "interaction": {"max_turns": 3, "action_timeout": 60}}
     )
-    traj = await run_episode(row, Look(LOOK), config)
+    traj = await run_episode(row, RunOnce(LOOK), config)
     assert traj.exit_reason is ExitReason.NO_TOOL_CALL, traj.error
     seen = traj.steps[0].observations[0].output.split("\n")
     assert seen[1:3] == ["0", "0"], seen

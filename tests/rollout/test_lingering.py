@@ -6,18 +6,17 @@ stopped, and a respawner that starts a new child every few milliseconds."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing, need_module, needs
+from rollout.scripted_policy import RunOnce
 
 from sandlot.datasets.instance import Instance
 from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.lingering import ProcessBaseline, stop_lingering
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
-from sandlot.rollout.policy import Message, PolicyTurn
 from sandlot.sandboxes.open import open as open_sandbox
 
 need_module("swebench", EVAL)
@@ -99,20 +98,6 @@ async def test_a_sandbox_that_sees_the_callers_processes_gets_no_baseline(
         assert await ProcessBaseline.take(sb) is None
 
 
-class LeaveAndStop:
-    """Leaves a process waiting for the key pipe, then ends the episode without submitting."""
-
-    def __init__(self) -> None:
-        call = json.dumps({"name": "bash", "arguments": {"command": LEAVE}})
-        self.turns = [f"<tool_call>\n{call}\n</tool_call>", "done"]
-
-    async def generate(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyTurn:
-        return PolicyTurn(content=self.turns.pop(0))
-
-    def secrets(self) -> list[str]:
-        return []
-
-
 @pytest.mark.usefixtures("local_root")
 async def test_a_same_mode_episode_grades_after_killing_what_the_agent_left(
     make_row: Any,
@@ -124,7 +109,7 @@ async def test_a_same_mode_episode_grades_after_killing_what_the_agent_left(
             "reward": {"mode": "same"},
         }
     )
-    traj = await run_episode(make_row("textkit__textkit-2"), LeaveAndStop(), config)
+    traj = await run_episode(make_row("textkit__textkit-2"), RunOnce(LEAVE), config)
     assert traj.eval is not None, traj.error
     # The thief, the renamed sleep, the stopped one, the respawner and its children, and the
     # agent's shell session: all started after the baseline.
