@@ -440,7 +440,9 @@ async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
     )
     fake.hang_s = 1.5
     async with make(fake, request_retries=1) as sb:
-        fake.gateway_hangs = 2
+        # The launch's two tries hang, then the liveness probe's /is_alive: a 504 tells
+        # nothing, so the sandbox is not dead and the launch's error is the caller's.
+        fake.gateway_hangs = 3
         with pytest.raises(SandboxError, match="ReadTimeout") as info:
             await sb.exec("echo never")
         assert info.value.retryable
@@ -457,3 +459,114 @@ async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
             fake.gateway_hangs = 100
         assert done[0].timed_out
         fake.gateway_hangs = 0
+
+
+# ----------------------------------------------------------------- lost creates, foreign sandboxes
+
+
+async def test_a_create_that_takes_effect_after_the_timeout_is_found_and_killed(
+    fake: FakeVefaas,
+) -> None:
+    # The service acts on the create 1 s after it arrived; the client gave up after 0.5 s. The
+    # recovery used to list twice within ~0.1 s, find nothing, and the retry made a second.
+    fake.inject("CreateSandbox", "stall")
+    async with quick(fake) as sb:
+        assert len(fake.live()) == 1, "two instances for one sandbox"
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    await anyio.sleep(fake.hang_s)  # any create still in the service has landed by now
+    assert len(fake.instances) == 2 and not fake.leaked()
+
+
+async def test_a_lost_create_that_never_took_effect_is_looked_for_then_retried(
+    fake: FakeVefaas,
+) -> None:
+    fake.inject("CreateSandbox", "blackhole")
+    async with quick(fake, create_settle_s=1.0) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert len(fake.instances) == 1 and not fake.leaked()
+    assert len(fake.actions("ListSandboxes")) >= 2  # looked for it more than once
+
+
+async def test_recovery_and_gc_kill_only_their_own_when_the_service_ignores_filters(
+    fake: FakeVefaas,
+) -> None:
+    bystanders = await _bare_instances(fake, 3, "another-run")
+    fake.ignore_filters = True
+    fake.inject("CreateSandbox", "dropped")  # taken effect, answer lost: recovery lists
+    async with quick(fake) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert not fake.leaked()[3:] and all(
+        not fake.instances[i].kill_requested for i in bystanders
+    ), "killed another run's sandbox"
+    reaper = VefaasReaper(**fake.options())
+    assert await reaper.list_sandboxes("run-vefaas-test") == []
+    assert len(await reaper.list_sandboxes("another-run")) == 3
+
+
+# ----------------------------------------------------------------- the SWE-ReX server
+
+
+async def test_a_dead_server_makes_the_sandbox_dead_after_one_probe(fake: FakeVefaas) -> None:
+    from sandlot import SandboxDeadError
+
+    async with make(fake, server_restart_s=0.5, request_retries=1) as sb:
+        fake.server_down(sb.sandbox_id or "")  # dead; the control plane still says Running
+        with pytest.raises(SandboxDeadError, match="SWE-ReX server"):
+            await sb.exec("echo lost")
+        assert sb.state == "dead"
+        asked = len(fake.gateway_requests)
+        with pytest.raises(SandboxDeadError):
+            await sb.exec("echo again")
+        assert not await sb.is_alive()
+        assert len(fake.gateway_requests) == asked, "a dead sandbox was asked again"
+
+
+async def test_a_server_restart_keeps_the_running_commands_result(fake: FakeVefaas) -> None:
+    async with make(fake) as sb:
+        done: list[Any] = []
+
+        async def run() -> None:
+            done.append(await sb.exec("sleep 1; echo done", timeout=60))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await anyio.sleep(0.3)
+            fake.server_down(sb.sandbox_id or "", 3.0)  # the server restarts in 3 s
+        assert (done[0].exit_code, done[0].stdout) == (0, "done\n")
+        assert sb.state == "started"
+
+
+# ----------------------------------------------------------------- credentials, timeouts
+
+
+async def test_temporary_credentials_carry_their_session_token(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakes.fake_vefaas import STS_AK, STS_SK, STS_TOKEN
+
+    sts = {"access_key": STS_AK, "secret_key": STS_SK}
+    with pytest.raises(SandboxStartError, match="InvalidSecurityToken") as info:
+        await make(fake, **sts).start()
+    assert not info.value.retryable and not fake.instances
+    monkeypatch.setenv("VOLCE_SESSION_TOKEN", STS_TOKEN)
+    async with make(fake, **sts) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+        reaper = VefaasReaper(**{**fake.options(), **sts})
+        assert [s.id for s in await reaper.list_sandboxes("run-vefaas-test")] == [sb.sandbox_id]
+    monkeypatch.delenv("VOLCE_SESSION_TOKEN")
+    async with make(fake, **sts, session_token=STS_TOKEN) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert not fake.leaked()
+
+
+async def test_no_control_call_waits_for_an_answer_that_never_comes(fake: FakeVefaas) -> None:
+    # Each action black-holed once (accepted, never answered): every call ends at
+    # control_timeout_s and the sandbox still starts, runs and is killed.
+    for action in ("CreateSandbox", "DescribeSandbox", "KillSandbox", "ListSandboxes"):
+        fake.inject(action, "blackhole")
+    with anyio.fail_after(60):  # a hang guard, not a timing assertion
+        async with quick(fake, create_settle_s=1.0) as sb:
+            assert await sb.is_alive()  # the describe is black-holed: cannot tell
+            assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert not fake.leaked()
+    assert {f for _, f in fake.faults_served} == {"blackhole"}

@@ -53,25 +53,11 @@ from sandlot.sandboxes.vefaas.options import VefaasOptions
 T = TypeVar("T")
 
 _PAGE_SIZE = 100
-# Codes documented as transient (see the module docstring); others are matched by the words below.
-RETRYABLE_CODES = frozenset(
-    {
-        "Throttling",
-        "RequestLimitExceeded",
-        "FlowLimitExceeded",
-        "AccountFlowLimitExceeded",
-        "ServiceUnavailable",
-        "ServiceUnavailableTemporary",
-        "InternalError",
-        "InternalServiceError",
-        "ServiceBusy",
-    }
-)
-# Error codes (ResponseMetadata.Error.Code) another attempt may fix.
+# Words of the error codes (ResponseMetadata.Error.Code) another attempt may fix; they cover
+# every code documented as transient (see the module docstring).
 _RETRYABLE_CODE_WORDS = (
     "throttl",
     "ratelimit",
-    "rate_limit",
     "toomany",
     "quota",
     "insufficient",
@@ -83,6 +69,8 @@ _RETRYABLE_CODE_WORDS = (
     "limitexceeded",
 )
 RUNNING = "Running"
+GONE = ("Terminating", "Terminated", "Destroyed", "Expired", "Killed")
+"""Statuses of a sandbox already on its way out."""
 # Each call of the control plane waits at least this long after the previous one of the process
 # that reads sandbox status (DescribeSandbox while waiting, ListSandboxes): 256 starting
 # sandboxes share ~20 reads per second instead of each reading on its own clock.
@@ -193,6 +181,8 @@ class ControlPlane:
         self._api_exception: type[Exception] = core.rest.ApiException
         config = core.Configuration()
         config.ak, config.sk, config.region = creds.ak, creds.sk, creds.region
+        # Signed into the X-Security-Token header (volcenginesdkcore 5.0.54 SignerV4.sign).
+        config.session_token = creds.token or ""
         if options.endpoint:
             config.host = options.endpoint
         config.scheme = options.scheme
@@ -378,8 +368,6 @@ class ControlPlane:
 def retryable_code(code: str) -> bool:
     """Whether an error code of the service names a cause another attempt may fix (a rate
     limit, capacity, an internal fault) rather than a permanent one (bad request, bad image)."""
-    if code in RETRYABLE_CODES:
-        return True
     squashed = code.lower().replace(".", "").replace("-", "").replace("_", "")
     return any(w.replace("_", "") in squashed for w in _RETRYABLE_CODE_WORDS)
 
