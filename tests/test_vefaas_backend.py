@@ -4,8 +4,9 @@ a real ``swerex.server`` per instance behind a gateway that routes by ``x-faas-i
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -15,6 +16,7 @@ from fakes.shared import vefaas_fake_unavailable
 from requirements import missing
 
 from sandlot import BackendUnavailableError, SandboxError, SandboxSpec, SandboxStartError
+from sandlot.result import ExecResult
 from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.reaper import reap
@@ -235,6 +237,22 @@ async def test_gc_finds_and_kills_by_run_id(
 # ----------------------------------------------------------------- control-plane failure modes
 
 
+async def exec_meanwhile(
+    sb: VefaasSandbox, command: str, timeout: float, then: Callable[[], object]
+) -> ExecResult:
+    """``sb.exec(command)``, with ``then()`` called 0.2 s after it began."""
+    done: list[ExecResult] = []
+
+    async def run() -> None:
+        done.append(await sb.exec(command, timeout=timeout))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await anyio.sleep(0.2)
+        then()
+    return done[0]
+
+
 def quick(fake: FakeVefaas, **options: Any) -> VefaasSandbox:
     """A sandbox whose control-plane calls time out after 0.5 s (the fake hangs 1 s)."""
     fake.hang_s = 1.0
@@ -429,8 +447,6 @@ async def test_the_fake_image_has_no_swerex_on_its_path(fake: FakeVefaas) -> Non
 async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import functools
-
     import sandlot.sandboxes.vefaas.sandbox as module
 
     # Requests give up 0.5 s after their command's limit; the gateway hangs 1.5 s.
@@ -448,16 +464,10 @@ async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
         assert info.value.retryable
         # The gateway hangs after the launch: the timed-out command's cleanup hangs too, and
         # the caller still gets its (timed-out) result, not an httpx exception.
-        done: list[Any] = []
-
-        async def run() -> None:
-            done.append(await sb.exec("sleep 5", timeout=0.5))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
-            await anyio.sleep(0.2)
-            fake.gateway_hangs = 100
-        assert done[0].timed_out
+        result = await exec_meanwhile(
+            sb, "sleep 5", 0.5, lambda: setattr(fake, "gateway_hangs", 100)
+        )
+        assert result.timed_out
         fake.gateway_hangs = 0
 
 
@@ -523,16 +533,10 @@ async def test_a_dead_server_makes_the_sandbox_dead_after_one_probe(fake: FakeVe
 
 async def test_a_server_restart_keeps_the_running_commands_result(fake: FakeVefaas) -> None:
     async with make(fake) as sb:
-        done: list[Any] = []
-
-        async def run() -> None:
-            done.append(await sb.exec("sleep 1; echo done", timeout=60))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
-            await anyio.sleep(0.3)
-            fake.server_down(sb.sandbox_id or "", 3.0)  # the server restarts in 3 s
-        assert (done[0].exit_code, done[0].stdout) == (0, "done\n")
+        # The server restarts (3 s without answers) while the command runs.
+        restart = functools.partial(fake.server_down, sb.sandbox_id or "", 3.0)
+        result = await exec_meanwhile(sb, "sleep 1; echo done", 60, restart)
+        assert (result.exit_code, result.stdout) == (0, "done\n")
         assert sb.state == "started"
 
 

@@ -434,10 +434,8 @@ class FakeVefaas:
         return 200, {"Sandboxes": rows[(page - 1) * size : page * size], "Total": len(rows)}
 
     def _KillSandbox(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        with self.lock:
-            if self.kill_failures > 0:
-                self.kill_failures -= 1
-                return 500, _error("InternalError", "kill failed, try again")
+        if self.take("kill_failures"):
+            return 500, _error("InternalError", "kill failed, try again")
         inst = self.instances.get(body.get("SandboxId", ""))
         if inst is None or inst.killed:
             # An expired or killed sandbox is forgotten by the service.
@@ -472,26 +470,14 @@ class FakeVefaas:
             down = time.monotonic() < self.server_down_until.get(instance or "", 0.0)
         return inst.port if inst is not None and inst.status == "Running" and not down else None
 
-    def take_gateway_failure(self) -> bool:
+    def take(self, counter: str) -> bool:
+        """Whether the counter attribute ``counter`` (``gateway_failures``, ...) was above 0;
+        it is decremented."""
         with self.lock:
-            if self.gateway_failures > 0:
-                self.gateway_failures -= 1
-                return True
-        return False
-
-    def take_gateway_blackhole(self) -> bool:
-        with self.lock:
-            if self.gateway_blackholes > 0:
-                self.gateway_blackholes -= 1
-                return True
-        return False
-
-    def take_gateway_hang(self) -> bool:
-        with self.lock:
-            if self.gateway_hangs > 0:
-                self.gateway_hangs -= 1
-                return True
-        return False
+            left = getattr(self, counter)
+            if left > 0:
+                setattr(self, counter, left - 1)
+            return left > 0
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
@@ -629,14 +615,14 @@ class _GatewayHandler(BaseHTTPRequestHandler):
         if not instance:
             self._reply(400, "missing x-faas-instance-name header")
             return
-        if fake.take_gateway_failure():
+        if fake.take("gateway_failures"):
             self._reply(503, "injected gateway failure")
             return
-        if fake.take_gateway_blackhole():
+        if fake.take("gateway_blackholes"):
             with contextlib.suppress(_Drop):
                 fake.black_hole()
             return
-        if fake.take_gateway_hang():
+        if fake.take("gateway_hangs"):
             time.sleep(fake.hang_s)
             with contextlib.suppress(OSError):
                 self._reply(504, "gateway timeout")

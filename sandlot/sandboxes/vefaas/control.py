@@ -35,6 +35,7 @@ documented common codes (https://www.volcengine.com/docs/6369/68677: ``Throttlin
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import threading
@@ -47,6 +48,7 @@ import anyio
 
 from sandlot._optional import require
 from sandlot.errors import SandboxError, SandboxStartError
+from sandlot.sandboxes.backoff import retry
 from sandlot.sandboxes.vefaas.config import Credentials
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
@@ -309,9 +311,11 @@ class ControlPlane:
     async def list(self, function_id: str, metadata: Mapping[str, str] | None) -> list[SandboxInfo]:
         """``ListSandboxes`` of ``function_id`` whose metadata contains ``metadata``, all pages.
 
-        Pages are read until the reported ``Total`` is reached (a page may be shorter than
-        asked for before the end), or, without a total, until a short page; an empty page
-        ends the listing in both cases.
+        A page that fails retryably is asked again (3 tries, 50 ms doubling): a listing of many
+        pages would otherwise rarely get through a throttled control plane. Pages are read
+        until the reported ``Total`` is reached (a page may be shorter than asked for before
+        the end), or, without a total, until a short page; an empty page ends the listing in
+        both cases.
 
         Raises:
             ControlPlaneError: a page could not be read.
@@ -326,7 +330,13 @@ class ControlPlane:
                 page_number=page,
                 page_size=_PAGE_SIZE,
             )
-            out = await self._call("ListSandboxes", self.api.list_sandboxes, request)
+            out = await retry(
+                functools.partial(self._call, "ListSandboxes", self.api.list_sandboxes, request),
+                attempts=3,
+                first_s=0.05,
+                max_s=0.5,
+                retry_on=lambda exc: isinstance(exc, ControlPlaneError) and exc.retryable,
+            )
             rows = out.sandboxes or []
             found += [
                 SandboxInfo(

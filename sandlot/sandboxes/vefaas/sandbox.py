@@ -65,6 +65,9 @@ _DESCRIBE_MAX_S = 30.0
 # service's filter did.
 _OWN_LABELS = (SANDBOX_ID, RUN_ID, OWNER)
 _PROBE_S = 5.0  # timeout of one /is_alive of the liveness probe
+# How long a lost create is looked for after create_settle_s while listings fail (close's
+# budget, 60 s, must hold it and the kill).
+_LOOK_MORE_S = 20.0
 _QUICK_S = 60.0  # timeout of the short data-plane calls (launch, poll, kill, file moves)
 
 
@@ -247,42 +250,41 @@ class VefaasSandbox(Sandbox):
 
         The service may act on a create after the client gave up on it, so ``ListSandboxes``
         (filtered by the ``sandlot.sandbox_id`` label) is asked again and again (0.1 s, doubling
-        up to 2 s) for up to ``create_settle_s`` until a live instance appears whose own labels
-        (``sandlot.sandbox_id``, ``sandlot.run_id``, ``sandlot.owner``) are this sandbox's: the
-        labels of every row are checked here, whatever the server's filter did. One create makes
-        at most one instance, so the first found ends the search; none by then means the create
-        never took effect.
+        up to 2 s) until a live instance appears whose own labels (``sandlot.sandbox_id``,
+        ``sandlot.run_id``, ``sandlot.owner``) are this sandbox's, or until a listing begun
+        ``create_settle_s`` after now finds none (the create never took effect). The labels of
+        every row are checked here, whatever the server's filter did. One create makes at most
+        one instance, so the first found ends the search.
 
         Raises:
-            SandboxError: no listing succeeded (the instance could not be looked for), or
-                killing it failed; the message says how ``sandlot gc`` removes it.
+            SandboxError: no listing succeeded for ``_LOOK_MORE_S`` after ``create_settle_s``,
+                or killing the instance failed; the message says how ``sandlot gc`` removes it.
         """
         assert self._control is not None and self._target is not None
         control, function_id = self._control, self._target.function_id
+        settled = time.monotonic() + self.options.create_settle_s
         problems: list[Exception] = []
-        listed = False
 
         async def look() -> list[SandboxInfo] | None:
-            nonlocal listed
+            began = time.monotonic()
             try:
                 rows = await control.list(function_id, {SANDBOX_ID: self.id})
             except SandboxError as exc:
                 problems.append(exc)
                 return None
-            listed = True
-            return [row for row in rows if self._is_mine(row)] or None
+            mine = [row for row in rows if self._is_mine(row)]
+            return mine if mine or began >= settled else None
 
-        with anyio.move_on_after(self.options.create_settle_s):
+        with anyio.move_on_after(self.options.create_settle_s + _LOOK_MORE_S):
             for row in await poll(look, first_s=0.1, max_s=2.0):
                 log.info("sandbox %s: killing %s from an unanswered create", self.id, row.id)
                 await self._kill(row.id)
             return
-        if not listed:
-            raise SandboxError(
-                f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not "
-                f"be looked for ({problems[-1] if problems else 'no listing answered'}); "
-                "`sandlot gc --backend vefaas --run-id <run id>` removes it"
-            )
+        raise SandboxError(
+            f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not be "
+            f"looked for ({problems[-1] if problems else 'no listing answered'}); "
+            "`sandlot gc --backend vefaas --run-id <run id>` removes it"
+        )
 
     async def _probe(self) -> str | None:
         """Why the instance cannot run commands, else ``None``: the control plane first (not
