@@ -111,13 +111,12 @@ def function_targets(options: VefaasOptions) -> list[FunctionTarget]:
     Raises:
         BackendUnavailableError: ids or routes missing, or the two lists differ in length.
     """
-    ids = _split(options.function_id or os.environ.get(FUNCTION_ID_ENV))
+    ids = function_ids(options)
     routes = _split(options.function_route or os.environ.get(FUNCTION_ROUTE_ENV))
-    if not ids or not routes:
-        missing = [n for n, v in ((FUNCTION_ID_ENV, ids), (FUNCTION_ROUTE_ENV, routes)) if not v]
+    if not routes:
         raise BackendUnavailableError(
-            f"no veFaaS sandbox function: set {' and '.join(missing)} (or the function_id/"
-            "function_route options) to the sandbox application's function id and HTTP route"
+            f"no veFaaS sandbox function route: set {FUNCTION_ROUTE_ENV} (or the function_route "
+            "option) to the HTTP route of the sandbox application's function(s)"
         )
     if len(ids) != len(routes):
         raise BackendUnavailableError(

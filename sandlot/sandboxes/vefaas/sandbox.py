@@ -146,9 +146,14 @@ class VefaasSandbox(Sandbox):
             await self._control.create(request, self._record)
         except SandboxStartError as exc:
             cause = exc.__cause__
-            if isinstance(cause, ControlPlaneError) and cause.ambiguous:
-                self._unanswered_create = True  # _close (after this attempt) looks for it
-            raise
+            if not (isinstance(cause, ControlPlaneError) and cause.ambiguous):
+                raise
+            self._unanswered_create = True  # if cancelled meanwhile, _close looks for it
+            lost = await self._find_lost_create()
+            if lost is None:
+                raise  # it never took effect: the next attempt creates again
+            log.info("sandbox %s: adopting %s of an unanswered create", self.id, lost.id)
+            self._sandbox_id, self._unanswered_create = lost.id, False
         assert self._sandbox_id is not None
         self._client = SwerexClient(
             target.route,
@@ -206,8 +211,9 @@ class VefaasSandbox(Sandbox):
 
     async def _close(self) -> None:
         """Close the data-plane client, then ``KillSandbox`` (``close`` tries again: it is what
-        stops the bill). After a create whose answer was lost, the instance it may have made is
-        looked for and killed instead (:meth:`_kill_lost_create`)."""
+        stops the bill). After a create whose answer was lost (cancelled while it was looked
+        for), the instance it may have made is looked for (:meth:`_find_lost_create`) and
+        killed instead."""
         client, self._client = self._client, None
         if client is not None:
             try:
@@ -219,8 +225,8 @@ class VefaasSandbox(Sandbox):
         if self._sandbox_id is not None:
             await self._kill(self._sandbox_id)
             self._sandbox_id = None
-        elif self._unanswered_create:
-            await self._kill_lost_create()
+        elif self._unanswered_create and (lost := await self._find_lost_create()) is not None:
+            await self._kill(lost.id)
         self._unanswered_create = False
 
     async def _kill(self, sandbox_id: str) -> None:
@@ -245,8 +251,8 @@ class VefaasSandbox(Sandbox):
             row.metadata.get(k) == self._labels.get(k) for k in _OWN_LABELS
         )
 
-    async def _kill_lost_create(self) -> None:
-        """Kill the instance a CreateSandbox whose answer was lost may have made.
+    async def _find_lost_create(self) -> SandboxInfo | None:
+        """The instance a CreateSandbox whose answer was lost made, or ``None`` if it made none.
 
         The service may act on a create after the client gave up on it, so ``ListSandboxes``
         (filtered by the ``sandlot.sandbox_id`` label) is asked again and again (0.1 s, doubling
@@ -257,8 +263,8 @@ class VefaasSandbox(Sandbox):
         one instance, so the first found ends the search.
 
         Raises:
-            SandboxError: no listing succeeded for ``_LOOK_MORE_S`` after ``create_settle_s``,
-                or killing the instance failed; the message says how ``sandlot gc`` removes it.
+            SandboxError: no listing succeeded for ``_LOOK_MORE_S`` after ``create_settle_s``;
+                the message says how ``sandlot gc`` removes the instance.
         """
         assert self._control is not None and self._target is not None
         control, function_id = self._control, self._target.function_id
@@ -276,10 +282,8 @@ class VefaasSandbox(Sandbox):
             return mine if mine or began >= settled else None
 
         with anyio.move_on_after(self.options.create_settle_s + _LOOK_MORE_S):
-            for row in await poll(look, first_s=0.1, max_s=2.0):
-                log.info("sandbox %s: killing %s from an unanswered create", self.id, row.id)
-                await self._kill(row.id)
-            return
+            found = await poll(look, first_s=0.1, max_s=2.0)
+            return found[0] if found else None
         raise SandboxError(
             f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not be "
             f"looked for ({problems[-1] if problems else 'no listing answered'}); "
