@@ -13,6 +13,7 @@ and verl-project/uni-agent ``uni_agent/sandbox/vefaas.py`` (instance header, boo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -174,35 +175,40 @@ class VefaasSandbox(Sandbox):
         the wait goes on: only ``ready_timeout_s`` or a failed instance ends it.
         """
         assert self._client is not None and self._control is not None and self._target
-        deadline = time.monotonic() + self.options.ready_timeout_s
-        describe_every = _DESCRIBE_FIRST_S
-        delay, next_describe = 0.02, time.monotonic() + describe_every
-        while not await self._client.is_alive(timeout=min(10.0, self.options.ready_timeout_s)):
-            info = None
-            if time.monotonic() >= next_describe:
-                describe_every = min(describe_every * 1.5, _DESCRIBE_MAX_S)
-                next_describe = time.monotonic() + describe_every
-                try:
-                    info = await self._control.describe(self._target.function_id, self._id)
-                except ControlPlaneError as exc:
-                    log.debug("sandbox %s: DescribeSandbox while waiting: %s", self.id, exc)
-            if info is not None and info.status not in ("", "Creating", "Pending", RUNNING):
-                raise SandboxStartError(
-                    f"sandbox {self.id}: veFaaS instance {self._id} is {info.status}"
-                    + (f" ({info.error_code})" if info.error_code else "")
-                    + (f": {info.error}" if info.error else ""),
-                    retryable=info.failure_retryable,
-                )
-            if time.monotonic() >= deadline:
-                raise SandboxStartError(
-                    f"sandbox {self.id}: the SWE-ReX server of instance {self._id} did not answer "
-                    f"within ready_timeout_s={self.options.ready_timeout_s:g} s (does the "
-                    "bootstrap command start it? does the image reach PyPI if it must install "
-                    "swe-rex?)",
-                    retryable=True,
-                )
-            await anyio.sleep(delay)
-            delay = min(delay * 1.25, _READY_POLL_MAX_S)
+        client, control, function_id = self._client, self._control, self._target.function_id
+        interval, next_describe = _DESCRIBE_FIRST_S, time.monotonic() + _DESCRIBE_FIRST_S
+
+        async def ready() -> bool | None:
+            nonlocal interval, next_describe
+            if await client.is_alive(timeout=min(10.0, self.options.ready_timeout_s)):
+                return True
+            if time.monotonic() < next_describe:
+                return None
+            interval = min(interval * 1.5, _DESCRIBE_MAX_S)
+            next_describe = time.monotonic() + interval
+            try:
+                info = await control.describe(function_id, self._id)
+            except ControlPlaneError as exc:
+                log.debug("sandbox %s: DescribeSandbox while waiting: %s", self.id, exc)
+                return None
+            if info.status in ("", "Creating", "Pending", RUNNING):
+                return None
+            raise SandboxStartError(
+                f"sandbox {self.id}: veFaaS instance {self._id} is {info.status}"
+                + (f" ({info.error_code})" if info.error_code else "")
+                + (f": {info.error}" if info.error else ""),
+                retryable=info.failure_retryable,
+            )
+
+        with anyio.move_on_after(self.options.ready_timeout_s):
+            await poll(ready, first_s=0.02, max_s=_READY_POLL_MAX_S, factor=1.25)
+            return
+        raise SandboxStartError(
+            f"sandbox {self.id}: the SWE-ReX server of instance {self._id} did not answer "
+            f"within ready_timeout_s={self.options.ready_timeout_s:g} s (does the bootstrap "
+            "command start it? does the image reach PyPI if it must install swe-rex?)",
+            retryable=True,
+        )
 
     @property
     def _id(self) -> str:
@@ -431,9 +437,7 @@ class VefaasSandbox(Sandbox):
             log.warning("sandbox %s: could not stop command %s: %s", self.id, job, exc)
             return RunOutput(exit_code=None)
         assert result is not None
-        return RunOutput(
-            None, result.stdout, result.stderr, result.stdout_dropped, result.stderr_dropped
-        )
+        return dataclasses.replace(result, exit_code=None)
 
     # ----------------------------------------------------------------- files
 
