@@ -572,3 +572,21 @@ async def test_no_control_call_waits_for_an_answer_that_never_comes(fake: FakeVe
             assert (await sb.exec("echo ok")).stdout == "ok\n"
     assert not fake.leaked()
     assert {f for _, f in fake.faults_served} == {"blackhole"}
+
+
+async def test_a_data_call_that_is_never_answered_is_cut_and_retried(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandlot.sandboxes.vefaas.sandbox as module
+
+    # Requests give up 0.5 s after their command's limit (0.3 s); the gateway accepts the
+    # launch and never answers it.
+    monkeypatch.setattr(module, "_QUICK_S", 0.3)
+    monkeypatch.setattr(
+        module, "SwerexClient", functools.partial(module.SwerexClient, margin_s=0.5)
+    )
+    async with make(fake, request_retries=1) as sb:
+        fake.gateway_blackholes = 1
+        with anyio.fail_after(30):  # a hang guard, not a timing assertion
+            assert (await sb.exec("echo ok")).stdout == "ok\n"
+        assert fake.gateway_blackholes == 0
