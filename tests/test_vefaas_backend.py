@@ -444,17 +444,21 @@ async def test_the_fake_image_has_no_swerex_on_its_path(fake: FakeVefaas) -> Non
     assert not fake.leaked()
 
 
-async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
-    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def short_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data-plane requests give up 0.8 s after they began (0.3 s limit + 0.5 s margin)."""
     import sandlot.sandboxes.vefaas.sandbox as module
 
-    # Requests give up 0.5 s after their command's limit; the gateway hangs 1.5 s.
     monkeypatch.setattr(module, "_QUICK_S", 0.3)
     monkeypatch.setattr(
         module, "SwerexClient", functools.partial(module.SwerexClient, margin_s=0.5)
     )
-    fake.hang_s = 1.5
+
+
+async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
+    fake: FakeVefaas, short_requests: None
+) -> None:
+    fake.hang_s = 1.5  # longer than a request waits
     async with make(fake, request_retries=1) as sb:
         # The launch's two tries hang, then the liveness probe's /is_alive: a 504 tells
         # nothing, so the sandbox is not dead and the launch's error is the caller's.
@@ -575,16 +579,9 @@ async def test_no_control_call_waits_for_an_answer_that_never_comes(fake: FakeVe
 
 
 async def test_a_data_call_that_is_never_answered_is_cut_and_retried(
-    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+    fake: FakeVefaas, short_requests: None
 ) -> None:
-    import sandlot.sandboxes.vefaas.sandbox as module
-
-    # Requests give up 0.5 s after their command's limit (0.3 s); the gateway accepts the
-    # launch and never answers it.
-    monkeypatch.setattr(module, "_QUICK_S", 0.3)
-    monkeypatch.setattr(
-        module, "SwerexClient", functools.partial(module.SwerexClient, margin_s=0.5)
-    )
+    # The gateway accepts the launch and never answers it.
     async with make(fake, request_retries=1) as sb:
         fake.gateway_blackholes = 1
         with anyio.fail_after(30):  # a hang guard, not a timing assertion
