@@ -157,6 +157,17 @@ class SandboxInfo:
     error: str = ""
     error_code: str = ""
 
+    @classmethod
+    def of(
+        cls, out: Any, sandbox_id: str, function_id: str, metadata: dict[str, str]
+    ) -> SandboxInfo:
+        """From a ``DescribeSandboxResponse`` or a ``ListSandboxes`` row (``status``,
+        ``error_message``, ``error_code``)."""
+        status, error, code = out.status, out.error_message, out.error_code
+        return cls(
+            sandbox_id, function_id, str(status or ""), metadata, str(error or ""), str(code or "")
+        )
+
     @property
     def failure_retryable(self) -> bool:
         """Whether a sandbox that failed this way may start on another attempt: ``True`` when
@@ -299,14 +310,7 @@ class ControlPlane:
         await STATUS_PACER.wait()
         out = await self._call("DescribeSandbox", self.api.describe_sandbox, request)
         metadata = {item.meta_key: item.meta_value for item in out.metadata_list or []}
-        return SandboxInfo(
-            id=sandbox_id,
-            function_id=function_id,
-            status=str(out.status or ""),
-            metadata=metadata,
-            error=str(out.error_message or ""),
-            error_code=str(out.error_code or ""),
-        )
+        return SandboxInfo.of(out, sandbox_id, function_id, metadata)
 
     async def list(self, function_id: str, metadata: Mapping[str, str] | None) -> list[SandboxInfo]:
         """``ListSandboxes`` of ``function_id`` whose metadata contains ``metadata``, all pages.
@@ -339,14 +343,7 @@ class ControlPlane:
             )
             rows = out.sandboxes or []
             found += [
-                SandboxInfo(
-                    id=str(row.id),
-                    function_id=function_id,
-                    status=str(row.status or ""),
-                    metadata=dict(row.metadata or {}),
-                    error=str(row.error_message or ""),
-                    error_code=str(row.error_code or ""),
-                )
+                SandboxInfo.of(row, str(row.id), function_id, dict(row.metadata or {}))
                 for row in rows
             ]
             if not rows:
