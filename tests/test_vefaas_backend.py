@@ -4,8 +4,9 @@ a real ``swerex.server`` per instance behind a gateway that routes by ``x-faas-i
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -15,6 +16,7 @@ from fakes.shared import vefaas_fake_unavailable
 from requirements import missing
 
 from sandlot import BackendUnavailableError, SandboxError, SandboxSpec, SandboxStartError
+from sandlot.result import ExecResult
 from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.reaper import reap
@@ -235,6 +237,22 @@ async def test_gc_finds_and_kills_by_run_id(
 # ----------------------------------------------------------------- control-plane failure modes
 
 
+async def exec_meanwhile(
+    sb: VefaasSandbox, command: str, timeout: float, then: Callable[[], object]
+) -> ExecResult:
+    """``sb.exec(command)``, with ``then()`` called 0.2 s after it began."""
+    done: list[ExecResult] = []
+
+    async def run() -> None:
+        done.append(await sb.exec(command, timeout=timeout))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await anyio.sleep(0.2)
+        then()
+    return done[0]
+
+
 def quick(fake: FakeVefaas, **options: Any) -> VefaasSandbox:
     """A sandbox whose control-plane calls time out after 0.5 s (the fake hangs 1 s)."""
     fake.hang_s = 1.0
@@ -282,7 +300,7 @@ async def test_a_create_whose_answer_is_lost_leaks_nothing(fake: FakeVefaas, fau
     async with quick(fake) as sb:
         assert (await sb.exec("echo ok")).stdout == "ok\n"
     creates = fake.actions("CreateSandbox")
-    assert len(creates) == 2 and len(fake.instances) == 2  # the lost one, then the good one
+    assert len(creates) == 1 and len(fake.instances) == 1  # found by its labels and adopted
     assert not fake.leaked()
     assert "None" not in [b.get("SandboxId") for b in fake.actions("DescribeSandbox")]
 
@@ -426,34 +444,146 @@ async def test_the_fake_image_has_no_swerex_on_its_path(fake: FakeVefaas) -> Non
     assert not fake.leaked()
 
 
-async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
-    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import functools
-
+@pytest.fixture
+def short_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data-plane requests give up 0.8 s after they began (0.3 s limit + 0.5 s margin)."""
     import sandlot.sandboxes.vefaas.sandbox as module
 
-    # Requests give up 0.5 s after their command's limit; the gateway hangs 1.5 s.
     monkeypatch.setattr(module, "_QUICK_S", 0.3)
     monkeypatch.setattr(
         module, "SwerexClient", functools.partial(module.SwerexClient, margin_s=0.5)
     )
-    fake.hang_s = 1.5
+
+
+async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
+    fake: FakeVefaas, short_requests: None
+) -> None:
+    fake.hang_s = 1.5  # longer than a request waits
     async with make(fake, request_retries=1) as sb:
-        fake.gateway_hangs = 2
+        # The launch's two tries hang, then the liveness probe's /is_alive: a 504 tells
+        # nothing, so the sandbox is not dead and the launch's error is the caller's.
+        fake.gateway_hangs = 3
         with pytest.raises(SandboxError, match="ReadTimeout") as info:
             await sb.exec("echo never")
         assert info.value.retryable
         # The gateway hangs after the launch: the timed-out command's cleanup hangs too, and
         # the caller still gets its (timed-out) result, not an httpx exception.
-        done: list[Any] = []
-
-        async def run() -> None:
-            done.append(await sb.exec("sleep 5", timeout=0.5))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
-            await anyio.sleep(0.2)
-            fake.gateway_hangs = 100
-        assert done[0].timed_out
+        result = await exec_meanwhile(
+            sb, "sleep 5", 0.5, lambda: setattr(fake, "gateway_hangs", 100)
+        )
+        assert result.timed_out
         fake.gateway_hangs = 0
+
+
+# ----------------------------------------------------------------- lost creates, foreign sandboxes
+
+
+async def test_a_create_that_takes_effect_after_the_timeout_is_found_and_adopted(
+    fake: FakeVefaas,
+) -> None:
+    # The service acts on the create 1 s after it arrived; the client gave up after 0.5 s. The
+    # recovery used to list twice within ~0.1 s, find nothing, and the retry made a second.
+    fake.inject("CreateSandbox", "stall")
+    async with quick(fake) as sb:
+        assert [i.id for i in fake.live()] == [sb.sandbox_id], "not one instance, or not ours"
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    await anyio.sleep(fake.hang_s)  # any create still in the service has landed by now
+    assert len(fake.instances) == 1 and not fake.leaked()
+
+
+async def test_a_lost_create_that_never_took_effect_is_looked_for_then_retried(
+    fake: FakeVefaas,
+) -> None:
+    fake.inject("CreateSandbox", "blackhole")
+    async with quick(fake, create_settle_s=1.0) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert len(fake.instances) == 1 and not fake.leaked()
+    assert len(fake.actions("ListSandboxes")) >= 2  # looked for it more than once
+
+
+async def test_recovery_and_gc_kill_only_their_own_when_the_service_ignores_filters(
+    fake: FakeVefaas,
+) -> None:
+    bystanders = await _bare_instances(fake, 3, "another-run")
+    fake.ignore_filters = True
+    fake.inject("CreateSandbox", "dropped")  # taken effect, answer lost: recovery lists
+    async with quick(fake) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert [i.id for i in fake.leaked()] == bystanders, "killed another run's, or leaked ours"
+    reaper = VefaasReaper(**fake.options())
+    assert await reaper.list_sandboxes("run-vefaas-test") == []
+    assert len(await reaper.list_sandboxes("another-run")) == 3
+
+
+# ----------------------------------------------------------------- the SWE-ReX server
+
+
+async def test_a_dead_server_makes_the_sandbox_dead_after_one_probe(fake: FakeVefaas) -> None:
+    from sandlot import SandboxDeadError
+
+    async with make(fake, server_restart_s=0.5, request_retries=1) as sb:
+        fake.server_down(sb.sandbox_id or "")  # dead; the control plane still says Running
+        with pytest.raises(SandboxDeadError, match="SWE-ReX server"):
+            await sb.exec("echo lost")
+        assert sb.state == "dead"
+        asked = len(fake.gateway_requests)
+        with pytest.raises(SandboxDeadError):
+            await sb.exec("echo again")
+        assert not await sb.is_alive()
+        assert len(fake.gateway_requests) == asked, "a dead sandbox was asked again"
+
+
+async def test_a_server_restart_keeps_the_running_commands_result(fake: FakeVefaas) -> None:
+    async with make(fake) as sb:
+        # The server restarts (3 s without answers) while the command runs.
+        restart = functools.partial(fake.server_down, sb.sandbox_id or "", 3.0)
+        result = await exec_meanwhile(sb, "sleep 1; echo done", 60, restart)
+        assert (result.exit_code, result.stdout) == (0, "done\n")
+        assert sb.state == "started"
+
+
+# ----------------------------------------------------------------- credentials, timeouts
+
+
+async def test_temporary_credentials_carry_their_session_token(
+    fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakes.fake_vefaas import STS_AK, STS_SK, STS_TOKEN
+
+    sts = {"access_key": STS_AK, "secret_key": STS_SK}
+    with pytest.raises(SandboxStartError, match="InvalidSecurityToken") as info:
+        await make(fake, **sts).start()
+    assert not info.value.retryable and not fake.instances
+    monkeypatch.setenv("VOLCE_SESSION_TOKEN", STS_TOKEN)
+    async with make(fake, **sts) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+        reaper = VefaasReaper(**{**fake.options(), **sts})
+        assert [s.id for s in await reaper.list_sandboxes("run-vefaas-test")] == [sb.sandbox_id]
+    monkeypatch.delenv("VOLCE_SESSION_TOKEN")
+    async with make(fake, **sts, session_token=STS_TOKEN) as sb:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert not fake.leaked()
+
+
+async def test_no_control_call_waits_for_an_answer_that_never_comes(fake: FakeVefaas) -> None:
+    # Each action black-holed once (accepted, never answered): every call ends at
+    # control_timeout_s and the sandbox still starts, runs and is killed.
+    for action in ("CreateSandbox", "DescribeSandbox", "KillSandbox", "ListSandboxes"):
+        fake.inject(action, "blackhole")
+    with anyio.fail_after(60):  # a hang guard, not a timing assertion
+        async with quick(fake, create_settle_s=1.0) as sb:
+            assert await sb.is_alive()  # the describe is black-holed: cannot tell
+            assert (await sb.exec("echo ok")).stdout == "ok\n"
+    assert not fake.leaked()
+    assert {f for _, f in fake.faults_served} == {"blackhole"}
+
+
+async def test_a_data_call_that_is_never_answered_is_cut_and_retried(
+    fake: FakeVefaas, short_requests: None
+) -> None:
+    # The gateway accepts the launch and never answers it.
+    async with make(fake, request_retries=1) as sb:
+        fake.gateway_blackholes = 1
+        with anyio.fail_after(30):  # a hang guard, not a timing assertion
+            assert (await sb.exec("echo ok")).stdout == "ok\n"
+        assert fake.gateway_blackholes == 0

@@ -7,7 +7,10 @@
   over method, path, sorted query, the signed headers and the body's SHA-256; key derived from
   the secret key, date, region, service ``vefaas``): a wrong secret key, a changed body or a
   changed signed header is refused with 401 ``SignatureDoesNotMatch``. Implemented here from
-  the scheme (https://www.volcengine.com/docs/6369/67269), not with the SDK's signer.
+  the scheme (https://www.volcengine.com/docs/6369/67269), not with the SDK's signer. Temporary
+  (STS) credentials :data:`STS_AK`/:data:`STS_SK` are accepted only with their session token
+  :data:`STS_TOKEN` in a signed ``X-Security-Token`` header (where volcenginesdkcore 5.0.54's
+  ``SignerV4.sign`` puts ``Configuration.session_token``), else 401 ``InvalidSecurityToken``.
 * Instances: ``CreateSandbox`` runs ``InstanceImageInfo.Command`` with ``/bin/sh -c`` in a
   bubblewrap jail of its own (private root, own PID namespace, ``Envs`` as environment,
   ``SANDLOT_SWEREX_PORT`` set to a free loopback port): with sandlot's bootstrap that is a real
@@ -20,7 +23,11 @@
   with ErrorCode ``StartCommandExited`` and an ErrorMessage with the exit status and the last
   output, which the backend does not retry (the same command exits again).
 * Gateway: an HTTP proxy that requires ``x-faas-instance-name`` and forwards to that
-  instance's server; unknown or dead instances get 502, as a gateway without a backend would.
+  instance's server; unknown or dead instances get 502, as a gateway without a backend would,
+  and so does an instance whose server is down (:meth:`FakeVefaas.server_down`: a restart of
+  the SWE-ReX server, or its death while the control plane still says ``Running``). Only the
+  server's answering stops: the instance's processes (its detached jobs) run on, as they do
+  when a server that is not the instance's last process restarts.
 
 ``peak_starting`` is the most CreateSandbox calls seen in flight at once.
 
@@ -38,10 +45,18 @@ Faults:
   (nothing happens);
 * ``timeout``: the call takes effect, then the answer comes after ``hang_s`` (past the
   client's read timeout);
+* ``stall``: (CreateSandbox) the call waits ``hang_s`` *before* taking effect, then answers:
+  the instance appears after the client gave up on the answer;
+* ``blackhole``: the call is accepted and never answered (until :meth:`FakeVefaas.stop`), and
+  takes no effect;
 * ``dropped``: the call takes effect, then the connection is closed without an answer;
 * ``429``: HTTP 429 ``Throttling``; ``500``: HTTP 500 ``InternalError``;
 * ``error_body``: HTTP 200 whose ``ResponseMetadata.Error`` is ``RequestLimitExceeded``;
 * ``no_id``: (CreateSandbox) the instance is created, the 200 carries no ``SandboxId``.
+
+``ignore_filters``: ListSandboxes returns every sandbox of the function whatever ``Metadata``
+asks for (a service whose filter is broken or unsupported must not make sandlot kill what is
+not its own). ``gateway_blackholes``: the next N proxied requests are never answered.
 
 :meth:`FakeVefaas.api_down` closes the control plane's listening socket (connection refused for
 real) until :meth:`FakeVefaas.api_up`.
@@ -75,16 +90,16 @@ from urllib.parse import parse_qs, quote, urlparse
 from fakes.jail import jail_argv, make_root
 
 AK, SK = "fake-ak", "fake-sk"
+STS_AK, STS_SK, STS_TOKEN = "fake-sts-ak", "fake-sts-sk", "fake-sts-session-token"
+_SECRETS = {AK: SK, STS_AK: STS_SK}
 FUNCTION_ID = "fn-sandlot-test"
 VERSION = "2024-06-06"
 SERVICE = "vefaas"
 ACTIONS = ("CreateSandbox", "DescribeSandbox", "ListSandboxes", "KillSandbox")
+_COMMON_FAULTS = ("refused", "timeout", "dropped", "429", "500", "error_body", "blackhole")
 FAULTS: dict[str, tuple[str, ...]] = {
-    "CreateSandbox": ("refused", "timeout", "dropped", "429", "500", "error_body", "no_id"),
-    **{
-        a: ("refused", "timeout", "dropped", "429", "500", "error_body")
-        for a in ("DescribeSandbox", "ListSandboxes", "KillSandbox")
-    },
+    "CreateSandbox": (*_COMMON_FAULTS, "no_id", "stall"),
+    **{a: _COMMON_FAULTS for a in ("DescribeSandbox", "ListSandboxes", "KillSandbox")},
 }
 # The image's own PATH: the test interpreter is not on it.
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -177,6 +192,12 @@ class FakeVefaas:
         self.kill_failures = 0
         self.gateway_failures = 0
         self.gateway_hangs = 0
+        self.gateway_blackholes = 0
+        self.ignore_filters = False
+        # instance id -> monotonic time until which its SWE-ReX server does not answer
+        self.server_down_until: dict[str, float] = {}
+        self.gateway_requests: list[tuple[str, str]] = []  # (instance, path) of each request
+        self._stopping = threading.Event()
         self.kill_delay_s = 0.05
         self.hang_s = 1.0
         self.page_cap: int | None = None
@@ -222,6 +243,7 @@ class FakeVefaas:
         self._api_server = self._serve(_ApiHandler, self.api_port)
 
     def stop(self) -> None:
+        self._stopping.set()  # black-holed calls end
         for inst in self._instances():
             self._kill_instance(inst)
         for server in self._servers:
@@ -235,6 +257,17 @@ class FakeVefaas:
         assert action in ACTIONS and all(f in FAULTS[action] for f in faults), faults
         with self.lock:
             self.faults[action] += faults
+
+    def server_down(self, sandbox_id: str, seconds: float = float("inf")) -> None:
+        """The instance's SWE-ReX server stops answering for ``seconds`` (a restart), or for
+        good (it died; the control plane still says ``Running``): the gateway answers 502."""
+        with self.lock:
+            self.server_down_until[sandbox_id] = time.monotonic() + seconds
+
+    def black_hole(self) -> None:
+        """Hold a request unanswered until the fake stops."""
+        self._stopping.wait()
+        raise _Drop
 
     def chaos(self, rate: float) -> None:
         """Let every action fail at random with probability ``rate``."""
@@ -300,6 +333,10 @@ class FakeVefaas:
         fault = self.take_fault(action)
         if fault == "refused":
             raise _Drop
+        if fault == "blackhole":
+            self.black_hole()
+        if fault == "stall":
+            time.sleep(self.hang_s)
         if fault == "429":
             return 429, _error("Throttling", "request rate exceeded, slow down")
         if fault == "500":
@@ -389,7 +426,7 @@ class FakeVefaas:
             }
             for i in instances
             if i.function_id == body.get("FunctionId")
-            and all(i.metadata.get(k) == v for k, v in wanted.items())
+            and (self.ignore_filters or all(i.metadata.get(k) == v for k, v in wanted.items()))
         ]
         size, page = int(body.get("PageSize") or 10), int(body.get("PageNumber") or 1)
         if self.page_cap is not None:  # the service's own maximum page size
@@ -397,10 +434,8 @@ class FakeVefaas:
         return 200, {"Sandboxes": rows[(page - 1) * size : page * size], "Total": len(rows)}
 
     def _KillSandbox(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        with self.lock:
-            if self.kill_failures > 0:
-                self.kill_failures -= 1
-                return 500, _error("InternalError", "kill failed, try again")
+        if self.take("kill_failures"):
+            return 500, _error("InternalError", "kill failed, try again")
         inst = self.instances.get(body.get("SandboxId", ""))
         if inst is None or inst.killed:
             # An expired or killed sandbox is forgotten by the service.
@@ -427,23 +462,22 @@ class FakeVefaas:
 
     # ----------------------------------------------------------------- gateway
 
-    def target_port(self, instance: str | None) -> int | None:
+    def target_port(self, instance: str | None, path: str) -> int | None:
+        """The port of ``instance``'s server, ``None`` while it cannot answer."""
         inst = self.instances.get(instance or "")
-        return inst.port if inst is not None and inst.status == "Running" else None
-
-    def take_gateway_failure(self) -> bool:
         with self.lock:
-            if self.gateway_failures > 0:
-                self.gateway_failures -= 1
-                return True
-        return False
+            self.gateway_requests.append((instance or "", path))
+            down = time.monotonic() < self.server_down_until.get(instance or "", 0.0)
+        return inst.port if inst is not None and inst.status == "Running" and not down else None
 
-    def take_gateway_hang(self) -> bool:
+    def take(self, counter: str) -> bool:
+        """Whether the counter attribute ``counter`` (``gateway_failures``, ...) was above 0;
+        it is decremented."""
         with self.lock:
-            if self.gateway_hangs > 0:
-                self.gateway_hangs -= 1
-                return True
-        return False
+            left = getattr(self, counter)
+            if left > 0:
+                setattr(self, counter, left - 1)
+            return left > 0
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
@@ -456,8 +490,10 @@ def _hmac(key: bytes, msg: str) -> bytes:
 
 def signature_problem(
     method: str, path: str, query: str, headers: dict[str, str], body: bytes
-) -> str | None:
-    """Why the request's ``Authorization`` does not verify with :data:`SK`, or ``None``.
+) -> tuple[str, str] | None:
+    """``(error code, why)`` when the request's ``Authorization`` does not verify with the
+    secret key of its access key (:data:`SK`, or :data:`STS_SK` together with the session
+    token :data:`STS_TOKEN` in a signed ``X-Security-Token``), or ``None``.
 
     Volcengine signature V4: ``Authorization: HMAC-SHA256 Credential=<ak>/<date>/<region>/
     <service>/request, SignedHeaders=<a;b>, Signature=<hex>`` over the canonical request
@@ -469,26 +505,30 @@ def signature_problem(
     lower = {k.lower(): v for k, v in headers.items()}
     auth = lower.get("authorization", "")
     if not auth.startswith("HMAC-SHA256 "):
-        return "no HMAC-SHA256 Authorization header"
+        return "SignatureDoesNotMatch", "no HMAC-SHA256 Authorization header"
     try:
         parts = dict(p.strip().split("=", 1) for p in auth[len("HMAC-SHA256 ") :].split(","))
         ak, date, region, service, terminal = parts["Credential"].split("/")
         names = parts["SignedHeaders"].split(";")
         given = parts["Signature"]
     except (KeyError, ValueError):
-        return "malformed Authorization header"
-    if ak != AK:
-        return f"unknown access key {ak}"
+        return "SignatureDoesNotMatch", "malformed Authorization header"
+    if ak not in _SECRETS:
+        return "InvalidAccessKey", f"unknown access key {ak}"
+    if ak == STS_AK and (
+        lower.get("x-security-token") != STS_TOKEN or "x-security-token" not in names
+    ):
+        return "InvalidSecurityToken", "temporary credentials need their signed X-Security-Token"
     if service != SERVICE or terminal != "request":
-        return f"credential scope names service {service}"
+        return "SignatureDoesNotMatch", f"credential scope names service {service}"
     body_hash = hashlib.sha256(body).hexdigest()
     if lower.get("x-content-sha256") != body_hash:
-        return "X-Content-Sha256 does not match the body"
+        return "SignatureDoesNotMatch", "X-Content-Sha256 does not match the body"
     x_date = lower.get("x-date", "")
     if x_date[:8] != date:
-        return "X-Date does not match the credential scope"
+        return "SignatureDoesNotMatch", "X-Date does not match the credential scope"
     if "x-date" not in names or "x-content-sha256" not in names:
-        return "X-Date and X-Content-Sha256 must be signed"
+        return "SignatureDoesNotMatch", "X-Date and X-Content-Sha256 must be signed"
     pairs = sorted(
         (quote(k, safe="-_.~"), quote(v[0], safe="-_.~")) for k, v in parse_qs(query).items()
     )
@@ -506,9 +546,11 @@ def signature_problem(
     to_sign = "\n".join(
         ["HMAC-SHA256", x_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
     )
-    key = _hmac(_hmac(_hmac(_hmac(SK.encode(), date), region), service), "request")
+    key = _hmac(_hmac(_hmac(_hmac(_SECRETS[ak].encode(), date), region), service), "request")
     expected = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    return None if hmac.compare_digest(expected, given) else "signature does not match"
+    if hmac.compare_digest(expected, given):
+        return None
+    return "SignatureDoesNotMatch", "signature does not match"
 
 
 class _ApiHandler(BaseHTTPRequestHandler):
@@ -528,7 +570,7 @@ class _ApiHandler(BaseHTTPRequestHandler):
         if query.get("Version", [""])[0] != VERSION:
             status, result = 400, _error("InvalidVersion", "unsupported version")
         elif problem is not None:
-            status, result = 401, _error("SignatureDoesNotMatch", problem)
+            status, result = 401, _error(*problem)
         else:
             try:
                 status, result = fake.handle(action, body)
@@ -573,15 +615,19 @@ class _GatewayHandler(BaseHTTPRequestHandler):
         if not instance:
             self._reply(400, "missing x-faas-instance-name header")
             return
-        if fake.take_gateway_failure():
+        if fake.take("gateway_failures"):
             self._reply(503, "injected gateway failure")
             return
-        if fake.take_gateway_hang():
+        if fake.take("gateway_blackholes"):
+            with contextlib.suppress(_Drop):
+                fake.black_hole()
+            return
+        if fake.take("gateway_hangs"):
             time.sleep(fake.hang_s)
             with contextlib.suppress(OSError):
                 self._reply(504, "gateway timeout")
             return
-        port = fake.target_port(instance)
+        port = fake.target_port(instance, self.path)
         if port is None:
             self._reply(502, f"no running instance {instance}")
             return

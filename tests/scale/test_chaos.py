@@ -8,8 +8,12 @@ Modal's transient errors (``InternalError``, ``ConnectionError``, ``ResourceExha
 grpclib's ``StreamTerminatedError``). ``vefaas``: the fake control plane (the real SDK on the
 wire) fails CreateSandbox, DescribeSandbox, ListSandboxes and KillSandbox with every fault it
 knows: refused, read timeouts and dropped answers after the call took effect, 429, 500,
-``RequestLimitExceeded`` in a 200, and creates answered without a ``SandboxId``. Its instances
-run ``tests/fakes/mini_swerex.py`` (the two SWE-ReX routes sandlot needs to start and run a
+``RequestLimitExceeded`` in a 200, creates answered without a ``SandboxId``, creates that take
+effect only after the client gave up (``stall``), and calls accepted but never answered
+(``blackhole``); its ListSandboxes ignores the metadata filter, with sandboxes of another run
+beside ours that must survive; and SWE-ReX servers restart (0.5 s without answers) or die
+(the control plane still says ``Running``) while commands run. Its instances run
+``tests/fakes/mini_swerex.py`` (the two SWE-ReX routes sandlot needs to start and run a
 command) instead of a full ``swerex.server``, so that 200 of them start in seconds on two cores.
 """
 
@@ -109,14 +113,16 @@ async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -
 
     from fakes.fake_vefaas import FakeVefaas
 
+    from sandlot.sandboxes.labels import RUN_ID
     from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
+    from sandlot.sandboxes.vefaas.config import credentials
+    from sandlot.sandboxes.vefaas.control import ControlPlane
 
     monkeypatch.setenv("SANDLOT_RUN_ID", "run-vefaas-chaos")
     fake = FakeVefaas().start()
     fake.create_latency_s = 0.02
     fake.kill_delay_s = 0.01
     fake.hang_s = 0.6
-    fake.chaos(FAILURE_RATE)
     server = MINI_SWEREX
     bootstrap = (
         "mkdir -p {workdir} || exit 1; "
@@ -127,19 +133,61 @@ async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -
         "bootstrap": bootstrap,
         "control_timeout_s": 0.3,
         "ready_timeout_s": 30.0,
+        "create_settle_s": 2.0,  # a stalled create lands 0.6 s after it was sent
     }
     try:
+        # Another run's sandboxes, which a listing that ignores its filter returns too.
+        opts = VefaasOptions(**options)
+        control = ControlPlane(credentials(opts), opts)
+        bystanders = [
+            await control.create(
+                control.create_request(
+                    function_id=opts.function_id or "",
+                    image="python:3.12",
+                    port=8000,
+                    command="exec sleep 600",
+                    env={},
+                    metadata={RUN_ID: "another-run"},
+                    timeout_s=600,
+                    cpu=None,
+                    memory_mb=None,
+                ),
+                lambda _: None,
+            )
+            for _ in range(3)
+        ]
+        fake.ignore_filters = True
+        fake.chaos(FAILURE_RATE)
         spec = SandboxSpec(image="python:3.12", start_limits=LIMITS)
-        sandboxes: list[Sandbox] = [VefaasSandbox(spec, VefaasOptions(**options)) for _ in range(N)]
-        ran, reported = await _drive(sandboxes)
+        sandboxes: list[Sandbox] = [VefaasSandbox(spec, opts) for _ in range(N)]
+        restarts = 0
+
+        async def restart_servers() -> None:
+            # Every 0.1 s a running instance's server restarts; every 10th one dies.
+            nonlocal restarts
+            while True:
+                await anyio.sleep(0.1)
+                ours = [i for i in fake.live() if i.id not in bystanders]
+                if ours:
+                    restarts += 1
+                    fake.server_down(fake.rng.choice(ours).id, 0.5 if restarts % 10 else 1e9)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(restart_servers)
+            ran, reported = await _drive(sandboxes)
+            tg.cancel_scope.cancel()
         assert ran + len(reported) == N
         assert ran > N // 2, f"only {ran} ran: {reported[:3]}"
         served = {f for _, f in fake.faults_served}
-        assert {"timeout", "dropped", "no_id", "error_body"} <= served
-        print(f"vefaas chaos: {len(fake.faults_served)} faults, {len(fake.instances)} created")
+        assert {"timeout", "dropped", "no_id", "error_body", "stall", "blackhole"} <= served
+        print(
+            f"vefaas chaos: {len(fake.faults_served)} faults, {len(fake.instances)} created, "
+            f"{restarts} server restarts or deaths"
+        )
         assert fake.peak_starting <= LIMITS.max_starting
         await anyio.sleep(0.2)  # kills are asynchronous on the service
-        assert not fake.leaked(), f"leaked: {[i.id for i in fake.leaked()]}"
-        assert not fake.live()
+        leaked = [i.id for i in fake.leaked() if i.id not in bystanders]
+        assert not leaked, f"leaked: {leaked}"
+        assert all(not fake.instances[i].kill_requested for i in bystanders), "killed another run's"
     finally:
         fake.stop()

@@ -5,6 +5,8 @@ variable                    meaning
 ==========================  ===============================================================
 ``VOLCE_ACCESS_KEY``        access key (``VOLCENGINE_ACCESS_KEY`` also accepted)
 ``VOLCE_SECRET_KEY``        secret key (``VOLCENGINE_SECRET_KEY`` also accepted)
+``VOLCE_SESSION_TOKEN``     session token of temporary (STS) credentials
+                            (``VOLCENGINE_SESSION_TOKEN``, the SDK's own name, also accepted)
 ``VEFAAS_REGION``           region, default ``cn-beijing``
 ``VEFAAS_FUNCTION_ID``      function id, or a comma-separated list
 ``VEFAAS_FUNCTION_ROUTE``   the function's HTTP route(s), paired by position with the ids
@@ -25,6 +27,7 @@ from sandlot.sandboxes.vefaas.options import VefaasOptions
 
 ACCESS_KEY_ENV = ("VOLCE_ACCESS_KEY", "VOLCENGINE_ACCESS_KEY")
 SECRET_KEY_ENV = ("VOLCE_SECRET_KEY", "VOLCENGINE_SECRET_KEY")
+SESSION_TOKEN_ENV = ("VOLCE_SESSION_TOKEN", "VOLCENGINE_SESSION_TOKEN")
 REGION_ENV = "VEFAAS_REGION"
 FUNCTION_ID_ENV = "VEFAAS_FUNCTION_ID"
 FUNCTION_ROUTE_ENV = "VEFAAS_FUNCTION_ROUTE"
@@ -33,11 +36,12 @@ DEFAULT_REGION = "cn-beijing"
 
 @dataclass(frozen=True)
 class Credentials:
-    """Volcengine credentials (``ak``/``sk``) and region."""
+    """Volcengine credentials (``ak``/``sk``, and ``token`` for temporary ones) and region."""
 
     ak: str
     sk: str
     region: str
+    token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,10 @@ def credentials(options: VefaasOptions) -> Credentials:
             "options)"
         )
     region = options.region or os.environ.get(REGION_ENV) or DEFAULT_REGION
-    return Credentials(ak=ak, sk=sk, region=region)
+    token = options.session_token
+    return Credentials(
+        ak, sk, region, token.get_secret_value() if token else _first_env(SESSION_TOKEN_ENV)
+    )
 
 
 def _split(value: str | None) -> list[str]:
@@ -104,13 +111,12 @@ def function_targets(options: VefaasOptions) -> list[FunctionTarget]:
     Raises:
         BackendUnavailableError: ids or routes missing, or the two lists differ in length.
     """
-    ids = _split(options.function_id or os.environ.get(FUNCTION_ID_ENV))
+    ids = function_ids(options)
     routes = _split(options.function_route or os.environ.get(FUNCTION_ROUTE_ENV))
-    if not ids or not routes:
-        missing = [n for n, v in ((FUNCTION_ID_ENV, ids), (FUNCTION_ROUTE_ENV, routes)) if not v]
+    if not routes:
         raise BackendUnavailableError(
-            f"no veFaaS sandbox function: set {' and '.join(missing)} (or the function_id/"
-            "function_route options) to the sandbox application's function id and HTTP route"
+            f"no veFaaS sandbox function route: set {FUNCTION_ROUTE_ENV} (or the function_route "
+            "option) to the HTTP route of the sandbox application's function(s)"
         )
     if len(ids) != len(routes):
         raise BackendUnavailableError(

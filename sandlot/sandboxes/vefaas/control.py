@@ -35,6 +35,7 @@ documented common codes (https://www.volcengine.com/docs/6369/68677: ``Throttlin
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import threading
@@ -47,31 +48,18 @@ import anyio
 
 from sandlot._optional import require
 from sandlot.errors import SandboxError, SandboxStartError
+from sandlot.sandboxes.backoff import retry
 from sandlot.sandboxes.vefaas.config import Credentials
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
 T = TypeVar("T")
 
 _PAGE_SIZE = 100
-# Codes documented as transient (see the module docstring); others are matched by the words below.
-RETRYABLE_CODES = frozenset(
-    {
-        "Throttling",
-        "RequestLimitExceeded",
-        "FlowLimitExceeded",
-        "AccountFlowLimitExceeded",
-        "ServiceUnavailable",
-        "ServiceUnavailableTemporary",
-        "InternalError",
-        "InternalServiceError",
-        "ServiceBusy",
-    }
-)
-# Error codes (ResponseMetadata.Error.Code) another attempt may fix.
+# Words of the error codes (ResponseMetadata.Error.Code) another attempt may fix; they cover
+# every code documented as transient (see the module docstring).
 _RETRYABLE_CODE_WORDS = (
     "throttl",
     "ratelimit",
-    "rate_limit",
     "toomany",
     "quota",
     "insufficient",
@@ -83,6 +71,8 @@ _RETRYABLE_CODE_WORDS = (
     "limitexceeded",
 )
 RUNNING = "Running"
+GONE = ("Terminating", "Terminated", "Destroyed", "Expired", "Killed")
+"""Statuses of a sandbox already on its way out."""
 # Each call of the control plane waits at least this long after the previous one of the process
 # that reads sandbox status (DescribeSandbox while waiting, ListSandboxes): 256 starting
 # sandboxes share ~20 reads per second instead of each reading on its own clock.
@@ -167,6 +157,17 @@ class SandboxInfo:
     error: str = ""
     error_code: str = ""
 
+    @classmethod
+    def of(
+        cls, out: Any, sandbox_id: str, function_id: str, metadata: dict[str, str]
+    ) -> SandboxInfo:
+        """From a ``DescribeSandboxResponse`` or a ``ListSandboxes`` row (``status``,
+        ``error_message``, ``error_code``)."""
+        status, error, code = out.status, out.error_message, out.error_code
+        return cls(
+            sandbox_id, function_id, str(status or ""), metadata, str(error or ""), str(code or "")
+        )
+
     @property
     def failure_retryable(self) -> bool:
         """Whether a sandbox that failed this way may start on another attempt: ``True`` when
@@ -193,6 +194,8 @@ class ControlPlane:
         self._api_exception: type[Exception] = core.rest.ApiException
         config = core.Configuration()
         config.ak, config.sk, config.region = creds.ak, creds.sk, creds.region
+        # Signed into the X-Security-Token header (volcenginesdkcore 5.0.54 SignerV4.sign).
+        config.session_token = creds.token or ""
         if options.endpoint:
             config.host = options.endpoint
         config.scheme = options.scheme
@@ -307,21 +310,16 @@ class ControlPlane:
         await STATUS_PACER.wait()
         out = await self._call("DescribeSandbox", self.api.describe_sandbox, request)
         metadata = {item.meta_key: item.meta_value for item in out.metadata_list or []}
-        return SandboxInfo(
-            id=sandbox_id,
-            function_id=function_id,
-            status=str(out.status or ""),
-            metadata=metadata,
-            error=str(out.error_message or ""),
-            error_code=str(out.error_code or ""),
-        )
+        return SandboxInfo.of(out, sandbox_id, function_id, metadata)
 
     async def list(self, function_id: str, metadata: Mapping[str, str] | None) -> list[SandboxInfo]:
         """``ListSandboxes`` of ``function_id`` whose metadata contains ``metadata``, all pages.
 
-        Pages are read until the reported ``Total`` is reached (a page may be shorter than
-        asked for before the end), or, without a total, until a short page; an empty page
-        ends the listing in both cases.
+        A page that fails retryably is asked again (3 tries, 50 ms doubling): a listing of many
+        pages would otherwise rarely get through a throttled control plane. Pages are read
+        until the reported ``Total`` is reached (a page may be shorter than asked for before
+        the end), or, without a total, until a short page; an empty page ends the listing in
+        both cases.
 
         Raises:
             ControlPlaneError: a page could not be read.
@@ -336,17 +334,16 @@ class ControlPlane:
                 page_number=page,
                 page_size=_PAGE_SIZE,
             )
-            out = await self._call("ListSandboxes", self.api.list_sandboxes, request)
+            out = await retry(
+                functools.partial(self._call, "ListSandboxes", self.api.list_sandboxes, request),
+                attempts=3,
+                first_s=0.05,
+                max_s=0.5,
+                retry_on=lambda exc: isinstance(exc, ControlPlaneError) and exc.retryable,
+            )
             rows = out.sandboxes or []
             found += [
-                SandboxInfo(
-                    id=str(row.id),
-                    function_id=function_id,
-                    status=str(row.status or ""),
-                    metadata=dict(row.metadata or {}),
-                    error=str(row.error_message or ""),
-                    error_code=str(row.error_code or ""),
-                )
+                SandboxInfo.of(row, str(row.id), function_id, dict(row.metadata or {}))
                 for row in rows
             ]
             if not rows:
@@ -378,8 +375,6 @@ class ControlPlane:
 def retryable_code(code: str) -> bool:
     """Whether an error code of the service names a cause another attempt may fix (a rate
     limit, capacity, an internal fault) rather than a permanent one (bad request, bad image)."""
-    if code in RETRYABLE_CODES:
-        return True
     squashed = code.lower().replace(".", "").replace("-", "").replace("_", "")
     return any(w.replace("_", "") in squashed for w in _RETRYABLE_CODE_WORDS)
 

@@ -18,6 +18,9 @@ class VefaasOptions(BaseModel):
             ``VOLCENGINE_ACCESS_KEY``.
         secret_key: Volcengine secret key; ``None`` reads ``VOLCE_SECRET_KEY`` /
             ``VOLCENGINE_SECRET_KEY``.
+        session_token: the session token of temporary (STS) credentials, sent signed as
+            ``X-Security-Token``; ``None`` reads ``VOLCE_SESSION_TOKEN`` /
+            ``VOLCENGINE_SESSION_TOKEN`` (unset: long-term keys).
         region: region; ``None`` reads ``VEFAAS_REGION``, default ``cn-beijing``.
         function_id: the sandbox application's function id(s), comma separated; ``None`` reads
             ``VEFAAS_FUNCTION_ID``.
@@ -39,6 +42,12 @@ class VefaasOptions(BaseModel):
         request_retries: data-plane retries after a connection failure or a 5xx answer.
         proxy: HTTP(S) proxy URL for the control plane, or ``None``.
         control_timeout_s: connect and read timeout in seconds of each control-plane call.
+        create_settle_s: seconds after a ``CreateSandbox`` went unanswered during which its
+            instance may still appear (the service may act on a create after the client gave
+            up on it). The instances carrying the sandbox's labels are looked for this long
+            before the start is tried again; one that appears later is left to ``sandlot gc``.
+        server_restart_s: seconds the SWE-ReX server of a ``Running`` instance may refuse
+            requests (a restart) before the sandbox is declared dead.
         swerex_python: path, inside the instance, of a Python interpreter that already has
             ``swe-rex`` (pre-staged in the image or on a mounted volume); the default bootstrap
             then starts the server with it and installs nothing. ``None``: the image's
@@ -53,6 +62,7 @@ class VefaasOptions(BaseModel):
 
     access_key: SecretStr | None = None
     secret_key: SecretStr | None = None
+    session_token: SecretStr | None = None
     region: str | None = None
     function_id: str | None = None
     function_route: str | None = None
@@ -67,5 +77,7 @@ class VefaasOptions(BaseModel):
     request_retries: int = Field(default=3, ge=0)
     proxy: str | None = None
     control_timeout_s: float = Field(default=60.0, gt=0)
+    create_settle_s: float = Field(default=30.0, ge=0)
+    server_restart_s: float = Field(default=10.0, ge=0)
     swerex_python: str | None = None
     swerex_find_links: str | None = None

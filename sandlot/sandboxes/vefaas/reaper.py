@@ -2,8 +2,10 @@
 
 Uses ``ListSandboxes`` (filtered by ``Metadata`` when a run id is given, every page up to the
 reported total) and ``KillSandbox`` of every function id in ``VEFAAS_FUNCTION_ID`` / the
-``function_id`` option. Only the control plane is used: no function route is needed. A sandbox
-that expired between listing and killing counts as killed (the control plane answers 404).
+``function_id`` option. The labels of every listed row are checked here too: a service that
+ignores the filter must not make gc kill another run's sandboxes. Only the control plane is
+used: no function route is needed. A sandbox that expired between listing and killing counts
+as killed (the control plane answers 404).
 """
 
 from __future__ import annotations
@@ -13,11 +15,8 @@ from typing import Any
 from sandlot.sandboxes.labels import RUN_ID
 from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.vefaas.config import credentials, function_ids
-from sandlot.sandboxes.vefaas.control import ControlPlane
+from sandlot.sandboxes.vefaas.control import GONE, ControlPlane
 from sandlot.sandboxes.vefaas.options import VefaasOptions
-
-# Sandboxes in these states are already on their way out.
-_GONE = ("Terminating", "Terminated", "Destroyed", "Expired", "Killed")
 
 
 class VefaasReaper:
@@ -46,7 +45,9 @@ class VefaasReaper:
             found += [
                 RemoteSandbox("vefaas", row.id, row.metadata, row.status, function_id)
                 for row in rows
-                if RUN_ID in row.metadata and row.status not in _GONE
+                if RUN_ID in row.metadata
+                and run_id in (None, row.metadata[RUN_ID])
+                and row.status not in GONE
             ]
         return found
 

@@ -13,6 +13,7 @@ and verl-project/uni-agent ``uni_agent/sandbox/vefaas.py`` (instance header, boo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
 import anyio
+import httpx
 from pydantic import BaseModel
 
 from sandlot.errors import (
@@ -33,13 +35,19 @@ from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.images import backend_image
-from sandlot.sandboxes.labels import SANDBOX_ID, sandbox_labels
+from sandlot.sandboxes.labels import OWNER, RUN_ID, SANDBOX_ID, sandbox_labels
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.transport import FILE_TIMEOUT_S, RunOutput, RunRequest
 from sandlot.sandboxes.vefaas import jobs
 from sandlot.sandboxes.vefaas.bootstrap import bootstrap_command
 from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, pick_target
-from sandlot.sandboxes.vefaas.control import RUNNING, ControlPlane, ControlPlaneError
+from sandlot.sandboxes.vefaas.control import (
+    GONE,
+    RUNNING,
+    ControlPlane,
+    ControlPlaneError,
+    SandboxInfo,
+)
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
 log = logging.getLogger("sandlot.sandboxes.vefaas")
@@ -54,10 +62,13 @@ _READY_POLL_MAX_S = 0.25
 # readiness probe (the data plane) is what ends the wait.
 _DESCRIBE_FIRST_S = 2.0
 _DESCRIBE_MAX_S = 30.0
-# After a create whose answer was lost, how often to look for the instance by its metadata.
-_RECOVER_ATTEMPTS = 8
-_RECOVER_BACKOFF_S = 0.05  # doubled per try, at most _RECOVER_BACKOFF_MAX_S: ~4 s over 8 tries
-_RECOVER_BACKOFF_MAX_S = 1.0
+# Labels that make a listed instance this sandbox's: checked on every row, whatever the
+# service's filter did.
+_OWN_LABELS = (SANDBOX_ID, RUN_ID, OWNER)
+_PROBE_S = 5.0  # timeout of one /is_alive of the liveness probe
+# How long a lost create is looked for after create_settle_s while listings fail (close's
+# budget, 60 s, must hold it and the kill).
+_LOOK_MORE_S = 20.0
 _QUICK_S = 60.0  # timeout of the short data-plane calls (launch, poll, kill, file moves)
 
 
@@ -93,8 +104,10 @@ class VefaasSandbox(Sandbox):
         self._target: FunctionTarget | None = None
         self._sandbox_id: str | None = None
         self._client: SwerexClient | None = None
+        self._labels: dict[str, str] = {}
         # A CreateSandbox whose answer was lost may have created an instance we know no id of.
         self._unanswered_create = False
+        self._server_answered = False  # the last probe reached the SWE-ReX server
 
     @property
     def sandbox_id(self) -> str | None:
@@ -111,6 +124,7 @@ class VefaasSandbox(Sandbox):
         if not spec.network:
             log.debug("vefaas: network=False is not enforced; egress follows the function's config")
         token = secrets.token_urlsafe(24)
+        self._labels = sandbox_labels(self.id, spec.labels)
         request = self._control.create_request(
             function_id=target.function_id,
             image=backend_image(spec.image, "vefaas", opts.image_overrides),
@@ -124,7 +138,7 @@ class VefaasSandbox(Sandbox):
                 find_links=opts.swerex_find_links,
             ),
             env=spec.env,
-            metadata=sandbox_labels(self.id, spec.labels),
+            metadata=self._labels,
             timeout_s=spec.timeout_s,
             cpu=spec.cpu,
             memory_mb=spec.memory_mb,
@@ -133,9 +147,14 @@ class VefaasSandbox(Sandbox):
             await self._control.create(request, self._record)
         except SandboxStartError as exc:
             cause = exc.__cause__
-            if isinstance(cause, ControlPlaneError) and cause.ambiguous:
-                self._unanswered_create = True  # _close (after this attempt) looks for it
-            raise
+            if not (isinstance(cause, ControlPlaneError) and cause.ambiguous):
+                raise
+            self._unanswered_create = True  # if cancelled meanwhile, _close looks for it
+            lost = await self._find_lost_create()
+            if lost is None:
+                raise  # it never took effect: the next attempt creates again
+            log.info("sandbox %s: adopting %s of an unanswered create", self.id, lost.id)
+            self._sandbox_id, self._unanswered_create = lost.id, False
         assert self._sandbox_id is not None
         self._client = SwerexClient(
             target.route,
@@ -156,35 +175,40 @@ class VefaasSandbox(Sandbox):
         the wait goes on: only ``ready_timeout_s`` or a failed instance ends it.
         """
         assert self._client is not None and self._control is not None and self._target
-        deadline = time.monotonic() + self.options.ready_timeout_s
-        describe_every = _DESCRIBE_FIRST_S
-        delay, next_describe = 0.02, time.monotonic() + describe_every
-        while not await self._client.is_alive(timeout=min(10.0, self.options.ready_timeout_s)):
-            info = None
-            if time.monotonic() >= next_describe:
-                describe_every = min(describe_every * 1.5, _DESCRIBE_MAX_S)
-                next_describe = time.monotonic() + describe_every
-                try:
-                    info = await self._control.describe(self._target.function_id, self._id)
-                except ControlPlaneError as exc:
-                    log.debug("sandbox %s: DescribeSandbox while waiting: %s", self.id, exc)
-            if info is not None and info.status not in ("", "Creating", "Pending", RUNNING):
-                raise SandboxStartError(
-                    f"sandbox {self.id}: veFaaS instance {self._id} is {info.status}"
-                    + (f" ({info.error_code})" if info.error_code else "")
-                    + (f": {info.error}" if info.error else ""),
-                    retryable=info.failure_retryable,
-                )
-            if time.monotonic() >= deadline:
-                raise SandboxStartError(
-                    f"sandbox {self.id}: the SWE-ReX server of instance {self._id} did not answer "
-                    f"within ready_timeout_s={self.options.ready_timeout_s:g} s (does the "
-                    "bootstrap command start it? does the image reach PyPI if it must install "
-                    "swe-rex?)",
-                    retryable=True,
-                )
-            await anyio.sleep(delay)
-            delay = min(delay * 1.25, _READY_POLL_MAX_S)
+        client, control, function_id = self._client, self._control, self._target.function_id
+        interval, next_describe = _DESCRIBE_FIRST_S, time.monotonic() + _DESCRIBE_FIRST_S
+
+        async def ready() -> bool | None:
+            nonlocal interval, next_describe
+            if await client.is_alive(timeout=min(10.0, self.options.ready_timeout_s)):
+                return True
+            if time.monotonic() < next_describe:
+                return None
+            interval = min(interval * 1.5, _DESCRIBE_MAX_S)
+            next_describe = time.monotonic() + interval
+            try:
+                info = await control.describe(function_id, self._id)
+            except ControlPlaneError as exc:
+                log.debug("sandbox %s: DescribeSandbox while waiting: %s", self.id, exc)
+                return None
+            if info.status in ("", "Creating", "Pending", RUNNING):
+                return None
+            raise SandboxStartError(
+                f"sandbox {self.id}: veFaaS instance {self._id} is {info.status}"
+                + (f" ({info.error_code})" if info.error_code else "")
+                + (f": {info.error}" if info.error else ""),
+                retryable=info.failure_retryable,
+            )
+
+        with anyio.move_on_after(self.options.ready_timeout_s):
+            await poll(ready, first_s=0.02, max_s=_READY_POLL_MAX_S, factor=1.25)
+            return
+        raise SandboxStartError(
+            f"sandbox {self.id}: the SWE-ReX server of instance {self._id} did not answer "
+            f"within ready_timeout_s={self.options.ready_timeout_s:g} s (does the bootstrap "
+            "command start it? does the image reach PyPI if it must install swe-rex?)",
+            retryable=True,
+        )
 
     @property
     def _id(self) -> str:
@@ -193,12 +217,9 @@ class VefaasSandbox(Sandbox):
 
     async def _close(self) -> None:
         """Close the data-plane client, then ``KillSandbox`` (``close`` tries again: it is what
-        stops the bill).
-
-        After a create whose answer was lost, the instances carrying this sandbox's
-        ``sandlot.sandbox_id`` label are listed and killed instead (a few tries: the listing
-        may lag the create).
-        """
+        stops the bill). After a create whose answer was lost (cancelled while it was looked
+        for), the instance it may have made is looked for (:meth:`_find_lost_create`) and
+        killed instead."""
         client, self._client = self._client, None
         if client is not None:
             try:
@@ -210,8 +231,8 @@ class VefaasSandbox(Sandbox):
         if self._sandbox_id is not None:
             await self._kill(self._sandbox_id)
             self._sandbox_id = None
-        elif self._unanswered_create:
-            await self._kill_unanswered()
+        elif self._unanswered_create and (lost := await self._find_lost_create()) is not None:
+            await self._kill(lost.id)
         self._unanswered_create = False
 
     async def _kill(self, sandbox_id: str) -> None:
@@ -231,57 +252,104 @@ class VefaasSandbox(Sandbox):
                 retryable=exc.retryable,
             ) from exc
 
-    async def _kill_unanswered(self) -> None:
-        """Find, by its labels, the instance an unanswered CreateSandbox may have made; kill it.
+    def _is_mine(self, row: SandboxInfo) -> bool:
+        return row.status not in GONE and all(
+            row.metadata.get(k) == self._labels.get(k) for k in _OWN_LABELS
+        )
 
-        Two listings in a row that find nothing mean nothing was created (the request never
-        arrived).
+    async def _find_lost_create(self) -> SandboxInfo | None:
+        """The instance a CreateSandbox whose answer was lost made, or ``None`` if it made none.
+
+        The service may act on a create after the client gave up on it, so ``ListSandboxes``
+        (filtered by the ``sandlot.sandbox_id`` label) is asked again and again (0.1 s, doubling
+        up to 2 s) until a live instance appears whose own labels (``sandlot.sandbox_id``,
+        ``sandlot.run_id``, ``sandlot.owner``) are this sandbox's, or until a listing begun
+        ``create_settle_s`` after now finds none (the create never took effect). The labels of
+        every row are checked here, whatever the server's filter did. One create makes at most
+        one instance, so the first found ends the search.
 
         Raises:
-            SandboxError: it could not be looked for; the message says how ``sandlot gc``
-                finds it.
+            SandboxError: no listing succeeded for ``_LOOK_MORE_S`` after ``create_settle_s``;
+                the message says how ``sandlot gc`` removes the instance.
         """
         assert self._control is not None and self._target is not None
-        function_id = self._target.function_id
-        problem: Exception | None = None
-        empty = 0
-        for attempt in range(_RECOVER_ATTEMPTS):
+        control, function_id = self._control, self._target.function_id
+        settled = time.monotonic() + self.options.create_settle_s
+        problems: list[Exception] = []
+
+        async def look() -> list[SandboxInfo] | None:
+            began = time.monotonic()
             try:
-                rows = await self._control.list(function_id, {SANDBOX_ID: self.id})
+                rows = await control.list(function_id, {SANDBOX_ID: self.id})
             except SandboxError as exc:
-                problem = exc
-            else:
-                live = [r for r in rows if r.status not in ("Terminating", "Terminated")]
-                for row in live:
-                    log.info("sandbox %s: killing %s from an unanswered create", self.id, row.id)
-                    await self._kill(row.id)
-                if live:
-                    return
-                empty += 1
-                if empty == 2:
-                    return
-            await anyio.sleep(min(_RECOVER_BACKOFF_MAX_S, _RECOVER_BACKOFF_S * 2**attempt))
+                problems.append(exc)
+                return None
+            mine = [row for row in rows if self._is_mine(row)]
+            return mine if mine or began >= settled else None
+
+        with anyio.move_on_after(self.options.create_settle_s + _LOOK_MORE_S):
+            found = await poll(look, first_s=0.1, max_s=2.0)
+            return found[0] if found else None
         raise SandboxError(
             f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not be "
-            f"looked for ({problem}); `sandlot gc --backend vefaas --run-id <run id>` removes it"
+            f"looked for ({problems[-1] if problems else 'no listing answered'}); "
+            "`sandlot gc --backend vefaas --run-id <run id>` removes it"
         )
 
     async def _probe(self) -> str | None:
-        """Why the instance cannot run commands (not ``Running``, unknown), else ``None``."""
+        """Why the instance cannot run commands, else ``None``: the control plane first (not
+        ``Running``, unknown), then, unless it found the instance dead, the SWE-ReX server
+        (:meth:`_server_gone`)."""
+        self._server_answered = False
         if self._control is None or self._target is None or self._sandbox_id is None:
             return "veFaaS instance is gone"
         try:
             info = await self._control.describe(self._target.function_id, self._sandbox_id)
         except ControlPlaneError as exc:
-            if not exc.not_found:
-                return None  # cannot tell
-            return f"veFaaS instance {self._sandbox_id} is unknown to veFaaS ({exc})"
+            if exc.not_found:
+                return f"veFaaS instance {self._sandbox_id} is unknown to veFaaS ({exc})"
         except Exception as exc:  # an SDK fault not classified: cannot tell
             log.warning("sandbox %s: liveness unknown: %s", self.id, exc)
+        else:
+            if info.status != RUNNING:
+                return f"veFaaS instance {self._sandbox_id} is {info.status or 'gone'}"
+        return None if self._client is None else await self._server_gone(self._client)
+
+    async def _server_gone(self, client: SwerexClient) -> str | None:
+        """Why the SWE-ReX server is dead, else ``None`` (it answered, or that cannot be told).
+
+        ``GET /is_alive`` (``_PROBE_S`` per try, 0.1 s doubling up to 1 s between tries) while
+        the server refuses, for up to ``server_restart_s``: a server that comes back (a
+        restart) is alive, one that still refuses then is dead. Refusing is the gateway's 502
+        (the answer of a reverse proxy whose upstream refuses the connection), or a refused
+        connection when the route is the server itself; a 503, 504 or timeout is the gateway's
+        own trouble and tells nothing.
+        """
+        refusal = ""
+
+        async def ask() -> bool | None:
+            nonlocal refusal
+            try:
+                answer = await client.client.get("/is_alive", timeout=_PROBE_S)
+            except httpx.ConnectError as exc:
+                refusal = f"{type(exc).__name__}: {exc}"
+                return None
+            except httpx.HTTPError:
+                return False
+            if answer.status_code == 502:
+                refusal = f"HTTP 502: {answer.text[:200]}"
+                return None
+            self._server_answered = answer.status_code == 200
+            return self._server_answered
+
+        with anyio.move_on_after(self.options.server_restart_s):
+            await poll(ask, first_s=0.1, max_s=1.0)
             return None
-        if info.status == RUNNING:
-            return None
-        return f"veFaaS instance {self._sandbox_id} is {info.status or 'gone'}"
+        return (
+            f"the SWE-ReX server of veFaaS instance {self._sandbox_id} has refused requests for "
+            f"server_restart_s={self.options.server_restart_s:g} s ({refusal}) although veFaaS "
+            "says the instance is Running"
+        )
 
     @property
     def _data_client(self) -> SwerexClient:
@@ -289,15 +357,21 @@ class VefaasSandbox(Sandbox):
         return self._client
 
     async def _data(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """A data-plane call; when it fails for good, a dead instance becomes
-        ``SandboxDeadError``, else the error propagates (retryable for 5xx/unreachable)."""
+        """A data-plane call (every one sandlot makes is idempotent: see :mod:`.jobs`). When it
+        fails for good, one liveness probe (:meth:`_probe`): a dead instance or server becomes
+        ``SandboxDeadError``; a server that answered the probe (it restarted, or the gateway
+        recovered) gets the call once more; otherwise the error propagates (retryable for
+        5xx / unreachable)."""
         try:
             return await fn(*args, **kwargs)
         except (SwerexUnavailableError, SwerexHTTPError) as exc:
             dead = await self._gone()
             if dead is not None:
                 raise dead from exc
-            raise
+            if not self._server_answered:
+                raise
+            log.warning("sandbox %s: the SWE-ReX server answers again after: %s", self.id, exc)
+        return await fn(*args, **kwargs)
 
     # ----------------------------------------------------------------- commands
 
@@ -343,7 +417,10 @@ class VefaasSandbox(Sandbox):
         try:
             return jobs.parse_poll(stdout)
         except (jobs.JobLostError, ValueError) as exc:
-            raise SandboxError(f"sandbox {self.id}: lost the result of a command: {exc}") from exc
+            raise SandboxError(
+                f"sandbox {self.id}: lost the result of a command: {exc} (its answer was lost, "
+                "or the instance restarted)"
+            ) from exc
 
     async def _wait_job(self, client: SwerexClient, job: str) -> RunOutput:
         return await poll(
@@ -360,9 +437,7 @@ class VefaasSandbox(Sandbox):
             log.warning("sandbox %s: could not stop command %s: %s", self.id, job, exc)
             return RunOutput(exit_code=None)
         assert result is not None
-        return RunOutput(
-            None, result.stdout, result.stderr, result.stdout_dropped, result.stderr_dropped
-        )
+        return dataclasses.replace(result, exit_code=None)
 
     # ----------------------------------------------------------------- files
 
