@@ -204,7 +204,7 @@ async def test_terminate_raising_once_is_retried(
 ) -> None:
     sb = make()
     await sb.start()
-    object_id = sb.object_id
+    object_id = sb.backend_id
     fake.terminate_failures = 1
     await sb.close()
     assert fake.terminated == [object_id] and not fake.live()
@@ -218,7 +218,7 @@ async def test_terminate_failing_for_good_does_not_raise_from_close(
     await sb.start()
     fake.terminate_failures = 50
     await sb.close()  # never raises
-    assert "terminate failed" in caplog.text and "sandlot gc" in caplog.text
+    assert "could not be destroyed" in caplog.text and "sandlot gc --backend modal" in caplog.text
     assert len(fake.calls_of("Sandbox.terminate")) == 8
 
 
@@ -297,7 +297,7 @@ async def test_gc_finds_and_kills_by_run_id(
 ) -> None:
     mine = make()
     await mine.start()
-    mine_id = mine.object_id
+    mine_id = mine.backend_id
     monkeypatch.setenv("SANDLOT_RUN_ID", "other-run")
     other = make()
     await other.start()

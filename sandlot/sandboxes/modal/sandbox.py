@@ -114,7 +114,7 @@ class ModalSandbox(Sandbox):
         return f"{self.id}-{self._attempts}"
 
     @property
-    def object_id(self) -> str | None:
+    def backend_id(self) -> str | None:
         """Modal's id of the sandbox (``sb-...``) once created, else ``None``."""
         return None if self._sb is None else str(self._sb.object_id)
 
@@ -197,17 +197,13 @@ class ModalSandbox(Sandbox):
             )
 
     async def _close(self) -> None:
-        """``terminate`` (``close`` tries again: it is what stops the bill)."""
+        """``terminate``, cut at ``control_timeout_s`` (``close`` tries again, then reports)."""
         if self._sb is None:
             return
         try:
             await self._control("terminate", self._sb.terminate.aio)
-        except Exception as exc:
-            raise SandboxError(
-                f"sandbox {self.id}: terminate failed: {exc}; "
-                "`sandlot gc --backend modal --run-id <run id>` removes it",
-                retryable=True,
-            ) from exc
+        except Exception as exc:  # whatever failed, another terminate may work
+            raise SandboxError(f"terminate: {exc}", retryable=True) from exc
         self._sb = None
 
     async def _probe(self) -> str | None:
@@ -222,7 +218,7 @@ class ModalSandbox(Sandbox):
         return (
             None
             if code is None
-            else f"Modal sandbox {self.object_id} finished with exit code {code}"
+            else f"Modal sandbox {self.backend_id} finished with exit code {code}"
         )
 
     async def _control(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -302,7 +298,7 @@ class ModalSandbox(Sandbox):
         if code is None and timeout is None:
             dead = await self._gone()
             raise dead or SandboxDeadError(
-                f"sandbox {self.id} ({self.object_id}): a command without a timeout outlived "
+                f"sandbox {self.id} ({self.backend_id}): a command without a timeout outlived "
                 f"the sandbox's lifetime ({self.spec.timeout_s:g} s) by {_LIFETIME_MARGIN_S:g} s"
             )
         if code is not None and (code == _MODAL_EXEC_TIMEOUT_CODE or code >= 128):
