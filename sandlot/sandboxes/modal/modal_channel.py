@@ -31,7 +31,6 @@ from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 
-_KILL_GRACE_S = 0.5
 _EXIT_WAIT_S = 1.0
 
 
@@ -43,7 +42,6 @@ class ModalChannel(RemoteShellChannel):
         self._proc = proc
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._reader = asyncio.get_running_loop().create_task(self._read())
-        self._closed = False
 
     @classmethod
     async def start(cls, sandbox: Any, *, cwd: str, run: Runner) -> ModalChannel:
@@ -95,15 +93,10 @@ class ModalChannel(RemoteShellChannel):
             return None if code is None else int(code)
         return None
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            self._reader.cancel()
-            with contextlib.suppress(Exception):
-                self._proc.stdin.write_eof()
-                await self._proc.stdin.drain.aio()
-            await self._kill_all(_KILL_GRACE_S)
-            with contextlib.suppress(BaseException):
-                await self._reader
+    async def _release(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(BaseException):
+            await self._reader
+        with contextlib.suppress(Exception):
+            self._proc.stdin.write_eof()
+            await self._proc.stdin.drain.aio()
