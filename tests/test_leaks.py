@@ -194,3 +194,12 @@ def test_concurrent_appenders_in_several_processes_lose_and_mangle_nothing(state
     assert len(listed()) == 120 and all(
         not str(e["sandbox_id"]).startswith("p0-") for e in listed()
     )
+
+
+async def test_the_run_summary_names_the_leaks_of_its_backend(state: Path) -> None:
+    assert gc_cmd.leak_note("modal", RUN) is None
+    await leaks.report(leaks.Leak("modal", RUN, "s1", "sb-1", "terminate: no answer"))
+    await leaks.report(leaks.Leak("docker", RUN, "s2", "c2", "remove refused"))
+    note = gc_cmd.leak_note("modal", RUN)
+    assert note is not None and "1 sandbox(es) could not be destroyed" in note
+    assert f"sandlot gc --backend modal --leaked --run-id {RUN}" in note

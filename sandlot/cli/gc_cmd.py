@@ -194,6 +194,20 @@ def gc_command(
         raise SystemExit(1)
 
 
+def leak_note(backend: str, run_id: str) -> str | None:
+    """For a run's summary: how many of its ``backend`` sandboxes could not be destroyed (the
+    entries of its leak list, written by every process of the run), and the command that
+    removes them; ``None`` when there are none."""
+    count = sum(1 for e in leaks.read(run_id) if e.backend == backend)
+    if not count:
+        return None
+    return (
+        f"[red]{count} sandbox(es) could not be destroyed[/] and may still run (listed in "
+        f"{leaks.leak_file(run_id)}); remove them with "
+        f"sandlot gc --backend {backend} --leaked --run-id {run_id}"
+    )
+
+
 def _collect_leaked(
     backend: str | None, run_id: str | None, settings: dict[str, str], dry_run: bool
 ) -> None:
