@@ -152,6 +152,10 @@ def gc_command(
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--option")
         settings[key.strip()] = value
     if leaked:
+        if older_than or all_runs:
+            raise click.UsageError(
+                "--leaked kills exactly the listed sandboxes: drop --older-than/--all"
+            )
         _collect_leaked(backend, run_id, settings, dry_run)
         return
     name = resolve_backend_name(backend)
