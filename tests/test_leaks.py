@@ -18,11 +18,12 @@ from fakes.fake_modal import FakeModal
 from fakes.shared import FakeModalSandbox
 from requirements import bwrap_missing, needs
 
-from sandlot import SandboxSpec
+from sandlot import SandboxSpec, SandboxStartError
 from sandlot.cli import gc_cmd
 from sandlot.cli.main import cli
 from sandlot.sandboxes import base, leaks
 from sandlot.sandboxes.labels import SANDBOX_ID
+from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.local import LocalOptions, LocalSandbox
 from sandlot.sandboxes.modal import ModalOptions
 from sandlot.sandboxes.modal.reaper import ModalReaper
@@ -203,3 +204,26 @@ async def test_the_run_summary_names_the_leaks_of_its_backend(state: Path) -> No
     note = gc_cmd.leak_note("modal", RUN)
     assert note is not None and "1 sandbox(es) could not be destroyed" in note
     assert f"sandlot gc --backend modal --leaked --run-id {RUN}" in note
+
+
+async def test_an_abandoned_create_that_cannot_be_found_is_listed_and_gc_kills_it(
+    fake: FakeModal,
+) -> None:
+    """The create's answer is lost and so is the lookup by name: the sandbox runs, unknown
+    to its caller, so the leak list names it by label for gc."""
+    fake.unanswered |= {"Sandbox.create", "Sandbox.from_name"}
+    limits = StartLimits(backoff_s=0.001, max_attempts=1)
+    sb = FakeModalSandbox(
+        SandboxSpec(image="python:3.12", start_limits=limits),
+        ModalOptions(create_timeout_s=0.1, control_timeout_s=0.05),
+    )
+    with anyio.fail_after(30), pytest.raises(SandboxStartError):
+        await sb.start()
+    assert len(fake.live()) == 1
+    (entry,) = listed()
+    assert entry["sandbox_id"] == sb.id and entry["backend_id"] is None
+
+    fake.unanswered.clear()
+    result = await gc("--leaked", "--run-id", RUN)
+    assert result.exit_code == 0 and "killed 1" in result.output, result.output
+    assert not fake.live() and listed() == []

@@ -411,3 +411,18 @@ async def test_the_exec_deadline_counts_from_the_exec_start(fake: FakeModal) -> 
             assert await proc.wait.aio() == -1
         await sb.close()
         assert await sandbox.poll.aio() == 137  # terminate's exit code
+
+
+async def test_a_create_whose_answer_is_lost_is_terminated_by_name(fake: FakeModal) -> None:
+    fake.unanswered.add("Sandbox.create")
+    sb = make(
+        SandboxSpec(image="python:3.12", start_limits=FAST.model_copy(update={"max_attempts": 2})),
+        create_timeout_s=0.2,
+    )
+    with anyio.fail_after(30), pytest.raises(SandboxStartError, match=r"create_timeout_s=0\.2"):
+        await sb.start()
+    assert len(fake.sandboxes) == 2 and not fake.live()
+    assert [args for args, _ in fake.calls_of("Sandbox.from_name")] == [
+        ("sandlot", f"{sb.id}-1"),
+        ("sandlot", f"{sb.id}-2"),
+    ]

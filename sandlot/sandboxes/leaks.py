@@ -43,6 +43,9 @@ _LOCATORS = {
 }
 
 _counts: Counter[str] = Counter()
+# (run id, backend, sandbox id) listed by this process: a sandbox whose failed start attempts
+# and final close all leave something behind is one entry (gc matches its label).
+_listed: set[tuple[str, str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,9 @@ def leaked_sandboxes(backend: str | None = None) -> int:
 
 
 async def report(leak: Leak) -> None:
-    """Log, count and append ``leak`` to its run's leak list. Never raises (an unwritable
-    state dir is logged: the log line still names the command)."""
-    _counts[leak.backend] += 1
+    """Log ``leak``; count it and append it to its run's leak list unless this process listed
+    the sandbox already. Never raises (an unwritable state dir is logged: the log line still
+    names the command)."""
     log.error(
         "sandbox %s (%s %s) could not be destroyed and may still run: %s; remove it with `%s`",
         leak.sandbox_id,
@@ -103,6 +106,11 @@ async def report(leak: Leak) -> None:
         leak.error,
         leak.gc_command,
     )
+    key = (leak.run_id, leak.backend, leak.sandbox_id)
+    if key in _listed:
+        return
+    _listed.add(key)
+    _counts[leak.backend] += 1
     try:
         await anyio.to_thread.run_sync(_append, leak)
     except Exception as exc:  # the leak is logged above; the list is the convenience

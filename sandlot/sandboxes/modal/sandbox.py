@@ -97,6 +97,7 @@ class ModalSandbox(Sandbox):
         super().__init__(spec, options)
         self._sb: Any = None
         self._attempts = 0
+        self._abandoned: str | None = None
         self._lifetime = max(1, math.ceil(self.spec.timeout_s))  # Modal takes whole seconds
         self._ends_at = 0.0
 
@@ -155,7 +156,7 @@ class ModalSandbox(Sandbox):
                 except Exception as exc:
                     raise self._start_error(modal, f"creating from {image_name!r}", exc) from exc
             if scope.cancelled_caught:
-                await self._terminate_by_name(modal)
+                self._abandoned = self._modal_name  # it may exist: _close looks for it
                 raise SandboxStartError(
                     f"Modal did not create sandbox {self.id} within create_timeout_s="
                     f"{opts.create_timeout_s:g} s",
@@ -177,24 +178,25 @@ class ModalSandbox(Sandbox):
             f"sandbox {self.id}: {err}", retryable=err.retryable and not permanent
         )
 
-    async def _terminate_by_name(self, modal: ModuleType) -> None:
-        """Best effort: terminate a sandbox whose create call we gave up on."""
-        try:
-            sb = await modal.Sandbox.from_name.aio(self.options.app_name, self._modal_name)
-            await sb.terminate.aio()
-        except Exception as exc:
-            log.warning(
-                "sandbox %s: could not terminate by name after a create timeout: %s", self.id, exc
-            )
-
     async def _close(self) -> None:
-        """``terminate``, cut at ``control_timeout_s`` (``close`` tries again, then reports)."""
-        if self._sb is None:
-            return
+        """``terminate`` (a sandbox whose create was abandoned is first looked up by name), cut
+        at ``control_timeout_s``; ``close`` tries again, then reports what is left."""
+        modal, limit = self.sdk(), self.options.control_timeout_s
         try:
-            await self._call("terminate", self._sb.terminate.aio, control=True)
-        except Exception as exc:  # whatever failed, another terminate may work
-            raise SandboxError(str(exc), retryable=True) from exc
+            with anyio.fail_after(limit):
+                if self._sb is None and self._abandoned is not None:
+                    with contextlib.suppress(modal.exception.NotFoundError):  # never created
+                        self._sb = await modal.Sandbox.from_name.aio(
+                            self.options.app_name, self._abandoned
+                        )
+                    self._abandoned = None
+                if self._sb is not None:
+                    await self._sb.terminate.aio()
+        except Exception as exc:  # whatever failed, another try may work
+            detail = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, TimeoutError):
+                detail = f"Modal did not answer within control_timeout_s={limit:g} s"
+            raise SandboxError(f"sandbox {self.id}: terminate: {detail}", retryable=True) from exc
         self._sb = None
 
     async def _probe(self) -> str | None:
