@@ -8,7 +8,7 @@ all through their ``.aio`` async variants: ``App.lookup(name, create_if_missing=
 app=, name=, tags=, image=, env=, timeout=, idle_timeout=, workdir=, cpu=, memory=,
 block_network=)``, ``Sandbox.exec(*argv, timeout=, env=, text=False)`` (stdout/stderr read
 concurrently, stdin ``write``/``write_eof``/``drain``, ``wait``), ``Sandbox.poll``,
-``Sandbox.terminate``, ``Sandbox.from_id``/``from_name``, and
+``Sandbox.terminate``, ``Sandbox.from_name``, and
 ``Sandbox.filesystem.read_bytes``/``write_bytes``.
 
 The SDK is imported when a sandbox starts; subclasses may override :meth:`ModalSandbox.sdk`
