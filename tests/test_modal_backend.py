@@ -372,7 +372,7 @@ def test_a_terminated_grpc_stream_is_retryable() -> None:
     modal = FakeModal()
     try:
         exc = StreamTerminatedError("Connection lost")
-        assert is_modal_error(modal, exc) and translate(modal, "exec", exc).retryable
+        assert is_modal_error(modal, exc) and translate("exec", exc).retryable
     finally:
         modal.close()
 

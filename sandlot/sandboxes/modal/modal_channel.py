@@ -8,12 +8,9 @@ the shell's merged output as it is printed. A reader task moves stdout chunks in
 a cancelled :meth:`ModalChannel.receive` loses nothing (cancelling the SDK's stream iterator
 would close it). Modal's SDK runs on asyncio only, so the channel does too.
 
-Every process of the session carries ``SANDLOT_EXEC_ID=<session marker>`` in its environment,
-the container backends' exec marker (see :mod:`sandlot.sandboxes.remote_shell`): signals go
-through a second exec that scans ``/proc/*/environ`` for it, and closing the channel runs the
-backends' killer for that marker. An output stream that fails (the sandbox died, the worker's
-gRPC stream broke) ends the channel like an EOF; the session then asks whether the sandbox
-lives.
+Signals, and the kill when the channel closes, are :class:`RemoteShellChannel`'s (through the
+session's exec marker). An output stream that fails (the sandbox died, the worker's gRPC stream
+broke) ends the channel like an EOF; the session then asks whether the sandbox lives.
 """
 
 from __future__ import annotations

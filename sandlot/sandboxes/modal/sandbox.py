@@ -170,7 +170,7 @@ class ModalSandbox(Sandbox):
     def _start_error(self, modal: ModuleType, what: str, exc: Exception) -> SandboxStartError:
         """Retryable when :func:`translate` says the service's fault ("Image build failed,
         please try again" and build timeouts included), unless the image or account is."""
-        err = translate(modal, what, exc)
+        err = translate(what, exc)
         permanent = type(exc).__name__ in _PERMANENT_CREATE or any(
             w in str(exc).lower() for w in _PERMANENT_CREATE_WORDS
         )
@@ -235,7 +235,7 @@ class ModalSandbox(Sandbox):
                 raise
             if isinstance(exc, modal.exception.SandboxFilesystemError):
                 raise SandboxFileError(f"{what}: {exc}") from exc
-            raise await self._gone() or translate(modal, f"sandbox {self.id}: {what}", exc) from exc
+            raise await self._gone() or translate(f"sandbox {self.id}: {what}", exc) from exc
 
     # ----------------------------------------------------------------- commands
 

@@ -73,7 +73,7 @@ def check_credentials() -> None:
     )
 
 
-def translate(sdk: ModuleType, what: str, exc: BaseException) -> SandboxError:
+def translate(what: str, exc: BaseException) -> SandboxError:
     """A ``SandboxError`` for a Modal exception; ``retryable`` for transient service faults
     (by class: connection, internal, resource exhausted, service, a broken gRPC stream; or by
     message: rate limits, capacity, "please try again", timeouts, "temporarily")."""
