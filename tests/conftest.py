@@ -7,9 +7,14 @@
   ``-m "not slow"`` of ``pyproject.toml``; ``python -m pytest -q -m ""`` runs every test, and so
   does CI: with ``CI=true`` that default is dropped, so nothing goes untested there. It is
   dropped too when every argument names tests (``path::test``): a slow test asked for runs.
+* ``SANDLOT_STATE_DIR`` points at a temporary directory unless set: run logs and leak lists of
+  the tests never land in the user's state dir.
 """
 
 from __future__ import annotations
+
+import os
+import tempfile
 
 import pytest
 from requirements import IN_CI, check_marks
@@ -18,6 +23,7 @@ DEFAULT_MARKEXPR = "not slow"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("SANDLOT_STATE_DIR", tempfile.mkdtemp(prefix="sandlot-test-state-"))
     named = bool(config.args) and all("::" in arg for arg in config.args)
     if config.option.markexpr == DEFAULT_MARKEXPR and (IN_CI or named):
         config.option.markexpr = ""

@@ -204,7 +204,7 @@ async def test_terminate_raising_once_is_retried(
 ) -> None:
     sb = make()
     await sb.start()
-    object_id = sb.object_id
+    object_id = sb.backend_id
     fake.terminate_failures = 1
     await sb.close()
     assert fake.terminated == [object_id] and not fake.live()
@@ -218,7 +218,7 @@ async def test_terminate_failing_for_good_does_not_raise_from_close(
     await sb.start()
     fake.terminate_failures = 50
     await sb.close()  # never raises
-    assert "terminate failed" in caplog.text and "sandlot gc" in caplog.text
+    assert "could not be destroyed" in caplog.text and "sandlot gc --backend modal" in caplog.text
     assert len(fake.calls_of("Sandbox.terminate")) == 8
 
 
@@ -297,7 +297,7 @@ async def test_gc_finds_and_kills_by_run_id(
 ) -> None:
     mine = make()
     await mine.start()
-    mine_id = mine.object_id
+    mine_id = mine.backend_id
     monkeypatch.setenv("SANDLOT_RUN_ID", "other-run")
     other = make()
     await other.start()
@@ -372,7 +372,7 @@ def test_a_terminated_grpc_stream_is_retryable() -> None:
     modal = FakeModal()
     try:
         exc = StreamTerminatedError("Connection lost")
-        assert is_modal_error(modal, exc) and translate(modal, "exec", exc).retryable
+        assert is_modal_error(modal, exc) and translate("exec", exc).retryable
     finally:
         modal.close()
 
@@ -411,3 +411,18 @@ async def test_the_exec_deadline_counts_from_the_exec_start(fake: FakeModal) -> 
             assert await proc.wait.aio() == -1
         await sb.close()
         assert await sandbox.poll.aio() == 137  # terminate's exit code
+
+
+async def test_a_create_whose_answer_is_lost_is_terminated_by_name(fake: FakeModal) -> None:
+    fake.unanswered.add("Sandbox.create")
+    sb = make(
+        SandboxSpec(image="python:3.12", start_limits=FAST.model_copy(update={"max_attempts": 2})),
+        create_timeout_s=0.2,
+    )
+    with anyio.fail_after(30), pytest.raises(SandboxStartError, match=r"create_timeout_s=0\.2"):
+        await sb.start()
+    assert len(fake.sandboxes) == 2 and not fake.live()
+    assert [args for args, _ in fake.calls_of("Sandbox.from_name")] == [
+        ("sandlot", f"{sb.id}-1"),
+        ("sandlot", f"{sb.id}-2"),
+    ]

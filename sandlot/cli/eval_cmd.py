@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
+from sandlot.cli.gc_cmd import leak_note
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.errors import BackendNotFoundError
@@ -171,6 +172,9 @@ def eval_command(
             )
             raise SystemExit(130) from None
     _print_summary(console, outcome, time.monotonic() - started)
+    note = leak_note(backend_name, run_id)
+    if note:
+        console.print(note, soft_wrap=True)
 
 
 def _print_summary(console: Console, outcome: RunOutcome, elapsed: float) -> None:

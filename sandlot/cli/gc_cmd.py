@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandlot.errors import SandboxError
+from sandlot.sandboxes import leaks
 from sandlot.sandboxes.labels import owner as this_owner
 from sandlot.sandboxes.reaper import (
     GcReport,
@@ -20,6 +21,7 @@ from sandlot.sandboxes.reaper import (
     get_reaper,
     kill_selected,
     reap,
+    reap_leaked,
     select,
 )
 from sandlot.sandboxes.registry import resolve_backend_name
@@ -95,6 +97,12 @@ def _table(report: GcReport, dry_run: bool) -> Table:
 )
 @click.option("--all", "all_runs", is_flag=True, help="Every sandlot sandbox, of any run and age.")
 @click.option(
+    "--leaked",
+    is_flag=True,
+    help="Exactly the sandboxes whose close failed, from the leak lists (of --run-id, else of "
+    "every run) in $SANDLOT_STATE_DIR/leaks; entries of gone sandboxes are removed.",
+)
+@click.option(
     "--any-owner",
     is_flag=True,
     help="Also other owners' sandboxes (sandlot.owner, user@host); by default only yours.",
@@ -114,6 +122,7 @@ def gc_command(
     run_id: str | None,
     older_than: str | None,
     all_runs: bool,
+    leaked: bool,
     any_owner: bool,
     dry_run: bool,
     yes: bool,
@@ -126,11 +135,14 @@ def gc_command(
     Only your own sandboxes (label sandlot.owner = user@host) are touched unless --any-owner;
     --older-than and --all list what they select, by run and owner, and ask before killing
     (--yes skips the question; without a terminal they need it).
+
+    A close that could not destroy its sandbox logs the command to run and adds the sandbox to
+    the run's leak list, <state dir>/leaks/RUN_ID.jsonl: --leaked kills exactly those.
     """
-    if not (run_id or older_than or all_runs):
+    if not (run_id or older_than or all_runs or leaked):
         raise click.UsageError(
-            "say what to collect: --run-id ID, --older-than AGE, or --all (which also kills "
-            "the sandboxes of runs still going)"
+            "say what to collect: --run-id ID, --older-than AGE, --leaked, or --all (which "
+            "also kills the sandboxes of runs still going)"
         )
     age = parse_duration(older_than) if older_than else None
     settings = {}
@@ -139,6 +151,13 @@ def gc_command(
         if not sep:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--option")
         settings[key.strip()] = value
+    if leaked:
+        if older_than or all_runs:
+            raise click.UsageError(
+                "--leaked kills exactly the listed sandboxes: drop --older-than/--all"
+            )
+        _collect_leaked(backend, run_id, settings, dry_run)
+        return
     name = resolve_backend_name(backend)
     me = None if any_owner else this_owner()
     console = Console()
@@ -176,4 +195,53 @@ def gc_command(
     for sb, error in report.failed:
         console.print(f"could not kill {sb.id}: {error}", soft_wrap=True)
     if report.failed:
+        raise SystemExit(1)
+
+
+def leak_note(backend: str, run_id: str) -> str | None:
+    """For a run's summary: how many of its ``backend`` sandboxes could not be destroyed (the
+    entries of its leak list, written by every process of the run), and the command that
+    removes them; ``None`` when there are none."""
+    count = sum(1 for e in leaks.read(run_id) if e.backend == backend)
+    if not count:
+        return None
+    return (
+        f"[red]{count} sandbox(es) could not be destroyed[/] and may still run (listed in "
+        f"{leaks.leak_file(run_id)}); remove them with "
+        f"sandlot gc --backend {backend} --leaked --run-id {run_id}"
+    )
+
+
+def _collect_leaked(
+    backend: str | None, run_id: str | None, settings: dict[str, str], dry_run: bool
+) -> None:
+    """``--leaked``: per backend of the leak lists (only ``backend`` when given), kill exactly
+    the listed sandboxes and forget the entries of those gone."""
+    console = Console()
+    entries = [e for e in leaks.read(run_id) if backend is None or e.backend == backend]
+    if not entries:
+        console.print("no leaked sandboxes listed" + (f" for run {run_id}" if run_id else ""))
+        return
+    failed = 0
+    for name in sorted({e.backend for e in entries}):
+        mine = [e for e in entries if e.backend == name]
+        try:
+            reaper = get_reaper(name, **{**mine[-1].options, **settings})
+            if dry_run:
+                for e in mine:
+                    console.print(f"{name}: leaked {e.sandbox_id} ({e.backend_id}): {e.error}")
+                continue
+            report, gone = anyio.run(reap_leaked, reaper, mine)
+        except (SandboxError, TypeError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        for run in sorted({e.run_id for e in gone}):
+            leaks.forget(run, {e.sandbox_id for e in gone if e.run_id == run})
+        console.print(
+            f"{name}: {len(mine)} leaked, killed {len(report.killed)}, already gone "
+            f"{len(gone) - len(report.killed)}, failed {len(report.failed)}"
+        )
+        for sb, error in report.failed:
+            console.print(f"could not kill {sb.id}: {error}", soft_wrap=True)
+        failed += len(report.failed)
+    if failed:
         raise SystemExit(1)

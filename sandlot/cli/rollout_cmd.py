@@ -30,6 +30,7 @@ from rich.table import Table
 
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.cli.eval_cmd import split_ids
+from sandlot.cli.gc_cmd import leak_note
 from sandlot.datasets.rows import TaskRow
 from sandlot.errors import BackendNotFoundError, SandboxError
 from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config, with_flags
@@ -408,6 +409,9 @@ def rollout_command(
                 else f"remove them with sandlot gc --backend {backend_name} --run-id {run_id}"
             )
             console.print(f"[red]{left_open} sandbox(es) were still open at the end[/]; {cleanup}")
+        note = leak_note(backend_name, run_id)
+        if note:
+            console.print(note, soft_wrap=True)
         summary = _write_outputs(
             out,
             log_file,

@@ -35,6 +35,7 @@ from sandlot.errors import (
 from sandlot.result import ExecResult
 from sandlot.runtimes.exec_session import ExecSession
 from sandlot.runtimes.session import BashSession, SessionConfig
+from sandlot.sandboxes import leaks
 from sandlot.sandboxes.archive import (
     ARCHIVE_OVERHEAD_BYTES,
     DEFAULT_DOWNLOAD_MAX_BYTES,
@@ -242,14 +243,19 @@ class Sandbox(Transport):
 
     async def _discard_attempt(self) -> None:
         """Destroy what a failed start attempt created, so that ``_start`` can run again."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
-            await self._destroy("cleaning up a failed start of")
+        await self._destroy("cleaning up a failed start of")
         self._dead = None
 
-    async def _destroy(self, what: str) -> None:
+    async def _destroy(self, what: str, deadline: float | None = None) -> None:
         """``_close``, tried again with backoff (50 ms doubling, at most 1 s) while it raises a
         retryable ``SandboxError`` (destroying is what stops the bill, and control planes
-        throttle exactly when many sandboxes close at once); a last failure is logged."""
+        throttle exactly when many sandboxes close at once), shielded, until ``deadline``
+        (``anyio.current_time()`` seconds; default: the close budget, 60 s, from now). A
+        destroy that fails for good or runs out of time is reported
+        (:func:`sandlot.sandboxes.leaks.report`: log, counter, the run's leak list)."""
+        if deadline is None:
+            deadline = anyio.current_time() + _CLOSE_BUDGET_S
+        failure = f"{what} it did not finish within the close budget of {_CLOSE_BUDGET_S:g} s"
 
         def again(exc: BaseException) -> bool:
             retryable = isinstance(exc, SandboxError) and exc.retryable
@@ -257,16 +263,29 @@ class Sandbox(Transport):
                 log.warning("%s sandbox %s failed, retrying: %s", what, self.id, exc)
             return retryable
 
-        try:
-            await retry(
-                self._close,
-                attempts=_CLOSE_ATTEMPTS,
-                first_s=0.05,
-                max_s=1.0,
-                retry_on=again,
+        with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(deadline=deadline):
+                try:
+                    await retry(
+                        self._close,
+                        attempts=_CLOSE_ATTEMPTS,
+                        first_s=0.05,
+                        max_s=1.0,
+                        retry_on=again,
+                    )
+                    return
+                except Exception as exc:
+                    failure = f"{what} it failed: {type(exc).__name__}: {exc}"
+            await leaks.report(
+                leaks.Leak(
+                    backend=self.name,
+                    run_id=run_id(),
+                    sandbox_id=self.id,
+                    backend_id=self.backend_id,
+                    error=failure,
+                    options=leaks.locator_options(self.name, self.options),
+                )
             )
-        except Exception:
-            log.exception("%s sandbox %s (%s) failed", what, self.id, self.name)
 
     async def _post_setup(self, cmd: str) -> None:
         await self._setup_step(cmd, self.spec.post_setup_timeout_s, "post_setup_cmd")
@@ -305,15 +324,23 @@ class Sandbox(Transport):
         )
 
     async def close(self) -> None:
-        """Release everything the sandbox holds. Idempotent; never raises; survives cancellation."""
+        """Release everything the sandbox holds. Idempotent; never raises; survives cancellation.
+
+        Sessions and the destroy share a budget of 60 s; a destroy that fails for good or runs
+        out of it is logged with the ``sandlot gc`` command that removes the sandbox, counted
+        (:func:`~sandlot.sandboxes.leaks.leaked_sandboxes`) and added to the run's leak list
+        (:mod:`sandlot.sandboxes.leaks`), never silent.
+        """
         if self._state == "closed":
             return
         self._state = "closed"
         _live.discard(self)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BUDGET_S):
-            for session in self._sessions.values():
-                await session.close()
-            await self._destroy("closing")
+        deadline = anyio.current_time() + _CLOSE_BUDGET_S
+        with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(deadline=deadline):
+                for session in self._sessions.values():
+                    await session.close()
+            await self._destroy("closing", deadline)
         log.debug("sandbox %s (%s) closed", self.id, self.name)
 
     @property

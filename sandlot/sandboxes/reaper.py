@@ -4,7 +4,8 @@ Every remote backend labels its sandboxes (:mod:`sandlot.sandboxes.labels`). A :
 lists the sandboxes of one backend that carry the ``sandlot.run_id`` label and kills one;
 :func:`select` filters them (``run_id``, minimum age, ``sandlot.owner``) and
 :func:`kill_selected` kills a selection concurrently, each kill guarded so one failure never
-stops the others; :func:`reap` does the three.
+stops the others; :func:`reap` does the three. :func:`reap_leaked` kills exactly the sandboxes
+of a run's leak list (:mod:`sandlot.sandboxes.leaks`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any, Protocol
 import anyio
 
 from sandlot.errors import BackendNotFoundError
-from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID
+from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
+from sandlot.sandboxes.leaks import Leak
 
 log = logging.getLogger("sandlot.sandboxes.gc")
 
@@ -186,3 +188,27 @@ async def kill_selected(reaper: Reaper, selected: list[RemoteSandbox]) -> GcRepo
         for sb in selected:
             tg.start_soon(kill_one, sb)
     return report
+
+
+async def reap_leaked(reaper: Reaper, leaked: list[Leak]) -> tuple[GcReport, list[Leak]]:
+    """Kill exactly the sandboxes of ``leaked`` (entries of ``reaper``'s backend) that its
+    listing still shows, matched by the ``sandlot.sandbox_id`` label or the backend's id.
+
+    Returns:
+        The :class:`GcReport` of the kills, and the entries now gone (killed, or no longer
+        listed): those a leak list can forget. Entries whose kill failed are in neither.
+    """
+    listed: list[RemoteSandbox] = []
+    for run in sorted({leak.run_id for leak in leaked}):
+        listed += await reaper.list_sandboxes(run)
+    wanted = {key for leak in leaked for key in _keys(leak.sandbox_id, leak.backend_id)}
+    report = await kill_selected(
+        reaper, [sb for sb in listed if _keys(sb.id, sb.labels.get(SANDBOX_ID)) & wanted]
+    )
+    failed = {key for sb, _ in report.failed for key in _keys(sb.id, sb.labels.get(SANDBOX_ID))}
+    gone = [leak for leak in leaked if not _keys(leak.sandbox_id, leak.backend_id) & failed]
+    return report, gone
+
+
+def _keys(*ids: str | None) -> set[str]:
+    return {i for i in ids if i}

@@ -29,9 +29,25 @@ class RemoteShellChannel(Channel):
         run: the sandbox's ``exec``.
     """
 
+    kill_grace_s: float = 0.5
+    """Seconds between SIGTERM and SIGKILL when the channel closes."""
+
     def __init__(self, marker: str, run: Runner) -> None:
         self._marker = marker
         self._run = run
+        self._closed = False
+
+    async def _release(self) -> None:
+        """Let go of the transport's side of the shell (its streams); must not raise."""
+
+    async def close(self) -> None:
+        """Once, shielded: :meth:`_release`, then kill the shell and everything it started."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._release()
+            await self._kill_all(self.kill_grace_s)
 
     async def _signal(self, argv: list[str]) -> None:
         """Run ``argv`` for at most 30 s; never raises (the shell may already be gone)."""

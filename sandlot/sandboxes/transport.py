@@ -131,6 +131,12 @@ class Transport(abc.ABC):
     staging_dir: str = "/tmp"
     """Directory inside the sandbox for the default archive moves' staging files."""
 
+    @property
+    def backend_id(self) -> str | None:
+        """The platform's id of the sandbox (Modal ``sb-...``, a container id) once created,
+        else ``None`` (also where the platform has none); named when a destroy fails."""
+        return None
+
     @abc.abstractmethod
     async def _start(self) -> None:
         """Create the sandbox; return once it can run commands (``start`` runs the setup).

@@ -35,7 +35,7 @@ class _VefaasFields(Mapping[str, Any]):
 async def _modal_die(sb: Sandbox) -> None:
     assert isinstance(sb, ModalSandbox)
     fake = shared_modal()
-    fake.die(next(s for s in fake.sandboxes if s.object_id == sb.object_id))
+    fake.die(next(s for s in fake.sandboxes if s.object_id == sb.backend_id))
 
 
 async def _vefaas_kill(sb: Sandbox) -> None:

@@ -438,8 +438,9 @@ class FakeModal:
         self.build_failures: list[str] = []
         self.fault_rate = 0.0
         self.unanswered: set[str] = set()
-        """Calls (``"Sandbox.poll"``, ``"Sandbox.terminate"``, ``"filesystem.read_bytes"``,
-        ``"filesystem.write_bytes"``) that never answer, as against an unresponsive API."""
+        """Calls (``"Sandbox.create"``, ``"Sandbox.from_name"``, ``"Sandbox.poll"``,
+        ``"Sandbox.terminate"``, ``"filesystem.read_bytes"``, ``"filesystem.write_bytes"``) that
+        never answer, as against an unresponsive API (a create does its work first)."""
         self.faults_served: list[tuple[str, str]] = []
         self.rng = random.Random(7)
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -535,6 +536,7 @@ class FakeModal:
             raise ImageBuildError(f"image {image.tag} not found in registry")
         sb = FakeSandbox(self, kwargs["app"], kwargs, args)
         self.sandboxes.append(sb)
+        await self.maybe_unanswered("Sandbox.create")  # created, but the answer is lost
         return sb
 
     async def _from_id(self, sandbox_id: str) -> FakeSandbox:
@@ -544,6 +546,8 @@ class FakeModal:
         raise NotFoundError(sandbox_id)
 
     async def _from_name(self, app_name: str, name: str) -> FakeSandbox:
+        self.calls.append(("Sandbox.from_name", (app_name, name), {}))
+        await self.maybe_unanswered("Sandbox.from_name")
         for sb in self.sandboxes:
             if sb.app.name == app_name and sb.name == name and sb.returncode is None:
                 return sb

@@ -8,12 +8,9 @@ the shell's merged output as it is printed. A reader task moves stdout chunks in
 a cancelled :meth:`ModalChannel.receive` loses nothing (cancelling the SDK's stream iterator
 would close it). Modal's SDK runs on asyncio only, so the channel does too.
 
-Every process of the session carries ``SANDLOT_EXEC_ID=<session marker>`` in its environment,
-the container backends' exec marker (see :mod:`sandlot.sandboxes.remote_shell`): signals go
-through a second exec that scans ``/proc/*/environ`` for it, and closing the channel runs the
-backends' killer for that marker. An output stream that fails (the sandbox died, the worker's
-gRPC stream broke) ends the channel like an EOF; the session then asks whether the sandbox
-lives.
+Signals, and the kill when the channel closes, are :class:`RemoteShellChannel`'s (through the
+session's exec marker). An output stream that fails (the sandbox died, the worker's gRPC stream
+broke) ends the channel like an EOF; the session then asks whether the sandbox lives.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 
-_KILL_GRACE_S = 0.5
 _EXIT_WAIT_S = 1.0
 
 
@@ -43,7 +39,6 @@ class ModalChannel(RemoteShellChannel):
         self._proc = proc
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._reader = asyncio.get_running_loop().create_task(self._read())
-        self._closed = False
 
     @classmethod
     async def start(cls, sandbox: Any, *, cwd: str, run: Runner) -> ModalChannel:
@@ -95,15 +90,10 @@ class ModalChannel(RemoteShellChannel):
             return None if code is None else int(code)
         return None
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            self._reader.cancel()
-            with contextlib.suppress(Exception):
-                self._proc.stdin.write_eof()
-                await self._proc.stdin.drain.aio()
-            await self._kill_all(_KILL_GRACE_S)
-            with contextlib.suppress(BaseException):
-                await self._reader
+    async def _release(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(BaseException):
+            await self._reader
+        with contextlib.suppress(Exception):
+            self._proc.stdin.write_eof()
+            await self._proc.stdin.drain.aio()

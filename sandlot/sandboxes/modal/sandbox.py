@@ -8,7 +8,7 @@ all through their ``.aio`` async variants: ``App.lookup(name, create_if_missing=
 app=, name=, tags=, image=, env=, timeout=, idle_timeout=, workdir=, cpu=, memory=,
 block_network=)``, ``Sandbox.exec(*argv, timeout=, env=, text=False)`` (stdout/stderr read
 concurrently, stdin ``write``/``write_eof``/``drain``, ``wait``), ``Sandbox.poll``,
-``Sandbox.terminate``, ``Sandbox.from_id``/``from_name``, and
+``Sandbox.terminate``, ``Sandbox.from_name``, and
 ``Sandbox.filesystem.read_bytes``/``write_bytes``.
 
 The SDK is imported when a sandbox starts; subclasses may override :meth:`ModalSandbox.sdk`
@@ -17,6 +17,7 @@ The SDK is imported when a sandbox starts; subclasses may override :meth:`ModalS
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import posixpath
@@ -30,12 +31,7 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 from pydantic import BaseModel
 
-from sandlot.errors import (
-    SandboxDeadError,
-    SandboxError,
-    SandboxFileError,
-    SandboxStartError,
-)
+from sandlot.errors import SandboxDeadError, SandboxError, SandboxFileError, SandboxStartError
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
@@ -58,10 +54,9 @@ _BACKSTOP_MARGIN_S = 30
 _KILL_BUDGET_S = 15.0
 # Modal reports an exec that hit its own timeout with return code -1.
 _MODAL_EXEC_TIMEOUT_CODE = -1
-# Image-related failures no retry can fix.
+# Create failures no retry can fix (the image's or the account's, not the service's).
+_PERMANENT_CREATE = ("AuthError", "NotFoundError", "InvalidError")
 _PERMANENT_CREATE_WORDS = ("not found", "unknown", "denied", "unauthorized", "invalid", "no such")
-# An ImageBuildError saying one of these is the builder's fault, not the image's.
-_TRANSIENT_BUILD_WORDS = ("try again", "timed out", "timeout", "temporar")
 # An exec without a timeout still ends this long after the sandbox's lifetime: a worker that
 # died without closing the output stream must not hang the caller forever.
 _LIFETIME_MARGIN_S = 30.0
@@ -102,7 +97,9 @@ class ModalSandbox(Sandbox):
         super().__init__(spec, options)
         self._sb: Any = None
         self._attempts = 0
-        self._created_at = 0.0
+        self._abandoned: str | None = None
+        self._lifetime = max(1, math.ceil(self.spec.timeout_s))  # Modal takes whole seconds
+        self._ends_at = 0.0
 
     def sdk(self) -> ModuleType:
         """The ``modal`` module every call goes through."""
@@ -114,7 +111,7 @@ class ModalSandbox(Sandbox):
         return f"{self.id}-{self._attempts}"
 
     @property
-    def object_id(self) -> str | None:
+    def backend_id(self) -> str | None:
         """Modal's id of the sandbox (``sb-...``) once created, else ``None``."""
         return None if self._sb is None else str(self._sb.object_id)
 
@@ -131,7 +128,6 @@ class ModalSandbox(Sandbox):
             image = modal.Image.from_registry(image_name, secret=secret)
         except Exception as exc:
             raise self._start_error(modal, f"preparing image {image_name!r}", exc) from exc
-        lifetime = max(1, math.ceil(spec.timeout_s))
         self._attempts += 1
         kwargs: dict[str, Any] = {
             "app": app,
@@ -139,7 +135,7 @@ class ModalSandbox(Sandbox):
             "tags": sandbox_labels(self.id, spec.labels),
             "image": image,
             "env": dict(spec.env) or None,
-            "timeout": lifetime,
+            "timeout": self._lifetime,
             "idle_timeout": opts.idle_timeout_s,
             "workdir": spec.workdir,
             "cpu": spec.cpu,
@@ -150,7 +146,7 @@ class ModalSandbox(Sandbox):
             kwargs["outbound_cidr_allowlist"] = list(public_cidrs())
         # PID 1 exits on SIGTERM at once (a bare `sleep` would ignore it) and outlives the
         # lifetime Modal enforces.
-        init = remote_shell.init_argv(lifetime + 60)
+        init = remote_shell.init_argv(self._lifetime + 60)
         # Shielded: a cancelled caller must still learn the id of a sandbox Modal created, so
         # close() can terminate it.
         with anyio.CancelScope(shield=True):
@@ -160,103 +156,86 @@ class ModalSandbox(Sandbox):
                 except Exception as exc:
                     raise self._start_error(modal, f"creating from {image_name!r}", exc) from exc
             if scope.cancelled_caught:
-                await self._terminate_by_name(modal)
+                self._abandoned = self._modal_name  # it may exist: _close looks for it
                 raise SandboxStartError(
                     f"Modal did not create sandbox {self.id} within create_timeout_s="
                     f"{opts.create_timeout_s:g} s",
                     retryable=True,
                 )
-        self._created_at = time.monotonic()
+        self._ends_at = time.monotonic() + self._lifetime
         # The STARTING slot is held until a command works.
-        mkdir = remote_shell.mkdir_argv(spec.workdir)
-        probe = await self._call("first exec", self._run_quiet, mkdir)
-        if probe != 0:
+        if await self._run_quiet(remote_shell.mkdir_argv(spec.workdir)) != 0:
             raise SandboxStartError(f"sandbox {self.id}: cannot create workdir {spec.workdir}")
 
     def _start_error(self, modal: ModuleType, what: str, exc: Exception) -> SandboxStartError:
-        err = translate(modal, what, exc)
-        text = str(exc).lower()
-        retryable = err.retryable and not any(w in text for w in _PERMANENT_CREATE_WORDS)
-        if type(exc).__name__ in ("AuthError", "NotFoundError", "InvalidError"):
-            retryable = False
-        elif type(exc).__name__ == "ImageBuildError":
-            # "Image build failed, please try again" and build timeouts are the builder's.
-            retryable = any(w in text for w in _TRANSIENT_BUILD_WORDS) and not any(
-                w in text for w in _PERMANENT_CREATE_WORDS
-            )
-        return SandboxStartError(f"sandbox {self.id}: {err}", retryable=retryable)
-
-    async def _terminate_by_name(self, modal: ModuleType) -> None:
-        """Best effort: terminate a sandbox whose create call we gave up on."""
-        try:
-            sb = await modal.Sandbox.from_name.aio(self.options.app_name, self._modal_name)
-            await sb.terminate.aio()
-        except Exception as exc:
-            log.warning(
-                "sandbox %s: could not terminate by name after a create timeout: %s", self.id, exc
-            )
+        """Retryable when :func:`translate` says the service's fault ("Image build failed,
+        please try again" and build timeouts included), unless the image or account is."""
+        err = translate(what, exc)
+        permanent = type(exc).__name__ in _PERMANENT_CREATE or any(
+            w in str(exc).lower() for w in _PERMANENT_CREATE_WORDS
+        )
+        return SandboxStartError(
+            f"sandbox {self.id}: {err}", retryable=err.retryable and not permanent
+        )
 
     async def _close(self) -> None:
-        """``terminate`` (``close`` tries again: it is what stops the bill)."""
-        if self._sb is None:
-            return
+        """``terminate`` (a sandbox whose create was abandoned is first looked up by name), cut
+        at ``control_timeout_s``; ``close`` tries again, then reports what is left."""
+        modal, limit = self.sdk(), self.options.control_timeout_s
         try:
-            await self._control("terminate", self._sb.terminate.aio)
-        except Exception as exc:
-            raise SandboxError(
-                f"sandbox {self.id}: terminate failed: {exc}; "
-                "`sandlot gc --backend modal --run-id <run id>` removes it",
-                retryable=True,
-            ) from exc
+            with anyio.fail_after(limit):
+                if self._sb is None and self._abandoned is not None:
+                    with contextlib.suppress(modal.exception.NotFoundError):  # never created
+                        self._sb = await modal.Sandbox.from_name.aio(
+                            self.options.app_name, self._abandoned
+                        )
+                    self._abandoned = None
+                if self._sb is not None:
+                    await self._sb.terminate.aio()
+        except Exception as exc:  # whatever failed, another try may work
+            detail = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, TimeoutError):
+                detail = f"Modal did not answer within control_timeout_s={limit:g} s"
+            raise SandboxError(f"sandbox {self.id}: terminate: {detail}", retryable=True) from exc
         self._sb = None
 
     async def _probe(self) -> str | None:
         """Why the Modal sandbox cannot run commands (it finished), else ``None``."""
         if self._sb is None:
             return "was terminated"
-        try:
-            with anyio.fail_after(self.options.control_timeout_s):
-                code = await self._sb.poll.aio()
-        except Exception:  # a poll that fails or does not answer tells nothing
-            return None
-        return (
-            None
-            if code is None
-            else f"Modal sandbox {self.object_id} finished with exit code {code}"
-        )
+        # A poll that fails or does not answer tells nothing.
+        with anyio.move_on_after(self.options.control_timeout_s), contextlib.suppress(Exception):
+            code = await self._sb.poll.aio()
+            if code is not None:
+                return f"Modal sandbox {self.backend_id} finished with exit code {code}"
+        return None
 
-    async def _control(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """``fn(*args)`` cut off after ``options.control_timeout_s`` with a retryable
-        ``SandboxError`` (the SDK's own calls wait as long as its transport does)."""
+    async def _call(
+        self, what: str, fn: Callable[..., Awaitable[T]], *args: Any, control: bool = False
+    ) -> T:
+        """Await ``fn(*args)``, with ``control`` cut after ``options.control_timeout_s`` (the
+        SDK's own calls wait as long as its transport does: 155 s measured) as a retryable
+        ``SandboxError``. An SDK or transport error (see :func:`is_modal_error`) becomes
+        ``SandboxFileError`` (Modal's ``SandboxFilesystemError``), ``SandboxDeadError`` when
+        the sandbox has finished, else a ``SandboxError`` (retryable for transient faults)."""
         limit = self.options.control_timeout_s
-        with anyio.move_on_after(limit):
-            return await fn(*args)
-        raise SandboxError(
-            f"sandbox {self.id}: {what}: Modal did not answer within control_timeout_s={limit:g} s",
-            retryable=True,
-        )
-
-    async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Await ``fn(*args)``; an SDK or transport error (see :func:`is_modal_error`) becomes
-        ``SandboxDeadError`` when the sandbox has finished, else a ``SandboxError`` (retryable
-        for transient service faults)."""
         try:
-            return await fn(*args)
+            with anyio.move_on_after(limit if control else None):
+                return await fn(*args)
+            raise SandboxError(
+                f"sandbox {self.id}: {what}: Modal did not answer within "
+                f"control_timeout_s={limit:g} s",
+                retryable=True,
+            )
         except SandboxError:
             raise
         except Exception as exc:
             modal = self.sdk()
             if not is_modal_error(modal, exc):
                 raise
-            dead = await self._gone()
-            if dead is not None:
-                raise dead from exc
-            raise translate(modal, f"sandbox {self.id}: {what}", exc) from exc
-
-    def _lifetime_left(self) -> float:
-        """Seconds until Modal ends the sandbox (its ``timeout``), at least 0."""
-        lifetime = max(1, math.ceil(self.spec.timeout_s))
-        return max(0.0, self._created_at + lifetime - time.monotonic())
+            if isinstance(exc, modal.exception.SandboxFilesystemError):
+                raise SandboxFileError(f"{what}: {exc}") from exc
+            raise await self._gone() or translate(f"sandbox {self.id}: {what}", exc) from exc
 
     # ----------------------------------------------------------------- commands
 
@@ -277,22 +256,21 @@ class ModalSandbox(Sandbox):
         """
         marker = uuid.uuid4().hex
         argv = remote_shell.exec_argv(await self._fit_argv(run.command, marker), run.cwd)
-        environment = {**run.env, remote_shell.EXEC_MARKER_ENV: marker}
-        timeout = run.timeout
+        env = {**run.env, remote_shell.EXEC_MARKER_ENV: marker}
+        timeout, out = run.timeout, CappedOutput(self.options.max_output_bytes)
         backstop = None
         if timeout is not None:
             backstop = math.ceil(timeout + self.options.stop_grace_s) + _BACKSTOP_MARGIN_S
-        limit = timeout if timeout is not None else self._lifetime_left() + _LIFETIME_MARGIN_S
-        out = CappedOutput(self.options.max_output_bytes)
+        limit = timeout
+        if limit is None:
+            limit = max(0.0, self._ends_at - time.monotonic()) + _LIFETIME_MARGIN_S
         launched = False
 
         async def body() -> int:
             nonlocal launched
-            proc = await self._call("exec", self._launch, argv, backstop, environment)
+            proc = await self._call("exec", self._exec, argv, backstop, env)
             launched = True
-            await self._call("exec stdin", self._feed, proc, run.stdin)
-            await self._read_outputs(proc, out)
-            return int(await self._call("exec wait", proc.wait.aio))
+            return await self._drive(proc, run.stdin, out)
 
         async def stop() -> None:
             if launched:
@@ -300,9 +278,8 @@ class ModalSandbox(Sandbox):
 
         code = await self._bounded(limit, body, stop)
         if code is None and timeout is None:
-            dead = await self._gone()
-            raise dead or SandboxDeadError(
-                f"sandbox {self.id} ({self.object_id}): a command without a timeout outlived "
+            raise await self._gone() or SandboxDeadError(
+                f"sandbox {self.id} ({self.backend_id}): a command without a timeout outlived "
                 f"the sandbox's lifetime ({self.spec.timeout_s:g} s) by {_LIFETIME_MARGIN_S:g} s"
             )
         if code is not None and (code == _MODAL_EXEC_TIMEOUT_CODE or code >= 128):
@@ -330,30 +307,25 @@ class ModalSandbox(Sandbox):
         if len(command.encode()) <= _ARGV_COMMAND_BYTES:
             return command
         path = f"/tmp/sandlot-cmd-{marker}"
-        await self._fs("exec", path, self._sb.filesystem.write_bytes.aio, command.encode(), path)
+        await self._put_bytes(path, command.encode())
         quoted = shlex.quote(path)
         # Opened, unlinked, then sourced: nothing is left behind whatever the command does.
         return f"exec 9<{quoted} && rm -f -- {quoted} && . /dev/fd/9"
 
-    async def _launch(self, argv: list[str], backstop: int | None, env: dict[str, str]) -> Any:
+    async def _exec(
+        self, argv: list[str], backstop: int | None = None, env: dict[str, str] | None = None
+    ) -> Any:
         return await self._sb.exec.aio(*argv, timeout=backstop, env=env, text=False)
 
-    @staticmethod
-    async def _feed(proc: Any, data: bytes | None) -> None:
-        view = memoryview(data or b"")
-        for start in range(0, len(view), _STDIN_CHUNK):
-            proc.stdin.write(view[start : start + _STDIN_CHUNK])
-            await proc.stdin.drain.aio()
-        proc.stdin.write_eof()
-        await proc.stdin.drain.aio()
-
-    async def _read_outputs(self, proc: Any, out: CappedOutput) -> None:
-        """Read stdout and stderr to their ends, concurrently.
+    async def _drive(self, proc: Any, stdin: bytes | None, out: CappedOutput) -> int:
+        """Feed ``stdin`` (then EOF), read stdout and stderr to their ends concurrently into
+        ``out``, and wait; the exit status.
 
         Raises:
-            SandboxDeadError / SandboxError: a stream failed (a dead sandbox first, else the
-                first failure; raised as such, not inside an ``ExceptionGroup``).
+            SandboxDeadError / SandboxError: a call or a stream failed (a dead sandbox first,
+                else the first failure; raised as such, not inside an ``ExceptionGroup``).
         """
+        await self._call("exec stdin", self._feed, proc, stdin)
         failures: list[SandboxError] = []
 
         async def read(what: str, stream: Any, buf: CappedBuffer) -> None:
@@ -367,61 +339,48 @@ class ModalSandbox(Sandbox):
             tg.start_soon(read, "exec stdout", proc.stdout, out.stdout)
             tg.start_soon(read, "exec stderr", proc.stderr, out.stderr)
         if failures:
-            dead = [e for e in failures if isinstance(e, SandboxDeadError)]
-            raise (dead or failures)[0]
+            raise next((e for e in failures if isinstance(e, SandboxDeadError)), failures[0])
+        return int(await self._call("exec wait", proc.wait.aio))
+
+    @staticmethod
+    async def _feed(proc: Any, data: bytes | None) -> None:
+        view = memoryview(data or b"")
+        for start in range(0, len(view), _STDIN_CHUNK):
+            proc.stdin.write(view[start : start + _STDIN_CHUNK])
+            await proc.stdin.drain.aio()
+        proc.stdin.write_eof()
+        await proc.stdin.drain.aio()
 
     @staticmethod
     async def _pump(stream: Any, buf: CappedBuffer) -> None:
         async for chunk in stream:
             buf.feed(chunk if isinstance(chunk, bytes) else chunk.encode())
 
-    async def _run_quiet(self, argv: list[str], env: dict[str, str] | None = None) -> int:
+    async def _run_quiet(self, argv: list[str]) -> int:
         """Run ``argv`` to completion, output discarded; its exit status."""
-        proc = await self._sb.exec.aio(*argv, env=env, text=False)
-        await self._feed(proc, None)
-        failures: list[Exception] = []
-
-        async def drain(stream: Any) -> None:
-            try:
-                await stream.read.aio()
-            except Exception as exc:  # raised below, not inside an ExceptionGroup
-                failures.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(drain, proc.stdout)
-            tg.start_soon(drain, proc.stderr)
-        if failures:
-            raise failures[0]
-        return int(await proc.wait.aio())
+        return await self._drive(await self._call("exec", self._exec, argv), None, CappedOutput(0))
 
     async def _kill(self, marker: str) -> None:
-        argv = remote_shell.kill_argv(marker, self.options.stop_grace_s)
-        with anyio.move_on_after(self.options.stop_grace_s + _KILL_BUDGET_S) as scope:
+        """Kill the processes carrying ``marker`` (SIGTERM, ``stop_grace_s``, SIGKILL) with a
+        second exec, within 15 s more; a failure is logged, not raised."""
+        grace = self.options.stop_grace_s
+        with anyio.move_on_after(grace + _KILL_BUDGET_S):
             try:
-                await self._call("kill exec", self._run_quiet, argv)
+                await self._run_quiet(remote_shell.kill_argv(marker, grace))
+                return
             except SandboxError as exc:
                 log.warning("sandbox %s: could not kill exec %s: %s", self.id, marker, exc)
-        if scope.cancelled_caught:
-            log.warning("sandbox %s: exec %s may still be running", self.id, marker)
+                return
+        log.warning("sandbox %s: exec %s may still be running", self.id, marker)
 
     # ----------------------------------------------------------------- files
 
-    async def _fs(self, what: str, path: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """A ``Sandbox.filesystem`` call; its errors become ``SandboxFileError`` naming ``path``."""
-        self._check_usable()
-        modal = self.sdk()
-        try:
-            return await self._control(what, self._call, what, fn, *args)
-        except SandboxError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, modal.exception.SandboxFilesystemError):
-                raise SandboxFileError(f"{what} {path}: {cause}") from cause
-            raise
-
     async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
         """``Sandbox.filesystem.read_bytes`` (whole: Modal's API has no ranged read)."""
-        return bytes(await self._fs("read_file", path, self._sb.filesystem.read_bytes.aio, path))
+        read = self._sb.filesystem.read_bytes.aio
+        return bytes(await self._call(f"read_file {path}", read, path, control=True))
 
     async def _put_bytes(self, path: str, data: bytes) -> None:
         """``Sandbox.filesystem.write_bytes``, which creates the parents."""
-        await self._fs("write_file", path, self._sb.filesystem.write_bytes.aio, data, path)
+        write = self._sb.filesystem.write_bytes.aio
+        await self._call(f"write_file {path}", write, data, path, control=True)

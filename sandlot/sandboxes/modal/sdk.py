@@ -35,6 +35,7 @@ _TRANSIENT_WORDS = (
     "unavailable",
     "timed out",
     "timeout",
+    "temporar",
 )
 
 
@@ -72,10 +73,10 @@ def check_credentials() -> None:
     )
 
 
-def translate(sdk: ModuleType, what: str, exc: BaseException) -> SandboxError:
+def translate(what: str, exc: BaseException) -> SandboxError:
     """A ``SandboxError`` for a Modal exception; ``retryable`` for transient service faults
     (by class: connection, internal, resource exhausted, service, a broken gRPC stream; or by
-    message: rate limits, capacity, "please try again", timeouts)."""
+    message: rate limits, capacity, "please try again", timeouts, "temporarily")."""
     name = type(exc).__name__
     retryable = name in _RETRYABLE or any(w in str(exc).lower() for w in _TRANSIENT_WORDS)
     if isinstance(exc, (TimeoutError, OSError)):
