@@ -17,57 +17,32 @@ is noticed at the command's timeout instead.
 from __future__ import annotations
 
 import contextlib
-import struct
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
-from sandlot.sandboxes.docker.stream import WOULD_BLOCK, raw_socket, read_ahead
+from sandlot.sandboxes.docker.stream import Attached
 from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
 
 if TYPE_CHECKING:
     from docker import APIClient
 
-_RECV_BYTES = 256 * 1024
-_HEADER = struct.Struct(">BxxxL")
 _KILL_GRACE_S = 0.5
-
-
-class _Demux:
-    """Turns the multiplexed exec stream back into the payload bytes, whatever the stream."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> bytes:
-        self._buf += data
-        out = bytearray()
-        while len(self._buf) >= _HEADER.size:
-            _, size = _HEADER.unpack_from(self._buf)
-            if len(self._buf) < _HEADER.size + size:
-                break
-            out += self._buf[_HEADER.size : _HEADER.size + size]
-            del self._buf[: _HEADER.size + size]
-        return bytes(out)
 
 
 class DockerChannel(RemoteShellChannel):
     """An attached ``bash`` exec in a container. Use :meth:`start`."""
 
     def __init__(
-        self, api: APIClient, exec_id: str, attached: Any, marker: str, run: Runner
+        self, api: APIClient, exec_id: str, attached: Attached, marker: str, run: Runner
     ) -> None:
         super().__init__(marker, run)
         self._api = api
         self._exec_id = exec_id
         self._attached = attached
-        self._sock = raw_socket(attached)
-        self._sock.setblocking(False)
-        self._demux = _Demux()
-        self._pending = self._demux.feed(read_ahead(attached))
         self._closed = False
 
     @classmethod
@@ -85,7 +60,7 @@ class DockerChannel(RemoteShellChannel):
         """
         marker = uuid.uuid4().hex
 
-        def create() -> tuple[str, Any]:
+        def create() -> tuple[str, Attached]:
             created = api.exec_create(
                 container,
                 ["bash", "--noprofile", "--norc"],
@@ -94,35 +69,20 @@ class DockerChannel(RemoteShellChannel):
                 environment={remote_shell.EXEC_MARKER_ENV: marker},
                 workdir=cwd,
             )
-            return created["Id"], api.exec_start(created["Id"], socket=True)
+            return created["Id"], Attached(api.exec_start(created["Id"], socket=True))
 
         exec_id, attached = await run_blocking(create)
         return cls(api, exec_id, attached, marker, run)
 
     async def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self._sock.send(view) :]
-            except WOULD_BLOCK:
-                await anyio.wait_writable(self._sock)
+        await self._attached.send(data)
 
     async def receive(self) -> bytes:
-        while not self._pending:
-            await anyio.wait_readable(self._sock)
-            try:
-                data = self._sock.recv(_RECV_BYTES)
-            except WOULD_BLOCK:
-                continue
-            except OSError:
-                return b""
-            if not data:
-                return b""
-            self._pending = self._demux.feed(data)
-        out, self._pending = self._pending, b""
-        return out
+        # The shell's stdout and stderr alike: it merges them anyway.
+        return b"".join(piece for _, piece in await self._attached.receive())
 
     async def exit_status(self) -> int | None:
+        # None also when the engine already forgot the exec (Podman, exit_command_delay = 0).
         with contextlib.suppress(Exception):
             info = await run_blocking(self._api.exec_inspect, self._exec_id)
             code = info.get("ExitCode")
@@ -136,5 +96,4 @@ class DockerChannel(RemoteShellChannel):
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(OSError):
                 self._attached.close()
-                self._sock.close()
             await self._kill_all(_KILL_GRACE_S, sweep_orphans=True)

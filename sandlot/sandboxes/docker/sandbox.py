@@ -31,7 +31,6 @@ from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import check_read_size, file_archive, read_single_file
-from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker.docker_channel import DockerChannel
@@ -45,7 +44,7 @@ from sandlot.sandboxes.docker.engine import (
     unreachable,
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
-from sandlot.sandboxes.docker.stream import pump, raw_socket
+from sandlot.sandboxes.docker.stream import Attached, pump
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.transport import Reader, RunOutput, RunRequest, TreeCaps
@@ -77,15 +76,12 @@ class _Exec:
 
     marker: str
     exec_id: str | None = None
-    attached: Any = None
+    attached: Attached | None = None
 
     def close(self) -> None:
-        if self.attached is None:
-            return
-        sock = raw_socket(self.attached)
-        self.attached.close()
-        sock.close()
-        self.attached = None
+        if self.attached is not None:
+            self.attached.close()
+            self.attached = None
 
 
 class DockerSandbox(Sandbox):
@@ -310,19 +306,38 @@ class DockerSandbox(Sandbox):
         the command inside the container: SIGTERM, ``stop_grace_s`` seconds, then SIGKILL, to
         all processes carrying this exec's ``SANDLOT_EXEC_ID`` marker and their process groups.
 
+        The exit status comes from the output stream (``exec_argv(report_status=True)``), not
+        from ``exec_inspect``: Podman with ``exit_command_delay = 0`` forgets an exec as soon as
+        it ends, and then leaves no ``conmon`` process behind per exec (docs/docker.md).
+
         Raises:
             SandboxDeadError: the container was removed or stopped (also mid-command).
-            SandboxError: the engine failed; ``retryable`` for connection errors and 5xx.
+            SandboxError: the engine failed (``retryable`` for connection errors and 5xx), or
+                the status line was lost (the wrapper was killed from inside the container).
         """
-        argv = remote_shell.exec_argv(run.command, run.cwd)
+        argv = remote_shell.exec_argv(run.command, run.cwd, report_status=True)
         handle = _Exec(marker=uuid.uuid4().hex)
         environment = {**run.env, remote_shell.EXEC_MARKER_ENV: handle.marker}
+        secret = uuid.uuid4().hex.encode()
         out = CappedOutput(self.options.max_output_bytes)
 
         async def body() -> int:
-            await self._call("exec", self._exec_start, handle, argv, environment, run.stdin)
-            await pump(handle.attached, run.stdin, out)
-            return await self._exit_code(handle)
+            await self._call("exec", self._exec_start, handle, argv, environment)
+            assert handle.attached is not None
+            stdin = secret + b"\n" + (run.stdin or b"")
+            code = await pump(handle.attached, stdin, out, secret)
+            if code is None or code >= 128:
+                # Killed by a signal, or no status at all: maybe the whole container went down.
+                dead = await self._gone()
+                if dead is not None:
+                    raise dead
+            if code is None:
+                raise SandboxError(
+                    f"sandbox {self.id}: the command's exit status was lost: its wrapper shell "
+                    "was killed, or a process kept writing to its output after the status line",
+                    retryable=False,
+                )
+            return code
 
         async def stop() -> None:
             handle.close()
@@ -335,31 +350,11 @@ class DockerSandbox(Sandbox):
             handle.close()
         return RunOutput.of(code, out)
 
-    def _exec_start(
-        self, handle: _Exec, argv: list[str], environment: dict[str, str], stdin: bytes | None
-    ) -> None:
+    def _exec_start(self, handle: _Exec, argv: list[str], environment: dict[str, str]) -> None:
         api = self._client
-        created = api.exec_create(self._cid, argv, stdin=stdin is not None, environment=environment)
+        created = api.exec_create(self._cid, argv, stdin=True, environment=environment)
         handle.exec_id = created["Id"]
-        handle.attached = api.exec_start(handle.exec_id, socket=True)
-
-    async def _exit_code(self, handle: _Exec) -> int:
-        # The stream ends when the command's stdout/stderr close, which can be before it exits
-        # (and the engine records the code a moment after exit), so poll with backoff.
-        async def ended() -> dict[str, Any] | None:
-            info = await self._call("exec inspect", self._client.exec_inspect, handle.exec_id)
-            return None if info.get("Running") else info
-
-        info = await poll(ended, first_s=0.002, max_s=0.2)
-        code = info.get("ExitCode")
-        if code is None or code < 0 or code >= 128:
-            # Killed by a signal, or no status at all: maybe the whole container went down.
-            dead = await self._gone()
-            if dead is not None:
-                raise dead
-        if code is None:
-            raise SandboxError(f"sandbox {self.id}: engine reported no exit code", retryable=True)
-        return int(code)
+        handle.attached = Attached(api.exec_start(handle.exec_id, socket=True))
 
     async def _kill(self, handle: _Exec) -> None:
         """Kill every process of ``handle``'s exec (and escaped orphans), whatever it takes.
@@ -376,8 +371,8 @@ class DockerSandbox(Sandbox):
                 for _ in range(_KILL_ATTEMPTS):
                     # Repeated because a command whose exec was still starting when the first
                     # round scanned /proc can only be found by a later round.
-                    code = await self._call("kill exec", self._run_quiet, argv)
-                    if code == 0 and not await self._exec_running(handle):
+                    said = await self._call("kill exec", self._run_quiet, argv)
+                    if said.strip() == b"killed" and not await self._exec_running(handle):
                         return
             except SandboxDeadError:
                 return  # the container went down: nothing left to kill
@@ -388,8 +383,13 @@ class DockerSandbox(Sandbox):
         await self._reset(handle)
 
     async def _exec_running(self, handle: _Exec) -> bool:
-        info = await self._call("exec inspect", self._client.exec_inspect, handle.exec_id)
-        return bool(info.get("Running"))
+        def running() -> bool:
+            try:
+                return bool(self._client.exec_inspect(handle.exec_id).get("Running"))
+            except sdk().errors.NotFound:
+                return False  # ended, and forgotten at once (Podman, exit_command_delay = 0)
+
+        return await self._call("exec inspect", running)
 
     async def _reset(self, handle: _Exec) -> None:
         """Empty the container through the engine (SIGUSR1 to PID 1); kill it if that fails."""
@@ -415,16 +415,15 @@ class DockerSandbox(Sandbox):
             "inside it"
         )
 
-    def _run_quiet(self, argv: list[str]) -> int:
-        """Run ``argv`` in the container to completion, ignoring its output; its exit code.
+    def _run_quiet(self, argv: list[str]) -> bytes:
+        """Run ``argv`` (one of ours) in the container to completion; its output. Blocking.
 
-        Blocking. The exec carries a marker of its own, so it is never taken for an orphan.
+        The exec carries a marker of its own, so it is never taken for an orphan.
         """
         marker = {remote_shell.EXEC_MARKER_ENV: f"internal-{uuid.uuid4().hex}"}
         exec_id = self._client.exec_create(self._cid, argv, environment=marker)["Id"]
-        self._client.exec_start(exec_id)
-        code = self._client.exec_inspect(exec_id).get("ExitCode")
-        return -1 if code is None else int(code)
+        said: bytes = self._client.exec_start(exec_id)
+        return said
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         """A session whose ``bash`` is an attached exec (``DockerChannel``); needs bash."""
