@@ -1,9 +1,9 @@
 """``DockerChannel``: the ``docker`` backend's session channel, an attached exec running bash.
 
 The shell is ``exec_create(stdin=True, tty=False)`` + ``exec_start(socket=True)`` (Docker
-Engine API v1.41, also served by Podman): commands go down the hijacked connection, output
-comes back multiplexed in 8-byte-header frames (stdout and stderr are merged by the shell
-anyway; see :mod:`sandlot.sandboxes.docker.stream`).
+Engine API v1.41, also served by Podman), started by the sandbox: commands go down the hijacked
+connection, output comes back multiplexed in 8-byte-header frames (stdout and stderr are merged
+by the shell anyway; see :mod:`sandlot.sandboxes.docker.stream`).
 
 Every process of the session carries ``SANDLOT_EXEC_ID=<session marker>`` in its environment
 (set on the exec, inherited by everything it starts), the container backends' exec marker (see
@@ -17,12 +17,10 @@ is noticed at the command's timeout instead.
 from __future__ import annotations
 
 import contextlib
-import uuid
 from typing import TYPE_CHECKING
 
 import anyio
 
-from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
 from sandlot.sandboxes.docker.stream import Attached
 from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
@@ -34,7 +32,9 @@ _KILL_GRACE_S = 0.5
 
 
 class DockerChannel(RemoteShellChannel):
-    """An attached ``bash`` exec in a container. Use :meth:`start`."""
+    """The attached exec ``exec_id`` running a session's ``bash`` (``remote_shell.shell_argv``),
+    every process of which carries ``SANDLOT_EXEC_ID=marker``; ``run`` is the sandbox's
+    ``exec``, which delivers signals."""
 
     def __init__(
         self, api: APIClient, exec_id: str, attached: Attached, marker: str, run: Runner
@@ -44,35 +44,6 @@ class DockerChannel(RemoteShellChannel):
         self._exec_id = exec_id
         self._attached = attached
         self._closed = False
-
-    @classmethod
-    async def start(cls, api: APIClient, container: str, *, cwd: str, run: Runner) -> DockerChannel:
-        """Start ``bash --noprofile --norc`` in ``container``, attached, in directory ``cwd``.
-
-        Args:
-            api: the sandbox's low-level docker client.
-            container: container id.
-            cwd: the shell's starting directory in the container.
-            run: the sandbox's ``exec``, used to deliver signals.
-
-        Raises:
-            docker.errors.APIError: the engine refused the exec.
-        """
-        marker = uuid.uuid4().hex
-
-        def create() -> tuple[str, Attached]:
-            created = api.exec_create(
-                container,
-                ["bash", "--noprofile", "--norc"],
-                stdin=True,
-                tty=False,
-                environment={remote_shell.EXEC_MARKER_ENV: marker},
-                workdir=cwd,
-            )
-            return created["Id"], Attached(api.exec_start(created["Id"], socket=True))
-
-        exec_id, attached = await run_blocking(create)
-        return cls(api, exec_id, attached, marker, run)
 
     async def send(self, data: bytes) -> None:
         await self._attached.send(data)

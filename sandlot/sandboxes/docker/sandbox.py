@@ -8,8 +8,7 @@ only when a sandbox starts.
 
 from __future__ import annotations
 
-import base64
-import json
+import io
 import logging
 import posixpath
 import time
@@ -30,7 +29,7 @@ from sandlot.errors import (
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.archive import check_read_size, file_archive, read_single_file
+from sandlot.sandboxes.archive import file_archive, read_single_file
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker.docker_channel import DockerChannel
@@ -132,33 +131,27 @@ class DockerSandbox(Sandbox):
         assert self._container_id is not None, "sandbox not started"
         return self._container_id
 
-    async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+    async def _call(
+        self, what: str, fn: Callable[..., T], *args: Any, path: str | None = None
+    ) -> T:
         """Run a blocking engine call; map its failure to ``SandboxDeadError`` when the container
-        is gone, else to ``SandboxError`` (retryable for connection errors and 5xx)."""
+        is gone, to a ``SandboxFileError`` naming ``path`` (if given) when the engine refused,
+        else to ``SandboxError`` (retryable for connection errors and 5xx)."""
         try:
             return await run_blocking(fn, *args)
         except SandboxError:
             raise
         except Exception as exc:
-            if isinstance(exc, sdk().errors.APIError):
+            errors = sdk().errors
+            if isinstance(exc, errors.APIError):
                 dead = await self._gone()
                 if dead is not None:
                     raise dead from exc
+                if path is not None:
+                    missing = isinstance(exc, errors.NotFound)
+                    detail = "no such file or directory" if missing else exc.explanation
+                    raise SandboxFileError(f"{what} {path}: {detail}") from exc
             raise api_error(what, exc, self.options.base_url) from exc
-
-    async def _file_call(self, what: str, path: str, fn: Callable[..., T], *args: Any) -> T:
-        """Like ``_call``, but an engine refusal in a live container is a ``SandboxFileError``."""
-        try:
-            return await self._call(what, fn, *args)
-        except (SandboxDeadError, SandboxFileError):
-            raise
-        except SandboxError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, sdk().errors.NotFound):
-                raise SandboxFileError(f"{what}: no such file or directory: {path}") from cause
-            if isinstance(cause, sdk().errors.APIError):
-                raise SandboxFileError(f"{what} {path}: {cause.explanation}") from cause
-            raise
 
     async def _probe(self) -> str | None:
         """Why the container cannot run commands (removed, not running), else ``None``."""
@@ -233,7 +226,16 @@ class DockerSandbox(Sandbox):
             storage_opt={"size": f"{spec.disk_mb}m"} if spec.disk_mb else None,
         )
         try:
-            created = self._create_container(host_config)
+            created = api.create_container(
+                spec.image,
+                entrypoint=remote_shell.init_argv(spec.timeout_s),
+                name=self.id,
+                labels=sandbox_labels(self.id, spec.labels),
+                environment=spec.env,
+                working_dir=spec.workdir,
+                host_config=host_config,
+                detach=True,
+            )
         except sdk().errors.APIError as exc:
             if spec.disk_mb and any(
                 e in str(exc.explanation or exc).lower() for e in _DISK_QUOTA_ERRORS
@@ -250,28 +252,12 @@ class DockerSandbox(Sandbox):
         # Recorded here, in the worker thread: a cancelled start still removes the container.
         self._container_id = created["Id"]
 
-    def _create_container(self, host_config: dict[str, Any]) -> dict[str, Any]:
-        spec, api = self.spec, self._client
-        created: dict[str, Any] = api.create_container(
-            spec.image,
-            entrypoint=remote_shell.init_argv(spec.timeout_s),
-            name=self.id,
-            labels=sandbox_labels(self.id, spec.labels),
-            environment=spec.env,
-            working_dir=spec.workdir,
-            host_config=host_config,
-            detach=True,
-        )
-        return created
-
     def _pull(self) -> None:
         image, policy = self.spec.image, self.options.pull
-        auth = self.options.registry_auth
-        auth_config = None
+        auth, auth_config = self.options.registry_auth, None
         if auth is not None:
             auth_config = {"username": auth.username, "password": auth.password.get_secret_value()}
-            if auth.server:
-                auth_config["serveraddress"] = auth.server
+            auth_config |= {"serveraddress": auth.server} if auth.server else {}
         try:
             events = self._client.pull(image, stream=True, decode=True, auth_config=auth_config)
             for event in events:
@@ -427,99 +413,90 @@ class DockerSandbox(Sandbox):
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         """A session whose ``bash`` is an attached exec (``DockerChannel``); needs bash."""
-        cwd = posixpath.join(self.spec.workdir, config.cwd or "")
+        argv = remote_shell.shell_argv(posixpath.join(self.spec.workdir, config.cwd or ""))
 
         async def open_channel() -> DockerChannel:
             self._check_usable()
-            try:
-                return await DockerChannel.start(self._client, self._cid, cwd=cwd, run=self.exec)
-            except Exception as exc:
-                raise api_error("starting a shell", exc, self.options.base_url) from exc
+            shell = _Exec(marker=uuid.uuid4().hex)
+            environment = {remote_shell.EXEC_MARKER_ENV: shell.marker}
+            await self._call("starting a shell", self._exec_start, shell, argv, environment)
+            assert shell.exec_id is not None and shell.attached is not None
+            return DockerChannel(
+                self._client, shell.exec_id, shell.attached, shell.marker, self.exec
+            )
 
         return ChannelSession(name, config, open_channel, self.is_alive)
 
     # ----------------------------------------------------------------- files
 
     async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
-        """The file's bytes; its size is checked from the engine's stat before any transfer."""
-        await self._running()
-        return await self._file_call("read_file", path, self._read_blocking, path, max_bytes)
-
-    def _read_blocking(self, path: str, max_bytes: int) -> bytes:
-        path, stat = self._stat(path)
-        if stat.get("isDir"):
-            raise SandboxFileError(f"read_file: is a directory: {path}")
-        check_read_size(path, int(stat.get("size") or 0), max_bytes)
-        return self._stream_archive(path, lambda raw: read_single_file(raw, path, max_bytes))
-
-    async def _put_bytes(self, path: str, data: bytes) -> None:
-        """A one-file archive through the engine (mode 0644, owner root)."""
-        await self._running()
-        parent, name = posixpath.split(path)
-        archive = file_archive(name, data)
-        await self._file_call("write_file", path, self._put_archive_blocking, parent, archive)
-
-    async def _put_archive(self, parent: str, archive: IO[bytes], target: str) -> None:
-        """``PUT /containers/{id}/archive``, streamed from ``archive`` (owners become root)."""
-        await self._running()
-        await self._file_call("upload", target, self._put_archive_blocking, parent, archive)
+        """The file's bytes: the engine's archive of it, its size checked from the tar header
+        before its content is read."""
+        return await self._fetch(
+            "read_file", path, lambda raw: read_single_file(raw, path, max_bytes)
+        )
 
     async def _get_archive(self, path: str, caps: TreeCaps, consume: Reader[T]) -> T:
         """The engine's archive of ``path``, streamed into ``consume`` (never stored whole);
         ``consume`` enforces the caps from the tar headers."""
+        return await self._fetch("download", path, consume)
+
+    async def _fetch(self, what: str, path: str, consume: Reader[T]) -> T:
+        """``consume`` called on the engine's tar stream of ``path``, a link at ``path`` followed
+        (read as it arrives, never stored whole; the connection is dropped after).
+
+        ``GET /containers/{id}/archive`` (Engine API v1.41) answers with the base64 JSON
+        ``X-Docker-Container-Path-Stat`` of the path itself (a link's ``mode`` has Go's
+        ``ModeSymlink`` bit; its ``linkTarget`` is where it leads) on Docker and Podman alike: a
+        link's archive is dropped unread and its target's asked for.
+        """
+        await self._running()
+        api = self._client
+
+        def fetch(path: str) -> T:
+            for _ in range(_MAX_LINK_HOPS):
+                url = api._url("/containers/{0}/archive", self._cid)
+                response = api._get(url, params={"path": path}, stream=True)
+                try:
+                    api._raise_for_status(response)
+                    header = response.headers["X-Docker-Container-Path-Stat"]
+                    stat = sdk().utils.decode_json_header(header)
+                    target = stat.get("linkTarget") or ""
+                    if not int(stat.get("mode") or 0) & _MODE_SYMLINK or target in ("", path):
+                        return consume(response.raw)
+                finally:
+                    response.close()
+                path = posixpath.join(posixpath.dirname(path), target)
+            raise SandboxFileError(f"{what}: too many levels of symbolic links: {path}")
+
+        return await self._call(what, fetch, path, path=path)
+
+    async def _put_bytes(self, path: str, data: bytes) -> None:
+        """A one-file archive through the engine (mode 0644, owner root)."""
+        parent, name = posixpath.split(path)
+        await self._put("write_file", path, parent, io.BytesIO(file_archive(name, data)))
+
+    async def _put_archive(self, parent: str, archive: IO[bytes], target: str) -> None:
+        """``PUT /containers/{id}/archive``, streamed from ``archive`` (owners become root)."""
+        await self._put("upload", target, parent, archive)
+
+    async def _put(self, what: str, target: str, parent: str, archive: IO[bytes]) -> None:
+        """Unpack ``archive`` into the container directory ``parent``, which may be missing."""
         await self._running()
 
-        def fetch() -> T:
-            resolved, _ = self._stat(path)
-            return self._stream_archive(resolved, consume)
-
-        return await self._file_call("download", path, fetch)
-
-    def _put_archive_blocking(self, parent: str, archive: bytes | IO[bytes]) -> None:
-        """Unpack ``archive`` into the container directory ``parent``. Blocking."""
-        try:
-            put_archive(self._client, self._cid, parent, archive)
-        except sdk().errors.NotFound:
-            # Podman creates a missing destination directory, Docker answers 404.
-            self._run_quiet(remote_shell.mkdir_argv(parent))
-            if not isinstance(archive, bytes):
+        def put() -> None:
+            try:
+                put_archive(self._client, self._cid, parent, archive)
+            except sdk().errors.NotFound:
+                # Podman creates a missing destination directory, Docker answers 404.
+                self._run_quiet(remote_shell.mkdir_argv(parent))
                 archive.seek(0)
-            put_archive(self._client, self._cid, parent, archive)
+                put_archive(self._client, self._cid, parent, archive)
 
-    def _stat(self, path: str) -> tuple[str, dict[str, Any]]:
-        """``(resolved path, engine stat)`` of ``path``, symlinks followed. Blocking.
-
-        ``HEAD /containers/{id}/archive`` (Engine API v1.41) answers with the base64 JSON
-        ``X-Docker-Container-Path-Stat`` of the path itself (a link's ``mode`` has Go's
-        ``ModeSymlink`` bit; its ``linkTarget`` is where it leads) on Docker and Podman alike.
-        """
-        api = self._client
-        for _ in range(_MAX_LINK_HOPS):
-            response = api.head(
-                api._url("/containers/{0}/archive", self._cid), params={"path": path}
-            )
-            api._raise_for_status(response)
-            stat = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
-            target = stat.get("linkTarget") or ""
-            if not int(stat.get("mode") or 0) & _MODE_SYMLINK or target in ("", path):
-                return path, stat
-            path = posixpath.join(posixpath.dirname(path), target)
-        raise SandboxFileError(f"too many levels of symbolic links: {path}")
-
-    def _stream_archive(self, path: str, consume: Reader[T]) -> T:
-        """Call ``consume`` on the engine's tar stream of ``path`` (read as it arrives, never
-        stored), then drop the connection. Blocking."""
-        api = self._client
-        url = api._url("/containers/{0}/archive", self._cid)
-        response = api._get(url, params={"path": path}, stream=True)
-        try:
-            api._raise_for_status(response)
-            return consume(response.raw)
-        finally:
-            response.close()
+        await self._call(what, put, path=target)
 
 
-def put_archive(api: APIClient, container: str, path: str, data: bytes | IO[bytes]) -> None:
+def put_archive(api: APIClient, container: str, path: str, data: IO[bytes]) -> None:
     """``APIClient.put_archive`` with ``noOverwriteDirNonDir=true``, which the SDK lacks.
 
     Without it Docker and Podman silently replace a directory by a file and vice versa.
