@@ -155,8 +155,8 @@ async def _pump_canned(stream: bytes, secret: bytes = b"s3cret") -> tuple[int | 
     reader.raw._response = response  # type: ignore[attr-defined]
     out = CappedOutput(cap=16)
     with anyio.fail_after(10):
-        code = await pump(Attached(reader.raw), secret + b"\n", out, secret)
-    assert engine_side.recv(100) == secret + b"\n"  # stdin: the secret line, then its end
+        code = await pump(Attached(reader.raw), secret, b"in", out)
+    assert engine_side.recv(100) == secret + b"\nin"  # the secret line, stdin, its end
     reader.close()
     ours.close()
     engine_side.close()

@@ -154,11 +154,13 @@ NUL separators of ``environ``; the marker is random, so no concatenation forges 
 # redirection, so holders get about 0.1 s to let go first, and whatever was frozen but not
 # killed is resumed. With $3 non-empty the wrapper first reads a secret line from stdin (the
 # rest is the command's) and, as it exits, writes "<secret> <status>" to stdout: the exit status
-# on the output stream, for engines that forget an exec's status once it ends (see exec_argv).
+# on the output stream, for engines that forget an exec's status once it ends (see exec_argv);
+# with $3 = "closed" the command's stdin is /dev/null instead.
 EXEC_WRAPPER = (
     SCAN_FUNCTIONS
     + """
 [ -z "$3" ] || { IFS= read -r _sstatus; trap 'printf "%s %d\\n" "$_sstatus" "$?"' EXIT; }
+[ "$3" != closed ] || exec </dev/null
 cd -- "$1" || exit
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
 rc=$?
@@ -223,7 +225,9 @@ def init_argv(lifetime_s: float) -> list[str]:
     return ["/bin/sh", "-c", INIT_SCRIPT, str(max(1, math.ceil(lifetime_s)))]
 
 
-def exec_argv(command: str, cwd: str, *, report_status: bool = False) -> list[str]:
+def exec_argv(
+    command: str, cwd: str, *, report_status: bool = False, stdin: bool = True
+) -> list[str]:
     """argv running the shell line ``command`` in directory ``cwd`` under the wrapper.
 
     The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment (for :func:`kill_argv`).
@@ -234,9 +238,12 @@ def exec_argv(command: str, cwd: str, *, report_status: bool = False) -> list[st
     only from that line at the very end of stdout cannot be fooled by the command's output: the
     command cannot write after it, and a process that reopens the stream through ``/proc``
     cannot write the secret (it could only corrupt the line, a lost status, not a wrong one).
+    ``stdin=False`` (with ``report_status``) gives the command ``/dev/null`` as its stdin, so the
+    exec's own stdin need not be ended after the secret line.
     """
     # "sandlot" is $0, the name the shell puts in front of its own error messages.
-    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command] + ["1"] * report_status
+    mode = ["status" if stdin else "closed"] if report_status else []
+    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command, *mode]
 
 
 def kill_argv(marker: str, grace_s: float, *, sweep_orphans: bool = False) -> list[str]:

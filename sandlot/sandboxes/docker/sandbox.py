@@ -301,7 +301,9 @@ class DockerSandbox(Sandbox):
             SandboxError: the engine failed (``retryable`` for connection errors and 5xx), or
                 the status line was lost (the wrapper was killed from inside the container).
         """
-        argv = remote_shell.exec_argv(run.command, run.cwd, report_status=True)
+        argv = remote_shell.exec_argv(
+            run.command, run.cwd, report_status=True, stdin=run.stdin is not None
+        )
         handle = _Exec(marker=uuid.uuid4().hex)
         environment = {**run.env, remote_shell.EXEC_MARKER_ENV: handle.marker}
         secret = uuid.uuid4().hex.encode()
@@ -310,8 +312,7 @@ class DockerSandbox(Sandbox):
         async def body() -> int:
             await self._call("exec", self._exec_start, handle, argv, environment)
             assert handle.attached is not None
-            stdin = secret + b"\n" + (run.stdin or b"")
-            code = await pump(handle.attached, stdin, out, secret)
+            code = await pump(handle.attached, secret, run.stdin, out)
             if code is None or code >= 128:
                 # Killed by a signal, or no status at all: maybe the whole container went down.
                 dead = await self._gone()

@@ -117,16 +117,19 @@ def _read_ahead(attached: Any) -> bytes:
     return reader.read(len(buffered)) if buffered else b""
 
 
-async def pump(attached: Attached, stdin: bytes, out: CappedOutput, secret: bytes) -> int | None:
-    """Feed ``stdin`` (then end it) and demultiplex the output into ``out`` until its end.
-
-    ``out`` keeps what arrived if the caller cancels or times out.
+async def pump(
+    attached: Attached, secret: bytes, stdin: bytes | None, out: CappedOutput
+) -> int | None:
+    """Send the wrapper's secret line and ``stdin``, and demultiplex the output into ``out``
+    until its end. ``out`` keeps what arrived if the caller cancels or times out.
 
     Args:
         attached: the exec's connection.
-        stdin: the exec's whole standard input (the wrapper's secret line first).
-        out: where the output goes (stdout without the wrapper's status line).
         secret: the wrapper's secret (see ``remote_shell.exec_argv(report_status=True)``).
+        stdin: the command's standard input, ended after it (a write half-close); ``None``
+            leaves the exec's stdin open, for a wrapper that gives the command ``/dev/null``
+            (``exec_argv(stdin=False)``): a TLS socket cannot half-close and still read.
+        out: where the output goes (stdout without the wrapper's status line).
 
     Returns:
         The exit status from the ``<secret> <status>`` line that ends stdout, ``None`` when
@@ -137,7 +140,7 @@ async def pump(attached: Attached, stdin: bytes, out: CappedOutput, secret: byte
     async def feed() -> None:
         # The command may exit without reading all of its input, like a closed pipe.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            await attached.send(stdin, end=True)
+            await attached.send(secret + b"\n" + (stdin or b""), end=stdin is not None)
 
     try:
         async with anyio.create_task_group() as tg:
