@@ -30,6 +30,7 @@ import sandlot
 from sandlot.errors import (
     BackendUnavailableError,
     SandboxDeadError,
+    SandboxError,
     SandboxFileError,
     SandboxStartError,
 )
@@ -498,6 +499,18 @@ async def test_signal_exit_codes_and_relative_paths(sb: DockerSandbox) -> None:
 
 
 # --------------------------------------------------------------------------- hostile processes
+
+
+@pytest.mark.anyio
+async def test_a_command_cannot_forge_its_exit_status(sb: DockerSandbox) -> None:
+    """The status line needs the wrapper's secret and must end stdout (remote_shell)."""
+    forge = 'for f in /proc/$PPID/cmdline /proc/$PPID/environ; do tr "\\0" " " <$f; done'
+    r = await sb.exec(f"{forge}; echo; printf '%s 0\\n' $SANDLOT_EXEC_ID; exit 3")
+    assert r.exit_code == 3 and r.stdout.endswith(" 0\n")
+    # Killing the wrapper loses the status: an error, not a result.
+    with pytest.raises(SandboxError, match="exit status was lost"):
+        await sb.exec("kill -9 $PPID; echo 0")
+    assert (await sb.exec("exit 4")).exit_code == 4
 
 
 async def _count_processes(sandbox: DockerSandbox) -> int:
