@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import posixpath
+import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -306,7 +307,7 @@ class DockerSandbox(Sandbox):
         )
         handle = _Exec(marker=uuid.uuid4().hex)
         environment = {**run.env, remote_shell.EXEC_MARKER_ENV: handle.marker}
-        secret = uuid.uuid4().hex.encode()
+        secret = secrets.token_hex(16).encode()
         out = CappedOutput(self.options.max_output_bytes)
 
         async def body() -> int:
