@@ -10,7 +10,8 @@ and the number of sandboxes started per second at concurrency 1, 8 and 32. The r
 makes the same engine calls with the SDK's low-level ``APIClient`` (create + start,
 exec_create + exec_start + exec_inspect, remove with force), synchronously, for a container
 configured like sandlot's (PID 1, labels, working directory, no network, pids limit), so the
-ratios show sandlot's own overhead (target: at most 1.2x).
+ratios show sandlot's own overhead (target: at most 1.2x). sandlot makes no exec_inspect (the
+exit status comes with the output) but runs every command under its wrapper shell.
 
 Run it from the repository root so that ``sandlot`` imports from the working tree.
 """

@@ -7,8 +7,10 @@ Without the docker SDK, an engine or the test image these tests skip with instru
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,18 +24,20 @@ from typing import Any
 
 import anyio
 import pytest
-from requirements import DOCKER, TEST_IMAGE, docker_engine, need_module
+from requirements import DOCKER, ENGINE, TEST_IMAGE, docker_engine, missing, need_module
 
 import sandlot
 from sandlot.errors import (
     BackendUnavailableError,
     SandboxDeadError,
+    SandboxError,
     SandboxFileError,
     SandboxStartError,
 )
+from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
-from sandlot.sandboxes.docker.stream import pump
+from sandlot.sandboxes.docker.stream import Attached, pump
 from sandlot.sandboxes.spec import SandboxSpec
 
 MiB = 1024 * 1024
@@ -136,24 +140,53 @@ async def test_unreachable_engine_names_docker_host(
     assert sandbox.closed
 
 
-@pytest.mark.anyio
-async def test_output_read_ahead_with_the_headers_is_not_lost() -> None:
-    """The engine may send the first frames in the same packet as the HTTP headers."""
+def _frame(stream: int, payload: bytes) -> bytes:
+    return bytes([stream, 0, 0, 0]) + len(payload).to_bytes(4, "big") + payload
+
+
+async def _pump_canned(stream: bytes, secret: bytes = b"s3cret") -> tuple[int | None, CappedOutput]:
+    """Run ``pump`` on ``stream`` as an engine would send it right behind the HTTP headers."""
     ours, engine_side = socket.socketpair()
-    frame = b"\x01\x00\x00\x00\x00\x00\x00\x03hi\n"
-    engine_side.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + frame)
-    engine_side.close()
+    engine_side.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + stream)
+    engine_side.shutdown(socket.SHUT_WR)
     reader = ours.makefile("rb")
-    while reader.readline() != b"\r\n":  # http.client parsing; it buffers the frame too
+    while reader.readline() != b"\r\n":  # http.client parsing; it buffers the frames too
         pass
     response = SimpleNamespace(raw=SimpleNamespace(_fp=SimpleNamespace(fp=reader)))
     reader.raw._response = response  # type: ignore[attr-defined]
-    out = CappedOutput(cap=MiB)
+    out = CappedOutput(cap=16)
     with anyio.fail_after(10):
-        await pump(reader.raw, None, out)
-    assert bytes(out.stdout) == b"hi\n"
+        code = await pump(Attached(reader.raw), secret, b"in", out)
+    assert engine_side.recv(100) == secret + b"\nin"  # the secret line, stdin, its end
     reader.close()
     ours.close()
+    engine_side.close()
+    return code, out
+
+
+@pytest.mark.anyio
+async def test_output_read_ahead_with_the_headers_is_not_lost() -> None:
+    """The engine may send the first frames in the same packet as the HTTP headers."""
+    code, out = await _pump_canned(_frame(1, b"hi\n") + _frame(1, b"s3cret 7\n"))
+    assert (code, bytes(out.stdout)) == (7, b"hi\n")
+
+
+@pytest.mark.anyio
+async def test_the_exit_status_is_only_the_secret_line_at_the_end_of_stdout() -> None:
+    """What the command prints cannot pass for the wrapper's status line (remote_shell)."""
+    forged = _frame(1, b"s3cret 0\n") + _frame(2, b"e")
+    code, out = await _pump_canned(forged + _frame(1, b"tail") + _frame(1, b"s3cret 1\n"))
+    assert (code, bytes(out.stdout), bytes(out.stderr)) == (1, b"s3cret 0\ntail", b"e")
+    # Split across frames, with stderr after it, the line is still found.
+    code, _ = await _pump_canned(_frame(1, b"s3c") + _frame(1, b"ret 255\n") + _frame(2, b"x"))
+    assert code == 255
+    # The line is ours only at the very end: bytes after it, or a wrong secret, lose the status.
+    code, out = await _pump_canned(_frame(1, b"s3cret 0\nmore"))
+    assert (code, bytes(out.stdout)) == (None, b"s3cret 0\nmore")
+    assert (await _pump_canned(_frame(1, b"guess 0\n")))[0] is None
+    # Output past the cap is counted without the status line.
+    code, out = await _pump_canned(_frame(1, b"x" * 20) + _frame(1, b"s3cret 3\n"))
+    assert (code, out.stdout.dropped) == (3, 4)
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -468,6 +501,18 @@ async def test_signal_exit_codes_and_relative_paths(sb: DockerSandbox) -> None:
 # --------------------------------------------------------------------------- hostile processes
 
 
+@pytest.mark.anyio
+async def test_a_command_cannot_forge_its_exit_status(sb: DockerSandbox) -> None:
+    """The status line needs the wrapper's secret and must end stdout (remote_shell)."""
+    forge = 'for f in /proc/$PPID/cmdline /proc/$PPID/environ; do tr "\\0" " " <$f; done'
+    r = await sb.exec(f"{forge}; echo; printf '%s 0\\n' $SANDLOT_EXEC_ID; exit 3")
+    assert r.exit_code == 3 and r.stdout.endswith(" 0\n")
+    # Killing the wrapper loses the status: an error, not a result.
+    with pytest.raises(SandboxError, match="exit status was lost"):
+        await sb.exec("kill -9 $PPID; echo 0")
+    assert (await sb.exec("exit 4")).exit_code == 4
+
+
 async def _count_processes(sandbox: DockerSandbox) -> int:
     """Live processes in the container other than PID 1, its sleep and this probe."""
     r = await sandbox.exec("ls -d /proc/[0-9]* | wc -l")
@@ -530,3 +575,78 @@ async def test_when_the_in_container_killer_cannot_run_the_engine_empties_the_co
         commands = [" ".join(map(str, row)) for row in top["Processes"]]
         assert not any("/tmp/keep" in c for c in commands), commands
         assert await sandbox.is_alive()
+
+
+# --------------------------------------------------------------------------- Podman exec sessions
+
+
+@pytest.fixture
+def podman_without_exec_delay(engine: Any, tmp_path: Path) -> Any:
+    """``base_url`` of a second Podman service, on the shared engine's storage (so it has the
+    test image), whose containers.conf adds ``exit_command_delay = 0``; stopped afterwards."""
+    docker = need_module("docker", DOCKER)
+    if "podman" not in str(engine.version().get("Components", "")).lower():
+        pytest.skip("Podman's exec sessions: the engine at DOCKER_HOST is not Podman")
+    podman = shutil.which("podman")
+    if podman is None:
+        missing(f"the podman command is not installed here; see {ENGINE}")
+    base = os.environ.get("CONTAINERS_CONF")
+    conf = Path(base).read_text() if base else ""
+    if "[engine]" not in conf:
+        conf += "\n[engine]\n"
+    (tmp_path / "containers.conf").write_text(
+        conf.replace("[engine]", "[engine]\nexit_command_delay = 0", 1)
+    )
+    url = f"unix://{tmp_path}/podman.sock"
+    env = {**os.environ, "CONTAINERS_CONF": str(tmp_path / "containers.conf")}
+    service = subprocess.Popen(
+        [podman, "system", "service", "--time=0", url], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(300):  # creating a client asks the engine for its version
+            with contextlib.suppress(docker.errors.DockerException):
+                docker.DockerClient(base_url=url).close()
+                break
+            time.sleep(0.1)
+        yield url
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+
+def conmons_of(container_id: str) -> int:
+    """Live ``conmon`` processes serving ``container_id`` (its own, one or two per exec
+    session it keeps), whatever other engines run on this machine."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            argv = cmdline.read_bytes().split(b"\0")
+            count += argv[0].endswith(b"conmon") and container_id.encode() in argv
+    return count
+
+
+@pytest.mark.anyio
+async def test_no_conmon_is_left_per_exec_on_podman_with_exit_command_delay_0(
+    podman_without_exec_delay: str,
+) -> None:
+    """Podman keeps each finished exec, and its conmon, ``exit_command_delay`` seconds for a
+    later ``exec_inspect``; the exit status now comes with the output, so 0 works."""
+    async with make(options={"base_url": podman_without_exec_delay}) as sandbox:
+        cid = sandbox.container_id
+        assert cid is not None
+        before = conmons_of(cid)
+        assert before >= 1  # the container's own: the count sees this engine's conmons
+        for i in range(50):
+            r = await sandbox.exec(f"echo {i}; exit {i % 3}")
+            assert (r.exit_code, r.stdout) == (i % 3, f"{i}\n")
+
+        # The last exec's conmon exits right after its cleanup, which may still be running.
+        async def settled() -> bool | None:
+            return True if conmons_of(cid) <= before else None
+
+        with anyio.move_on_after(CALL_BUDGET_S):
+            await poll(settled, first_s=0.05, max_s=1)
+        assert conmons_of(cid) == before
+        # Timeouts still kill, with no exec left to inspect.
+        r = await sandbox.exec("trap '' TERM; sleep 300", timeout=1)
+        assert r.timed_out and await processes(sandbox, "sleep 300") == []

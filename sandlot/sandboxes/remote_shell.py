@@ -152,10 +152,15 @@ NUL separators of ``environ``; the marker is random, so no concatenation forges 
 # environment, or the child of one that is dying (not yet re-parented, already without fds), is
 # found all the same. A child forked by `cmd >/dev/null &` holds them until it applies its
 # redirection, so holders get about 0.1 s to let go first, and whatever was frozen but not
-# killed is resumed.
+# killed is resumed. With $3 non-empty the wrapper first reads a secret line from stdin (the
+# rest is the command's) and, as it exits, writes "<secret> <status>" to stdout: the exit status
+# on the output stream, for engines that forget an exec's status once it ends (see exec_argv);
+# with $3 = "closed" the command's stdin is /dev/null instead.
 EXEC_WRAPPER = (
     SCAN_FUNCTIONS
     + """
+[ -z "$3" ] || { IFS= read -r _sstatus; trap 'printf "%s %d\\n" "$_sstatus" "$?"' EXIT; }
+[ "$3" != closed ] || exec </dev/null
 cd -- "$1" || exit
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
 rc=$?
@@ -180,8 +185,9 @@ exit "$rc"
 # Kills every process that carries the marker ($0 = "SANDLOT_EXEC_ID=<marker>") and its process
 # group ($2 non-empty: and the orphans): SIGTERM, up to $1 ticks of 0.1 s for them to go (checked
 # with `kill -0`, far cheaper than a scan of /proc), then freeze and SIGKILL until none is left.
-# Exits 1 when some survived. The grace is a spin on `clock`, not `sleep`: when a fork bomb has
-# taken every process slot, dash exits on a failed fork.
+# Prints "killed" and exits 0 when none is left, exits 1 when some survived. The grace is a spin
+# on `clock`, not `sleep`: when a fork bomb has taken every process slot, dash exits on a failed
+# fork.
 KILL_SCRIPT = (
     SCAN_FUNCTIONS
     + """
@@ -193,7 +199,7 @@ while [ -n "$left" ] && clock && [ "$_snow" -lt "$_send" ]; do
   alive=; for p in $left; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done; left=$alive
 done
 kill_all
-[ -z "$pids" ]
+[ -z "$pids" ] && echo killed
 """
 )
 
@@ -219,21 +225,33 @@ def init_argv(lifetime_s: float) -> list[str]:
     return ["/bin/sh", "-c", INIT_SCRIPT, str(max(1, math.ceil(lifetime_s)))]
 
 
-def exec_argv(command: str, cwd: str) -> list[str]:
+def exec_argv(
+    command: str, cwd: str, *, report_status: bool = False, stdin: bool = True
+) -> list[str]:
     """argv running the shell line ``command`` in directory ``cwd`` under the wrapper.
 
     The exec must carry ``SANDLOT_EXEC_ID=<marker>`` in its environment (for :func:`kill_argv`).
+    With ``report_status`` the exec's stdin must start with a line holding a fresh random
+    secret; the wrapper reads it before the command starts (so the command's environment,
+    argv and stdin never show it) and, after the command and every process holding the exec's
+    output have ended, ends stdout with ``<secret> <status>\\n``. A reader that takes the status
+    only from that line at the very end of stdout cannot be fooled by the command's output: the
+    command cannot write after it, and a process that reopens the stream through ``/proc``
+    cannot write the secret (it could only corrupt the line, a lost status, not a wrong one).
+    ``stdin=False`` (with ``report_status``) gives the command ``/dev/null`` as its stdin, so the
+    exec's own stdin need not be ended after the secret line.
     """
     # "sandlot" is $0, the name the shell puts in front of its own error messages.
-    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command]
+    mode = ["status" if stdin else "closed"] if report_status else []
+    return ["/bin/sh", "-c", EXEC_WRAPPER, "sandlot", cwd, command, *mode]
 
 
 def kill_argv(marker: str, grace_s: float, *, sweep_orphans: bool = False) -> list[str]:
     """argv killing every process of the exec tagged ``marker``: SIGTERM, ``grace_s`` s, SIGKILL.
 
-    Exits 0 when none is left, 1 when some survived. ``sweep_orphans`` also kills the unmarked
-    orphans (see the module docstring); only for sandboxes whose PID 1 is :data:`INIT_SCRIPT`
-    and that run nothing else.
+    Prints ``killed`` and exits 0 when none is left, exits 1 when some survived.
+    ``sweep_orphans`` also kills the unmarked orphans (see the module docstring); only for
+    sandboxes whose PID 1 is :data:`INIT_SCRIPT` and that run nothing else.
     """
     return [
         "/bin/sh",

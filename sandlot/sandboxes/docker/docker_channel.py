@@ -1,9 +1,9 @@
 """``DockerChannel``: the ``docker`` backend's session channel, an attached exec running bash.
 
 The shell is ``exec_create(stdin=True, tty=False)`` + ``exec_start(socket=True)`` (Docker
-Engine API v1.41, also served by Podman): commands go down the hijacked connection, output
-comes back multiplexed in 8-byte-header frames (stdout and stderr are merged by the shell
-anyway; see :mod:`sandlot.sandboxes.docker.stream`).
+Engine API v1.41, also served by Podman), started by the sandbox: commands go down the hijacked
+connection, output comes back multiplexed in 8-byte-header frames (stdout and stderr are merged
+by the shell anyway; see :mod:`sandlot.sandboxes.docker.stream`).
 
 Every process of the session carries ``SANDLOT_EXEC_ID=<session marker>`` in its environment
 (set on the exec, inherited by everything it starts), the container backends' exec marker (see
@@ -17,112 +17,43 @@ is noticed at the command's timeout instead.
 from __future__ import annotations
 
 import contextlib
-import struct
-import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
-from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.docker.engine import run_blocking
-from sandlot.sandboxes.docker.stream import WOULD_BLOCK, raw_socket, read_ahead
+from sandlot.sandboxes.docker.stream import Attached
 from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
 
 if TYPE_CHECKING:
     from docker import APIClient
 
-_RECV_BYTES = 256 * 1024
-_HEADER = struct.Struct(">BxxxL")
 _KILL_GRACE_S = 0.5
 
 
-class _Demux:
-    """Turns the multiplexed exec stream back into the payload bytes, whatever the stream."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> bytes:
-        self._buf += data
-        out = bytearray()
-        while len(self._buf) >= _HEADER.size:
-            _, size = _HEADER.unpack_from(self._buf)
-            if len(self._buf) < _HEADER.size + size:
-                break
-            out += self._buf[_HEADER.size : _HEADER.size + size]
-            del self._buf[: _HEADER.size + size]
-        return bytes(out)
-
-
 class DockerChannel(RemoteShellChannel):
-    """An attached ``bash`` exec in a container. Use :meth:`start`."""
+    """The attached exec ``exec_id`` running a session's ``bash`` (``remote_shell.shell_argv``),
+    every process of which carries ``SANDLOT_EXEC_ID=marker``; ``run`` is the sandbox's
+    ``exec``, which delivers signals."""
 
     def __init__(
-        self, api: APIClient, exec_id: str, attached: Any, marker: str, run: Runner
+        self, api: APIClient, exec_id: str, attached: Attached, marker: str, run: Runner
     ) -> None:
         super().__init__(marker, run)
         self._api = api
         self._exec_id = exec_id
         self._attached = attached
-        self._sock = raw_socket(attached)
-        self._sock.setblocking(False)
-        self._demux = _Demux()
-        self._pending = self._demux.feed(read_ahead(attached))
         self._closed = False
 
-    @classmethod
-    async def start(cls, api: APIClient, container: str, *, cwd: str, run: Runner) -> DockerChannel:
-        """Start ``bash --noprofile --norc`` in ``container``, attached, in directory ``cwd``.
-
-        Args:
-            api: the sandbox's low-level docker client.
-            container: container id.
-            cwd: the shell's starting directory in the container.
-            run: the sandbox's ``exec``, used to deliver signals.
-
-        Raises:
-            docker.errors.APIError: the engine refused the exec.
-        """
-        marker = uuid.uuid4().hex
-
-        def create() -> tuple[str, Any]:
-            created = api.exec_create(
-                container,
-                ["bash", "--noprofile", "--norc"],
-                stdin=True,
-                tty=False,
-                environment={remote_shell.EXEC_MARKER_ENV: marker},
-                workdir=cwd,
-            )
-            return created["Id"], api.exec_start(created["Id"], socket=True)
-
-        exec_id, attached = await run_blocking(create)
-        return cls(api, exec_id, attached, marker, run)
-
     async def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self._sock.send(view) :]
-            except WOULD_BLOCK:
-                await anyio.wait_writable(self._sock)
+        await self._attached.send(data)
 
     async def receive(self) -> bytes:
-        while not self._pending:
-            await anyio.wait_readable(self._sock)
-            try:
-                data = self._sock.recv(_RECV_BYTES)
-            except WOULD_BLOCK:
-                continue
-            except OSError:
-                return b""
-            if not data:
-                return b""
-            self._pending = self._demux.feed(data)
-        out, self._pending = self._pending, b""
-        return out
+        # The shell's stdout and stderr alike: it merges them anyway.
+        return b"".join(piece for _, piece in await self._attached.receive())
 
     async def exit_status(self) -> int | None:
+        # None also when the engine already forgot the exec (Podman, exit_command_delay = 0).
         with contextlib.suppress(Exception):
             info = await run_blocking(self._api.exec_inspect, self._exec_id)
             code = info.get("ExitCode")
@@ -136,5 +67,4 @@ class DockerChannel(RemoteShellChannel):
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(OSError):
                 self._attached.close()
-                self._sock.close()
             await self._kill_all(_KILL_GRACE_S, sweep_orphans=True)

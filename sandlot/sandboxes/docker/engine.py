@@ -56,20 +56,16 @@ def sdk() -> ModuleType:
     return require("docker", "docker")
 
 
-def api_threads() -> int:
-    """Size of the worker-thread limiter: ``$SANDLOT_DOCKER_API_THREADS``, default 32."""
-    return settings().docker_api_threads
-
-
 def api_limiter() -> anyio.CapacityLimiter:
     """The capacity limiter shared by every blocking Docker API call in this event loop.
 
-    Its ``total_tokens`` may be changed at run time to resize the pool.
+    Its size is ``$SANDLOT_DOCKER_API_THREADS`` (default 32); its ``total_tokens`` may be
+    changed at run time to resize the pool.
     """
     try:
         return _limiter.get()
     except LookupError:
-        limiter = anyio.CapacityLimiter(api_threads())
+        limiter = anyio.CapacityLimiter(settings().docker_api_threads)
         _limiter.set(limiter)
         return limiter
 
@@ -128,7 +124,7 @@ def get_client(base_url: str | None) -> DockerClient:
                 "/var/run/docker.sock host) and use DOCKER_HOST=unix:///tmp/docker.sock"
             )
         # Exec attachments leave the pool for good, so the pool only has to cover the threads.
-        pool = max(api_threads(), 10)
+        pool = max(settings().docker_api_threads, 10)
         try:
             if base_url is None:
                 client = docker.from_env(max_pool_size=pool)

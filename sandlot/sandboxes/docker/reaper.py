@@ -9,11 +9,8 @@ backend puts on every container.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
-import anyio
-
-from sandlot._optional import require
+from sandlot.sandboxes.docker.engine import get_client, run_blocking, sdk
 from sandlot.sandboxes.labels import RUN_ID
 from sandlot.sandboxes.reaper import RemoteSandbox
 
@@ -26,22 +23,18 @@ class DockerReaper:
 
     Raises:
         BackendUnavailableError: the ``docker`` SDK is not installed.
+        EngineUnreachableError: the engine does not answer.
     """
 
     backend = "docker"
 
     def __init__(self, base_url: str | None = None) -> None:
-        docker = require("docker", "docker")
-        client = docker.from_env() if base_url is None else docker.DockerClient(base_url=base_url)
-        self._api: Any = client.api
-        self._not_found: type[Exception] = docker.errors.NotFound
+        self._api = get_client(base_url).api
 
     async def list_sandboxes(self, run_id: str | None = None) -> list[RemoteSandbox]:
         """Containers (running or not) labelled ``sandlot.run_id`` (= ``run_id`` if given)."""
         label = f"{RUN_ID}={run_id}" if run_id else RUN_ID
-        rows = await anyio.to_thread.run_sync(
-            lambda: self._api.containers(all=True, filters={"label": label})
-        )
+        rows = await run_blocking(lambda: self._api.containers(all=True, filters={"label": label}))
         return [
             RemoteSandbox("docker", row["Id"], row.get("Labels") or {}, row.get("State", ""))
             for row in rows
@@ -51,7 +44,7 @@ class DockerReaper:
         """Force-remove the container and its anonymous volumes; gone already is fine."""
 
         def remove() -> None:
-            with contextlib.suppress(self._not_found):
+            with contextlib.suppress(sdk().errors.NotFound):
                 self._api.remove_container(sandbox.id, force=True, v=True)
 
-        await anyio.to_thread.run_sync(remove)
+        await run_blocking(remove)

@@ -8,10 +8,10 @@ only when a sandbox starts.
 
 from __future__ import annotations
 
-import base64
-import json
+import io
 import logging
 import posixpath
+import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -30,8 +30,7 @@ from sandlot.errors import (
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.archive import check_read_size, file_archive, read_single_file
-from sandlot.sandboxes.backoff import poll
+from sandlot.sandboxes.archive import file_archive, read_single_file
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker.docker_channel import DockerChannel
@@ -45,7 +44,7 @@ from sandlot.sandboxes.docker.engine import (
     unreachable,
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
-from sandlot.sandboxes.docker.stream import pump, raw_socket
+from sandlot.sandboxes.docker.stream import Attached, pump
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.transport import Reader, RunOutput, RunRequest, TreeCaps
@@ -77,15 +76,12 @@ class _Exec:
 
     marker: str
     exec_id: str | None = None
-    attached: Any = None
+    attached: Attached | None = None
 
     def close(self) -> None:
-        if self.attached is None:
-            return
-        sock = raw_socket(self.attached)
-        self.attached.close()
-        sock.close()
-        self.attached = None
+        if self.attached is not None:
+            self.attached.close()
+            self.attached = None
 
 
 class DockerSandbox(Sandbox):
@@ -136,33 +132,27 @@ class DockerSandbox(Sandbox):
         assert self._container_id is not None, "sandbox not started"
         return self._container_id
 
-    async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+    async def _call(
+        self, what: str, fn: Callable[..., T], *args: Any, path: str | None = None
+    ) -> T:
         """Run a blocking engine call; map its failure to ``SandboxDeadError`` when the container
-        is gone, else to ``SandboxError`` (retryable for connection errors and 5xx)."""
+        is gone, to a ``SandboxFileError`` naming ``path`` (if given) when the engine refused,
+        else to ``SandboxError`` (retryable for connection errors and 5xx)."""
         try:
             return await run_blocking(fn, *args)
         except SandboxError:
             raise
         except Exception as exc:
-            if isinstance(exc, sdk().errors.APIError):
+            errors = sdk().errors
+            if isinstance(exc, errors.APIError):
                 dead = await self._gone()
                 if dead is not None:
                     raise dead from exc
+                if path is not None:
+                    missing = isinstance(exc, errors.NotFound)
+                    detail = "no such file or directory" if missing else exc.explanation
+                    raise SandboxFileError(f"{what} {path}: {detail}") from exc
             raise api_error(what, exc, self.options.base_url) from exc
-
-    async def _file_call(self, what: str, path: str, fn: Callable[..., T], *args: Any) -> T:
-        """Like ``_call``, but an engine refusal in a live container is a ``SandboxFileError``."""
-        try:
-            return await self._call(what, fn, *args)
-        except (SandboxDeadError, SandboxFileError):
-            raise
-        except SandboxError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, sdk().errors.NotFound):
-                raise SandboxFileError(f"{what}: no such file or directory: {path}") from cause
-            if isinstance(cause, sdk().errors.APIError):
-                raise SandboxFileError(f"{what} {path}: {cause.explanation}") from cause
-            raise
 
     async def _probe(self) -> str | None:
         """Why the container cannot run commands (removed, not running), else ``None``."""
@@ -237,7 +227,16 @@ class DockerSandbox(Sandbox):
             storage_opt={"size": f"{spec.disk_mb}m"} if spec.disk_mb else None,
         )
         try:
-            created = self._create_container(host_config)
+            created = api.create_container(
+                spec.image,
+                entrypoint=remote_shell.init_argv(spec.timeout_s),
+                name=self.id,
+                labels=sandbox_labels(self.id, spec.labels),
+                environment=spec.env,
+                working_dir=spec.workdir,
+                host_config=host_config,
+                detach=True,
+            )
         except sdk().errors.APIError as exc:
             if spec.disk_mb and any(
                 e in str(exc.explanation or exc).lower() for e in _DISK_QUOTA_ERRORS
@@ -254,28 +253,12 @@ class DockerSandbox(Sandbox):
         # Recorded here, in the worker thread: a cancelled start still removes the container.
         self._container_id = created["Id"]
 
-    def _create_container(self, host_config: dict[str, Any]) -> dict[str, Any]:
-        spec, api = self.spec, self._client
-        created: dict[str, Any] = api.create_container(
-            spec.image,
-            entrypoint=remote_shell.init_argv(spec.timeout_s),
-            name=self.id,
-            labels=sandbox_labels(self.id, spec.labels),
-            environment=spec.env,
-            working_dir=spec.workdir,
-            host_config=host_config,
-            detach=True,
-        )
-        return created
-
     def _pull(self) -> None:
         image, policy = self.spec.image, self.options.pull
-        auth = self.options.registry_auth
-        auth_config = None
+        auth, auth_config = self.options.registry_auth, None
         if auth is not None:
             auth_config = {"username": auth.username, "password": auth.password.get_secret_value()}
-            if auth.server:
-                auth_config["serveraddress"] = auth.server
+            auth_config |= {"serveraddress": auth.server} if auth.server else {}
         try:
             events = self._client.pull(image, stream=True, decode=True, auth_config=auth_config)
             for event in events:
@@ -310,19 +293,39 @@ class DockerSandbox(Sandbox):
         the command inside the container: SIGTERM, ``stop_grace_s`` seconds, then SIGKILL, to
         all processes carrying this exec's ``SANDLOT_EXEC_ID`` marker and their process groups.
 
+        The exit status comes from the output stream (``exec_argv(report_status=True)``), not
+        from ``exec_inspect``: Podman with ``exit_command_delay = 0`` forgets an exec as soon as
+        it ends, and then leaves no ``conmon`` process behind per exec (docs/docker.md).
+
         Raises:
             SandboxDeadError: the container was removed or stopped (also mid-command).
-            SandboxError: the engine failed; ``retryable`` for connection errors and 5xx.
+            SandboxError: the engine failed (``retryable`` for connection errors and 5xx), or
+                the status line was lost (the wrapper was killed from inside the container).
         """
-        argv = remote_shell.exec_argv(run.command, run.cwd)
+        argv = remote_shell.exec_argv(
+            run.command, run.cwd, report_status=True, stdin=run.stdin is not None
+        )
         handle = _Exec(marker=uuid.uuid4().hex)
         environment = {**run.env, remote_shell.EXEC_MARKER_ENV: handle.marker}
+        secret = secrets.token_hex(16).encode()
         out = CappedOutput(self.options.max_output_bytes)
 
         async def body() -> int:
-            await self._call("exec", self._exec_start, handle, argv, environment, run.stdin)
-            await pump(handle.attached, run.stdin, out)
-            return await self._exit_code(handle)
+            await self._call("exec", self._exec_start, handle, argv, environment)
+            assert handle.attached is not None
+            code = await pump(handle.attached, secret, run.stdin, out)
+            if code is None or code >= 128:
+                # Killed by a signal, or no status at all: maybe the whole container went down.
+                dead = await self._gone()
+                if dead is not None:
+                    raise dead
+            if code is None:
+                raise SandboxError(
+                    f"sandbox {self.id}: the command's exit status was lost: its wrapper shell "
+                    "was killed, or a process kept writing to its output after the status line",
+                    retryable=False,
+                )
+            return code
 
         async def stop() -> None:
             handle.close()
@@ -335,31 +338,11 @@ class DockerSandbox(Sandbox):
             handle.close()
         return RunOutput.of(code, out)
 
-    def _exec_start(
-        self, handle: _Exec, argv: list[str], environment: dict[str, str], stdin: bytes | None
-    ) -> None:
+    def _exec_start(self, handle: _Exec, argv: list[str], environment: dict[str, str]) -> None:
         api = self._client
-        created = api.exec_create(self._cid, argv, stdin=stdin is not None, environment=environment)
+        created = api.exec_create(self._cid, argv, stdin=True, environment=environment)
         handle.exec_id = created["Id"]
-        handle.attached = api.exec_start(handle.exec_id, socket=True)
-
-    async def _exit_code(self, handle: _Exec) -> int:
-        # The stream ends when the command's stdout/stderr close, which can be before it exits
-        # (and the engine records the code a moment after exit), so poll with backoff.
-        async def ended() -> dict[str, Any] | None:
-            info = await self._call("exec inspect", self._client.exec_inspect, handle.exec_id)
-            return None if info.get("Running") else info
-
-        info = await poll(ended, first_s=0.002, max_s=0.2)
-        code = info.get("ExitCode")
-        if code is None or code < 0 or code >= 128:
-            # Killed by a signal, or no status at all: maybe the whole container went down.
-            dead = await self._gone()
-            if dead is not None:
-                raise dead
-        if code is None:
-            raise SandboxError(f"sandbox {self.id}: engine reported no exit code", retryable=True)
-        return int(code)
+        handle.attached = Attached(api.exec_start(handle.exec_id, socket=True))
 
     async def _kill(self, handle: _Exec) -> None:
         """Kill every process of ``handle``'s exec (and escaped orphans), whatever it takes.
@@ -376,8 +359,8 @@ class DockerSandbox(Sandbox):
                 for _ in range(_KILL_ATTEMPTS):
                     # Repeated because a command whose exec was still starting when the first
                     # round scanned /proc can only be found by a later round.
-                    code = await self._call("kill exec", self._run_quiet, argv)
-                    if code == 0 and not await self._exec_running(handle):
+                    said = await self._call("kill exec", self._run_quiet, argv)
+                    if said.strip() == b"killed" and not await self._exec_running(handle):
                         return
             except SandboxDeadError:
                 return  # the container went down: nothing left to kill
@@ -388,8 +371,13 @@ class DockerSandbox(Sandbox):
         await self._reset(handle)
 
     async def _exec_running(self, handle: _Exec) -> bool:
-        info = await self._call("exec inspect", self._client.exec_inspect, handle.exec_id)
-        return bool(info.get("Running"))
+        def running() -> bool:
+            try:
+                return bool(self._client.exec_inspect(handle.exec_id).get("Running"))
+            except sdk().errors.NotFound:
+                return False  # ended, and forgotten at once (Podman, exit_command_delay = 0)
+
+        return await self._call("exec inspect", running)
 
     async def _reset(self, handle: _Exec) -> None:
         """Empty the container through the engine (SIGUSR1 to PID 1); kill it if that fails."""
@@ -415,112 +403,102 @@ class DockerSandbox(Sandbox):
             "inside it"
         )
 
-    def _run_quiet(self, argv: list[str]) -> int:
-        """Run ``argv`` in the container to completion, ignoring its output; its exit code.
+    def _run_quiet(self, argv: list[str]) -> bytes:
+        """Run ``argv`` (one of ours) in the container to completion; its output. Blocking.
 
-        Blocking. The exec carries a marker of its own, so it is never taken for an orphan.
+        The exec carries a marker of its own, so it is never taken for an orphan.
         """
         marker = {remote_shell.EXEC_MARKER_ENV: f"internal-{uuid.uuid4().hex}"}
         exec_id = self._client.exec_create(self._cid, argv, environment=marker)["Id"]
-        self._client.exec_start(exec_id)
-        code = self._client.exec_inspect(exec_id).get("ExitCode")
-        return -1 if code is None else int(code)
+        said: bytes = self._client.exec_start(exec_id)
+        return said
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
         """A session whose ``bash`` is an attached exec (``DockerChannel``); needs bash."""
-        cwd = posixpath.join(self.spec.workdir, config.cwd or "")
+        argv = remote_shell.shell_argv(posixpath.join(self.spec.workdir, config.cwd or ""))
 
         async def open_channel() -> DockerChannel:
             self._check_usable()
-            try:
-                return await DockerChannel.start(self._client, self._cid, cwd=cwd, run=self.exec)
-            except Exception as exc:
-                raise api_error("starting a shell", exc, self.options.base_url) from exc
+            shell = _Exec(marker=uuid.uuid4().hex)
+            environment = {remote_shell.EXEC_MARKER_ENV: shell.marker}
+            await self._call("starting a shell", self._exec_start, shell, argv, environment)
+            assert shell.exec_id is not None and shell.attached is not None
+            return DockerChannel(
+                self._client, shell.exec_id, shell.attached, shell.marker, self.exec
+            )
 
         return ChannelSession(name, config, open_channel, self.is_alive)
 
     # ----------------------------------------------------------------- files
 
     async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
-        """The file's bytes; its size is checked from the engine's stat before any transfer."""
-        await self._running()
-        return await self._file_call("read_file", path, self._read_blocking, path, max_bytes)
-
-    def _read_blocking(self, path: str, max_bytes: int) -> bytes:
-        path, stat = self._stat(path)
-        if stat.get("isDir"):
-            raise SandboxFileError(f"read_file: is a directory: {path}")
-        check_read_size(path, int(stat.get("size") or 0), max_bytes)
-        return self._stream_archive(path, lambda raw: read_single_file(raw, path, max_bytes))
-
-    async def _put_bytes(self, path: str, data: bytes) -> None:
-        """A one-file archive through the engine (mode 0644, owner root)."""
-        await self._running()
-        parent, name = posixpath.split(path)
-        archive = file_archive(name, data)
-        await self._file_call("write_file", path, self._put_archive_blocking, parent, archive)
-
-    async def _put_archive(self, parent: str, archive: IO[bytes], target: str) -> None:
-        """``PUT /containers/{id}/archive``, streamed from ``archive`` (owners become root)."""
-        await self._running()
-        await self._file_call("upload", target, self._put_archive_blocking, parent, archive)
+        """The file's bytes: the engine's archive of it, its size checked from the tar header
+        before its content is read."""
+        return await self._fetch(
+            "read_file", path, lambda raw: read_single_file(raw, path, max_bytes)
+        )
 
     async def _get_archive(self, path: str, caps: TreeCaps, consume: Reader[T]) -> T:
         """The engine's archive of ``path``, streamed into ``consume`` (never stored whole);
         ``consume`` enforces the caps from the tar headers."""
+        return await self._fetch("download", path, consume)
+
+    async def _fetch(self, what: str, path: str, consume: Reader[T]) -> T:
+        """``consume`` called on the engine's tar stream of ``path``, a link at ``path`` followed
+        (read as it arrives, never stored whole; the connection is dropped after).
+
+        ``GET /containers/{id}/archive`` (Engine API v1.41) answers with the base64 JSON
+        ``X-Docker-Container-Path-Stat`` of the path itself (a link's ``mode`` has Go's
+        ``ModeSymlink`` bit; its ``linkTarget`` is where it leads) on Docker and Podman alike: a
+        link's archive is dropped unread and its target's asked for.
+        """
+        await self._running()
+        api = self._client
+
+        def fetch(path: str) -> T:
+            for _ in range(_MAX_LINK_HOPS):
+                url = api._url("/containers/{0}/archive", self._cid)
+                response = api._get(url, params={"path": path}, stream=True)
+                try:
+                    api._raise_for_status(response)
+                    header = response.headers["X-Docker-Container-Path-Stat"]
+                    stat = sdk().utils.decode_json_header(header)
+                    target = stat.get("linkTarget") or ""
+                    if not int(stat.get("mode") or 0) & _MODE_SYMLINK or target in ("", path):
+                        return consume(response.raw)
+                finally:
+                    response.close()
+                path = posixpath.join(posixpath.dirname(path), target)
+            raise SandboxFileError(f"{what}: too many levels of symbolic links: {path}")
+
+        return await self._call(what, fetch, path, path=path)
+
+    async def _put_bytes(self, path: str, data: bytes) -> None:
+        """A one-file archive through the engine (mode 0644, owner root)."""
+        parent, name = posixpath.split(path)
+        await self._put("write_file", path, parent, io.BytesIO(file_archive(name, data)))
+
+    async def _put_archive(self, parent: str, archive: IO[bytes], target: str) -> None:
+        """``PUT /containers/{id}/archive``, streamed from ``archive`` (owners become root)."""
+        await self._put("upload", target, parent, archive)
+
+    async def _put(self, what: str, target: str, parent: str, archive: IO[bytes]) -> None:
+        """Unpack ``archive`` into the container directory ``parent``, which may be missing."""
         await self._running()
 
-        def fetch() -> T:
-            resolved, _ = self._stat(path)
-            return self._stream_archive(resolved, consume)
-
-        return await self._file_call("download", path, fetch)
-
-    def _put_archive_blocking(self, parent: str, archive: bytes | IO[bytes]) -> None:
-        """Unpack ``archive`` into the container directory ``parent``. Blocking."""
-        try:
-            put_archive(self._client, self._cid, parent, archive)
-        except sdk().errors.NotFound:
-            # Podman creates a missing destination directory, Docker answers 404.
-            self._run_quiet(remote_shell.mkdir_argv(parent))
-            if not isinstance(archive, bytes):
+        def put() -> None:
+            try:
+                put_archive(self._client, self._cid, parent, archive)
+            except sdk().errors.NotFound:
+                # Podman creates a missing destination directory, Docker answers 404.
+                self._run_quiet(remote_shell.mkdir_argv(parent))
                 archive.seek(0)
-            put_archive(self._client, self._cid, parent, archive)
+                put_archive(self._client, self._cid, parent, archive)
 
-    def _stat(self, path: str) -> tuple[str, dict[str, Any]]:
-        """``(resolved path, engine stat)`` of ``path``, symlinks followed. Blocking.
-
-        ``HEAD /containers/{id}/archive`` (Engine API v1.41) answers with the base64 JSON
-        ``X-Docker-Container-Path-Stat`` of the path itself (a link's ``mode`` has Go's
-        ``ModeSymlink`` bit; its ``linkTarget`` is where it leads) on Docker and Podman alike.
-        """
-        api = self._client
-        for _ in range(_MAX_LINK_HOPS):
-            response = api.head(
-                api._url("/containers/{0}/archive", self._cid), params={"path": path}
-            )
-            api._raise_for_status(response)
-            stat = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
-            target = stat.get("linkTarget") or ""
-            if not int(stat.get("mode") or 0) & _MODE_SYMLINK or target in ("", path):
-                return path, stat
-            path = posixpath.join(posixpath.dirname(path), target)
-        raise SandboxFileError(f"too many levels of symbolic links: {path}")
-
-    def _stream_archive(self, path: str, consume: Reader[T]) -> T:
-        """Call ``consume`` on the engine's tar stream of ``path`` (read as it arrives, never
-        stored), then drop the connection. Blocking."""
-        api = self._client
-        url = api._url("/containers/{0}/archive", self._cid)
-        response = api._get(url, params={"path": path}, stream=True)
-        try:
-            api._raise_for_status(response)
-            return consume(response.raw)
-        finally:
-            response.close()
+        await self._call(what, put, path=target)
 
 
-def put_archive(api: APIClient, container: str, path: str, data: bytes | IO[bytes]) -> None:
+def put_archive(api: APIClient, container: str, path: str, data: IO[bytes]) -> None:
     """``APIClient.put_archive`` with ``noOverwriteDirNonDir=true``, which the SDK lacks.
 
     Without it Docker and Podman silently replace a directory by a file and vice versa.
