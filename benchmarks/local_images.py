@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=20, help="open->exec and engine samples")
     parser.add_argument("--sandboxes", type=int, default=100, help="concurrent sandboxes (disk)")
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=200)  # one line per row, also in a log file
     reason = tools_missing()
     if reason:
         console.print(f"[red]cannot run:[/red] {reason}")
