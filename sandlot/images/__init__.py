@@ -11,7 +11,8 @@ install hint), ``unpack`` (one OCI layer tar into an overlayfs-format directory)
 a sandbox mounts: layers, config, lookups through the stack), ``store`` (the cache: paths,
 locks, records, list, prune), ``pulling`` (skopeo into the shared blob store, then unpack each
 missing layer), ``prefetch`` (the same on every node of a Ray cluster). The jail's side is
-``sandlot.sandboxes.local.jail.overlay_argv``.
+``sandlot.sandboxes.local.jail`` (``bwrap --overlay`` from bubblewrap 0.9, else
+``overlay_argv``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 skopeo speaks the registry protocol (token auth, ``~/.docker/config.json`` and credential
 helpers, ``registries.conf``, mirrors, platform choice, digest verification); the kernel's
-overlayfs, mounted by util-linux's ``unshare`` and ``mount`` in a user namespace, stacks the
-layers. See ``docs/images.md`` for why these and not umoci.
+overlayfs, mounted in a user namespace by bwrap itself (0.9 and later) or else by util-linux's
+``unshare`` and ``mount``, stacks the layers. See ``docs/images.md`` for why these and not umoci.
 """
 
 from __future__ import annotations

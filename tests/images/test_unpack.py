@@ -129,6 +129,41 @@ def test_plain_tar_and_trailing_bytes_are_hashed(tmp_path: Path) -> None:
     assert (tmp_path / "out/f").read_bytes() == b"x" * 5000
 
 
+def test_gzip_of_several_members_with_padding_is_one_layer(tmp_path: Path) -> None:
+    blob, diff_id = _layer(tmp_path, "l", [_entry("f", data=b"y" * 300_000)], compress=False)
+    tar_bytes = blob.read_bytes()
+    # Two gzip members and zero padding, as concatenating compressors write.
+    blob.write_bytes(
+        gzip.compress(tar_bytes[:70_000]) + gzip.compress(tar_bytes[70_000:]) + b"\0" * 9
+    )
+    unpack_layer(blob, diff_id, tmp_path / "out", [])
+    assert (tmp_path / "out/f").read_bytes() == b"y" * 300_000
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda b: b[: len(b) // 2], "ends before its end marker"),
+        (lambda b: b + b"garbage", "not a gzip member"),
+        (lambda b: b[:40] + bytes(64) + b[104:], "not a valid compressed tar"),
+    ],
+)
+def test_a_corrupt_gzip_blob_is_refused(tmp_path: Path, damage: object, why: str) -> None:
+    blob, diff_id = _layer(tmp_path, "l", [_entry("f", data=os.urandom(200_000))])
+    blob.write_bytes(damage(blob.read_bytes()))  # type: ignore[operator]
+    with pytest.raises(ImageError, match=why):
+        unpack_layer(blob, diff_id, tmp_path / "out", [])
+
+
+def test_a_refused_entry_before_megabytes_of_data_stops_the_unpack(tmp_path: Path) -> None:
+    # The blob is decompressed in a thread into a pipe: a refusal while that thread waits on
+    # the full pipe must end it (the unpack returns its error, it does not hang).
+    entries = [_entry("link", tarfile.SYMTYPE, linkname="/etc"), _entry("link/x", data=b"x")]
+    entries += [_entry(f"f{i}", data=os.urandom(1 << 20)) for i in range(4)]
+    with pytest.raises(ImageError, match="not a directory"):
+        _unpack(tmp_path, "bad", entries)
+
+
 def test_image_config_and_user_lookup(tmp_path: Path) -> None:
     layer = _unpack(
         tmp_path,

@@ -45,6 +45,7 @@ import functools
 import os
 import stat
 import struct
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,7 +154,8 @@ class JailConfig:
             host (interpreters the init and the environment need).
         layers: for a container image, its unpacked layers, topmost first
             (:class:`sandlot.images.ImageRoot`): the jail's root is then ``rootfs``, an
-            overlayfs of them under a private writable layer, mounted by :func:`overlay_argv`.
+            overlayfs of them under a private writable layer, mounted by bwrap itself when it can
+            (:func:`bwrap_mounts_overlay`), else by :func:`overlay_argv`.
         user: (uid, gid) the jail's processes run as, in a user namespace of their own where
             that id owns what root owns outside it (an image's non-root ``User``); ``None``:
             root.
@@ -251,7 +253,8 @@ def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
         OSError: the image root cannot be listed, or a directory cannot be created.
     """
     empty = dirs.ensure(dirs.empty, 0o555)
-    argv = _system_argv(config, _proc_argv(empty))
+    native = bool(config.layers) and bwrap_mounts_overlay(config)
+    argv = _system_argv(config, _proc_argv(empty), _overlay_dirs(dirs) if native else None)
     argv += ["--bind", str(dirs.tmp), "/tmp", "--bind", str(dirs.home), JAIL_HOME]
     if config.layers:  # the workdir is the image's, in the writable root: nothing to copy
         argv += ["--dir", config.workdir]
@@ -262,14 +265,46 @@ def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     argv += _masks_argv(config, empty)
     if config.environment is not None:
         argv += ["--bind", str(dirs.ensure(dirs.overlay)), JAIL_OVERLAY]
-    prefix = overlay_argv(config, dirs) if config.layers else []
-    return [*prefix, *argv, *_namespaces_argv(config), "--cap-drop", "ALL"]
+    prefix = overlay_argv(config, dirs) if config.layers and not native else []
+    return [*prefix, *argv, *_namespaces_argv(config, native), "--cap-drop", "ALL"]
 
 
 _MOUNT_SCRIPT = (
     'cd "$1" && "$2" -t overlay overlay -o "userxattr,lowerdir=$3,upperdir=$4,workdir=$5" "$6" '
     '&& shift 6 && exec "$@"'
 )
+
+
+_OVERLAY_OPTIONS_MAX = 4000
+"""Bytes of the overlay mount options bwrap may write (``mount(2)`` takes one page): past
+it, the layers are named relative to their directory by :func:`overlay_argv` instead."""
+
+
+@functools.lru_cache(maxsize=8)
+def bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """``(0, 11, 0)`` for the bwrap at ``bwrap`` that says ``bubblewrap 0.11.0``; ``()`` when
+    it says nothing readable (asked once per path and process)."""
+    try:
+        done = subprocess.run([bwrap, "--version"], capture_output=True, text=True, check=False)
+        version = done.stdout.split()[-1]  # "bubblewrap 0.11.0"
+        return tuple(int(part) for part in version.split("."))
+    except (OSError, IndexError, ValueError):
+        return ()
+
+
+def bwrap_mounts_overlay(config: JailConfig) -> bool:
+    """Whether ``config.bwrap`` mounts the image's overlay itself (``--overlay``, bubblewrap
+    0.9, with ``userxattr`` when unprivileged), in place of :func:`overlay_argv`'s ``unshare``,
+    ``sh`` and ``mount``: three processes run one after the other before bwrap (a bare jail of
+    an image: 26 ms with them, 14 ms without, on 2 loaded cores). Only when its mount options
+    fit in a page (bwrap names each layer in full)."""
+    size = sum(len(str(layer)) + len(":/oldroot") for layer in config.layers)
+    return bwrap_version(config.bwrap) >= (0, 9) and size < _OVERLAY_OPTIONS_MAX
+
+
+def _overlay_dirs(dirs: HostDirs) -> tuple[Path, Path]:
+    """The sandbox's writable layer and overlayfs's work directory (created)."""
+    return dirs.ensure(dirs.root / "upper", 0o755), dirs.ensure(dirs.root / "overlay-work")
 
 
 def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
@@ -288,8 +323,7 @@ def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     """
     base = os.path.commonpath([str(p.parent) for p in config.layers])
     lower = ":".join(os.path.relpath(p, base) for p in config.layers)
-    upper = dirs.ensure(dirs.root / "upper", 0o755)
-    work = dirs.ensure(dirs.root / "overlay-work")
+    upper, work = _overlay_dirs(dirs)
     config.rootfs.mkdir(exist_ok=True)
     unshare = [find_tool("unshare"), "--user", "--map-root-user", "--mount"]
     script = [find_tool("sh"), "-c", _MOUNT_SCRIPT, "sandlot-overlay", base, find_tool("mount")]
@@ -325,7 +359,7 @@ def zygote_jail(config: JailConfig, sandboxes_mount: str, keep: str) -> ZygoteJa
     assert config.sandboxes_dir is not None
     covered = ["/tmp", "/run", JAIL_HOME, config.workdir]
     # Each child mounts its own /proc over this one (and covers it as _proc_argv does).
-    argv = _system_argv(config, ["--proc", "/proc"])
+    argv = _system_argv(config, ["--proc", "/proc"], None)
     argv += ["--dir", "/tmp", "--dir", JAIL_HOME, "--dir", config.workdir]
     argv += ["--bind", str(config.sandboxes_dir), sandboxes_mount]
     if config.environment is not None:
@@ -387,8 +421,16 @@ def _proc_argv(empty: Path) -> list[str]:
     return argv
 
 
-def _system_argv(config: JailConfig, proc: list[str]) -> list[str]:
-    if config.layers:  # an image: its writable overlay is the root
+def _system_argv(
+    config: JailConfig, proc: list[str], overlay: tuple[Path, Path] | None
+) -> list[str]:
+    if overlay is not None:  # an image, its overlay mounted by bwrap: lowest layer first
+        sources = [
+            arg for layer in reversed(config.layers) for arg in ("--overlay-src", str(layer))
+        ]
+        upper, work = overlay
+        argv = [config.bwrap, *sources, "--overlay", str(upper), str(work), "/", *proc]
+    elif config.layers:  # an image: its writable overlay, mounted by overlay_argv, is the root
         argv = [config.bwrap, "--bind", str(config.rootfs), "/", *proc]
     else:
         argv = [config.bwrap, *_top_level(config.rootfs, config.host_view), *proc]
@@ -427,11 +469,13 @@ def _masks_argv(config: JailConfig, empty: Path | None) -> list[str]:
     return argv
 
 
-def _namespaces_argv(config: JailConfig) -> list[str]:
+def _namespaces_argv(config: JailConfig, native_overlay: bool = False) -> list[str]:
     argv = [] if config.layers else ["--remount-ro", "/"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not config.network:
         argv.append("--unshare-net")
     if config.user is not None:
         argv += ["--unshare-user", "--uid", str(config.user[0]), "--gid", str(config.user[1])]
+    elif native_overlay:  # root in the jail, as in overlay_argv's user namespace
+        argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
     return [*argv, "--die-with-parent", "--new-session", "--as-pid-1"]
