@@ -31,6 +31,9 @@ class RemoteShellChannel(Channel):
 
     kill_grace_s: float = 0.5
     """Seconds between SIGTERM and SIGKILL when the channel closes."""
+    sweep_orphans: bool = False
+    """Closing also kills unmarked orphans (``remote_shell.kill_argv``): only where PID 1 is
+    sandlot's init and the sandbox runs nothing else."""
 
     def __init__(self, marker: str, run: Runner) -> None:
         self._marker = marker
@@ -47,7 +50,7 @@ class RemoteShellChannel(Channel):
         self._closed = True
         with anyio.CancelScope(shield=True):
             await self._release()
-            await self._kill_all(self.kill_grace_s)
+            await self._kill_all(self.kill_grace_s, sweep_orphans=self.sweep_orphans)
 
     async def _signal(self, argv: list[str]) -> None:
         """Run ``argv`` for at most 30 s; never raises (the shell may already be gone)."""

@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-import anyio
-
 from sandlot.sandboxes.docker.engine import run_blocking
 from sandlot.sandboxes.docker.stream import Attached
 from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
@@ -28,13 +26,13 @@ from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
 if TYPE_CHECKING:
     from docker import APIClient
 
-_KILL_GRACE_S = 0.5
-
 
 class DockerChannel(RemoteShellChannel):
     """The attached exec ``exec_id`` running a session's ``bash`` (``remote_shell.shell_argv``),
     every process of which carries ``SANDLOT_EXEC_ID=marker``; ``run`` is the sandbox's
     ``exec``, which delivers signals."""
+
+    sweep_orphans = True  # PID 1 is sandlot's init (remote_shell.init_argv)
 
     def __init__(
         self, api: APIClient, exec_id: str, attached: Attached, marker: str, run: Runner
@@ -43,7 +41,6 @@ class DockerChannel(RemoteShellChannel):
         self._api = api
         self._exec_id = exec_id
         self._attached = attached
-        self._closed = False
 
     async def send(self, data: bytes) -> None:
         await self._attached.send(data)
@@ -60,11 +57,6 @@ class DockerChannel(RemoteShellChannel):
             return None if info.get("Running") or code is None else int(code)
         return None
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            with contextlib.suppress(OSError):
-                self._attached.close()
-            await self._kill_all(_KILL_GRACE_S, sweep_orphans=True)
+    async def _release(self) -> None:
+        with contextlib.suppress(OSError):
+            self._attached.close()
