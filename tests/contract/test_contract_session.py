@@ -153,11 +153,11 @@ async def test_long_output_keeps_head_and_tail(sandbox: Sandbox) -> None:
 async def test_timeout_returns_partial_output_and_keeps_state(session: BashSession) -> None:
     await session.run("cd /tmp && export SANDLOT_E=kept")
     started = time.monotonic()
-    r = await session.run("echo started; sleep 60; echo never", timeout=0.5)
+    r = await session.run("echo started; sleep 300; echo never", timeout=0.5)
     assert (r.timed_out, r.interrupted, r.exit_code) == (True, True, TIMEOUT_EXIT_CODE)
     assert r.output.startswith("started\n") and "never" not in r.output
     assert not r.shell_restarted
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 60  # far below the sleep: it did not wait for it
     assert (await session.run('echo "$SANDLOT_E $PWD"')).output == "kept /tmp\n"
 
 
@@ -203,8 +203,8 @@ async def test_interrupt_from_another_task(session: BashSession) -> None:
 
 async def test_background_job_does_not_block_and_survives(session: BashSession) -> None:
     started = time.monotonic()
-    r = await session.run("sleep 60 >/dev/null 2>&1 & echo $! > bg.pid; echo launched")
-    assert r.output == "launched\n" and time.monotonic() - started < 10
+    r = await session.run("sleep 300 >/dev/null 2>&1 & echo $! > bg.pid; echo launched")
+    assert r.output == "launched\n" and time.monotonic() - started < 60
     r = await session.run("sleep 30", timeout=0.5)  # interrupting later commands spares it
     assert r.timed_out
     assert (await session.run('kill -0 "$(cat bg.pid)" && echo running')).output == "running\n"
