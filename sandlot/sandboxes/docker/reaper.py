@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from sandlot._optional import require
+from sandlot.sandboxes.docker.commit import force_remove, list_snapshots
 from sandlot.sandboxes.labels import RUN_ID
 from sandlot.sandboxes.reaper import RemoteSandbox
 
@@ -37,18 +38,24 @@ class DockerReaper:
         self._not_found: type[Exception] = docker.errors.NotFound
 
     async def list_sandboxes(self, run_id: str | None = None) -> list[RemoteSandbox]:
-        """Containers (running or not) labelled ``sandlot.run_id`` (= ``run_id`` if given)."""
+        """Containers (running or not) labelled ``sandlot.run_id`` (= ``run_id`` if given),
+        then snapshot images (state ``"snapshot"``)."""
         label = f"{RUN_ID}={run_id}" if run_id else RUN_ID
         rows = await anyio.to_thread.run_sync(
             lambda: self._api.containers(all=True, filters={"label": label})
         )
+        images = await anyio.to_thread.run_sync(list_snapshots, self._api, run_id)
         return [
             RemoteSandbox("docker", row["Id"], row.get("Labels") or {}, row.get("State", ""))
             for row in rows
-        ]
+        ] + [RemoteSandbox("docker", i["Id"], i.get("Labels") or {}, "snapshot") for i in images]
 
     async def kill(self, sandbox: RemoteSandbox) -> None:
-        """Force-remove the container and its anonymous volumes; gone already is fine."""
+        """Force-remove the container and its anonymous volumes, or the snapshot image (and the
+        containers using it); gone already is fine."""
+        if sandbox.state == "snapshot":
+            await anyio.to_thread.run_sync(force_remove, self._api, sandbox.id)
+            return
 
         def remove() -> None:
             with contextlib.suppress(self._not_found):

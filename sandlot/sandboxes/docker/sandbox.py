@@ -34,6 +34,7 @@ from sandlot.sandboxes.archive import check_read_size, file_archive, read_single
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedOutput
+from sandlot.sandboxes.docker.commit import commit, remove
 from sandlot.sandboxes.docker.docker_channel import DockerChannel
 from sandlot.sandboxes.docker.engine import (
     api_error,
@@ -110,6 +111,7 @@ class DockerSandbox(Sandbox):
 
     name: ClassVar[str] = "docker"
     enforces_disk_mb: ClassVar[bool] = True
+    supports_snapshot: ClassVar[bool] = True  # a committed image (docker/commit.py)
     Options: ClassVar[type[DockerOptions]] = DockerOptions
     options: DockerOptions
 
@@ -209,7 +211,7 @@ class DockerSandbox(Sandbox):
 
     def _create_and_start(self) -> None:
         errors = sdk().errors
-        if self.options.pull == "always":
+        if self.options.pull == "always" and self.origin is None:
             self._pull()
         try:
             self._create()
@@ -257,7 +259,7 @@ class DockerSandbox(Sandbox):
     def _create_container(self, host_config: dict[str, Any]) -> dict[str, Any]:
         spec, api = self.spec, self._client
         created: dict[str, Any] = api.create_container(
-            spec.image,
+            self.origin.handle if self.origin else spec.image,
             entrypoint=remote_shell.init_argv(spec.timeout_s),
             name=self.id,
             labels=sandbox_labels(self.id, spec.labels),
@@ -291,6 +293,13 @@ class DockerSandbox(Sandbox):
                 f"pulling image {image!r} (pull={policy!r}) failed: {exc.explanation or exc}",
                 retryable=exc.status_code is None or exc.status_code >= 500,
             ) from exc
+
+    async def _snapshot(self) -> str:
+        return await self._call("committing", commit, self._client, self._cid, self.spec.labels)
+
+    @classmethod
+    async def _delete_snapshot(cls, handle: str, options: BaseModel) -> None:
+        await remove(handle, getattr(options, "base_url", None))
 
     async def _close(self) -> None:
         if self._api is not None and self._container_id is not None:

@@ -1,0 +1,80 @@
+"""A local sandbox's snapshot: its private writable directories, copied once.
+
+A local sandbox writes only into its host directory (:class:`HostDirs`): ``work``, ``tmp``,
+``home``, ``overlay`` (pip on top of a cached environment) and, for a container image,
+``upper``, the writable layer of its overlayfs root (the workdir lives there). A snapshot is a
+sibling directory ``sandlot-snap-<hex>`` under the sandboxes' root holding a copy of each
+(``cp -a --reflink=auto``: a clone where the filesystem can, btrfs or XFS; overlayfs
+whiteouts and ``user.overlay.*`` attributes kept) and a ``labels.json``, so that ``sandlot gc
+--backend local`` lists and removes it as it does a sandbox's directory.
+
+A fork of a container image stacks the snapshot's ``upper`` read-only above the image's
+layers (nothing copied: overlayfs copies a file up when the fork writes it); its ``tmp`` and
+``home`` are copied in. A fork of ``image="host"`` or of a root filesystem directory has no
+overlay (its workdir is a bind mount): all its directories are copied in, a cost that grows
+with the workdir's size.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from sandlot.errors import SandboxError
+from sandlot.sandboxes.local.hostdirs import HostDirs, remove_tree
+
+SNAPSHOT_PREFIX = "sandlot-snap-"
+UPPER = "upper"
+"""The writable layer of a container image's overlay, in a sandbox's or a snapshot's dir."""
+_COPIED = ("work", "tmp", "home", "overlay")
+
+
+def _copy(source: Path, dest: Path) -> None:
+    """``dest`` (a directory, created when missing) gets the contents of ``source``.
+
+    Raises:
+        SandboxError: ``cp`` failed (its message).
+    """
+    done = subprocess.run(
+        ["cp", "-a", "--reflink=auto", "--preserve=xattr", "-T", str(source), str(dest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SandboxError(f"cannot copy {source} to {dest}: {done.stderr.strip()}")
+
+
+def freeze(dirs: HostDirs, dest: Path, labels: Mapping[str, str]) -> None:
+    """Copy the writable directories of the sandbox in ``dirs`` to the new snapshot ``dest``.
+
+    Raises:
+        SandboxError: a copy failed (``dest`` is removed again).
+        OSError: ``dest`` exists or cannot be created.
+    """
+    dest.mkdir(mode=0o700)
+    try:
+        for name in (*_COPIED, UPPER):
+            if (dirs.root / name).is_dir():
+                _copy(dirs.root / name, dest / name)
+        HostDirs(dest).write_labels(labels)
+    except BaseException:
+        remove_tree(dest)
+        raise
+
+
+def thaw(snapshot: Path, dirs: HostDirs) -> None:
+    """Copy the snapshot's directories but ``upper`` (which forks stack as a layer) into the
+    new sandbox's ``dirs``.
+
+    Raises:
+        SandboxError: a copy failed, or the snapshot is gone.
+    """
+    if not snapshot.is_dir():
+        raise SandboxError(f"snapshot {snapshot} is gone (removed by `sandlot gc`?)")
+    for name in _COPIED:
+        if (snapshot / name).is_dir():
+            _copy(snapshot / name, dirs.root / name)
+    # The fork makes its own `python` link (LocalSandbox._offer_python) when it needs one.
+    (dirs.shim_bin / "python").unlink(missing_ok=True)
