@@ -45,10 +45,15 @@ def open(
             is asked for another backend or another set-up than its snapshot's.
         pydantic.ValidationError: a value has the wrong type.
     """
+    cls = snapshot.backend if snapshot is not None and backend is None else get_backend(backend)
     if snapshot is not None:
+        if cls is not snapshot.backend:
+            raise ValueError(
+                f"a snapshot of the {snapshot.backend.name} backend cannot start a "
+                f"{cls.name} sandbox; leave backend unset to open a fork"
+            )
         spec = spec or snapshot.spec
         options = options if options is not None else snapshot.options
-    cls = snapshot.backend if snapshot is not None and backend is None else get_backend(backend)
     spec_fields = {k: v for k, v in fields.items() if k in SandboxSpec.model_fields}
     option_fields = {k: v for k, v in fields.items() if k not in spec_fields}
     unknown = [k for k in option_fields if k not in cls.Options.model_fields]
@@ -77,11 +82,6 @@ def open(
 
 
 def _check_fork(snapshot: Snapshot, sandbox: Sandbox) -> None:
-    if type(sandbox) is not snapshot.backend:
-        raise ValueError(
-            f"a snapshot of the {snapshot.backend.name} backend cannot start a "
-            f"{sandbox.name} sandbox; leave backend unset to open a fork"
-        )
     changed = [
         name for name in _SET_UP if getattr(sandbox.spec, name) != getattr(snapshot.spec, name)
     ]

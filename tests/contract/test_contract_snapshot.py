@@ -15,7 +15,9 @@ import anyio
 import pytest
 
 import sandlot
-from sandlot import Sandbox, SandboxStartError
+from sandlot import Sandbox, SandboxError, SandboxStartError
+from sandlot.images import is_image_reference
+from sandlot.sandboxes.local import LocalSandbox
 
 if TYPE_CHECKING:
     from conftest import ContractTarget
@@ -118,3 +120,51 @@ async def test_open_group_sets_up_sandboxes_that_are_independent(
         tokens = {await _read(sb, "token.txt") for sb in group}
         assert len(tokens) == (1 if type(group[0]).supports_snapshot else 3)
     assert all(sb.closed for sb in group)
+
+
+async def test_image_files_the_set_up_removed_stay_removed_in_forks(
+    open_sandbox: Callable[..., Sandbox],
+) -> None:
+    removing = (
+        "rm /etc/issue && rm -r /usr/share/doc && mkdir /usr/share/doc && "
+        "echo only > /usr/share/doc/only.txt"
+    )
+    original = open_sandbox(post_setup_cmd=removing)
+    if original.spec.image == "host":  # read-only in a jail, the machine's own without one
+        pytest.skip("a set-up must not remove the host image's files")
+    if not original.supports_snapshot:
+        pytest.skip("a fallback's forks run the set-up again: nothing is frozen")
+    async with original:
+        snap = await original.snapshot()
+    try:
+        async with sandlot.open(snapshot=snap) as fork:
+            r = await fork.exec("ls /etc/issue 2>/dev/null; ls /usr/share/doc")
+            assert r.stdout.split() == ["only.txt"], r.stderr
+    finally:
+        await snap.delete()
+
+
+async def test_a_fork_snapshotted_again_keeps_both_generations(
+    open_sandbox: Callable[..., Sandbox],
+) -> None:
+    async with open_sandbox(post_setup_cmd=SETUP) as original:
+        snap = await original.snapshot()
+    try:
+        async with sandlot.open(snapshot=snap) as fork:
+            await fork.exec("echo second > second.txt")
+            if isinstance(fork, LocalSandbox) and is_image_reference(fork.spec.image):
+                # its files are the snapshot's layer plus its own: not frozen again
+                with pytest.raises(SandboxError, match="snapshot the sandbox it was forked"):
+                    await fork.snapshot()
+                return
+            again = await fork.snapshot()
+        try:
+            async with sandlot.open(snapshot=again) as grandchild:
+                r = await grandchild.exec("cat setup.txt; cat second.txt 2>/dev/null; echo end")
+                # a fallback snapshot sets up from the spec: the fork's own file is not there
+                expected = ["built", "second", "end"] if again.native else ["built", "end"]
+                assert r.stdout.split() == expected, r.stderr
+        finally:
+            await again.delete()
+    finally:
+        await snap.delete()

@@ -46,7 +46,8 @@ def commit(api: APIClient, container_id: str, labels: Mapping[str, str]) -> str:
     # are valid Dockerfile quoting.
     changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in tagged.items()]
     result: dict[str, Any] = api.commit(container_id, changes=changes, pause=True)
-    return str(result["Id"])
+    image_id = str(result["Id"])  # Podman leaves out the algorithm the image list shows
+    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
 
 
 async def remove(image_id: str, base_url: str | None) -> None:
@@ -71,9 +72,11 @@ async def remove(image_id: str, base_url: str | None) -> None:
 
 def list_snapshots(api: APIClient, run_id: str | None) -> list[dict[str, Any]]:
     """Snapshot images (of run ``run_id`` when given), as the engine lists them."""
-    filters = [SNAPSHOT] + ([f"{RUN_ID}={run_id}"] if run_id else [])
-    rows: list[dict[str, Any]] = api.images(filters={"label": filters})
-    return rows
+    # One label per query: Podman 4 matches nothing for two (Docker requires both).
+    rows: list[dict[str, Any]] = api.images(
+        filters={"label": f"{RUN_ID}={run_id}" if run_id else SNAPSHOT}
+    )
+    return [row for row in rows if SNAPSHOT in (row.get("Labels") or {})]
 
 
 def force_remove(api: APIClient, image_id: str) -> None:
