@@ -30,20 +30,22 @@ UPPER = "upper"
 _COPIED = ("work", "tmp", "home", "overlay")
 
 
-def _copy(source: Path, dest: Path) -> None:
-    """``dest`` (a directory, created when missing) gets the contents of ``source``.
+def _copy(sources: list[Path], dest: Path) -> None:
+    """Copy the directories ``sources`` into the directory ``dest`` (one ``cp``: each process
+    spawned costs a fork's start more than a small tree does); one of the same name already
+    there is merged into.
 
     Raises:
         SandboxError: ``cp`` failed (its message).
     """
-    done = subprocess.run(
-        ["cp", "-a", "--reflink=auto", "--preserve=xattr", "-T", str(source), str(dest)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    if not sources:
+        return
+    argv = ["cp", "-a", "--reflink=auto", "--preserve=xattr", "-t", str(dest)]
+    done = subprocess.run([*argv, *map(str, sources)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SandboxError(f"cannot copy {source} to {dest}: {done.stderr.strip()}")
+        raise SandboxError(
+            f"cannot copy {dest.name} from {sources[0].parent}: {done.stderr.strip()}"
+        )
 
 
 def freeze(dirs: HostDirs, dest: Path, labels: Mapping[str, str]) -> None:
@@ -55,9 +57,7 @@ def freeze(dirs: HostDirs, dest: Path, labels: Mapping[str, str]) -> None:
     """
     dest.mkdir(mode=0o700)
     try:
-        for name in (*_COPIED, UPPER):
-            if (dirs.root / name).is_dir():
-                _copy(dirs.root / name, dest / name)
+        _copy([dirs.root / name for name in (*_COPIED, UPPER) if (dirs.root / name).is_dir()], dest)
         HostDirs(dest).write_labels(labels)
     except BaseException:
         remove_tree(dest)
@@ -73,8 +73,6 @@ def thaw(snapshot: Path, dirs: HostDirs) -> None:
     """
     if not snapshot.is_dir():
         raise SandboxError(f"snapshot {snapshot} is gone (removed by `sandlot gc`?)")
-    for name in _COPIED:
-        if (snapshot / name).is_dir():
-            _copy(snapshot / name, dirs.root / name)
+    _copy([snapshot / name for name in _COPIED if (snapshot / name).is_dir()], dirs.root)
     # The fork makes its own `python` link (LocalSandbox._offer_python) when it needs one.
     (dirs.shim_bin / "python").unlink(missing_ok=True)
