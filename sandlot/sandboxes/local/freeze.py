@@ -8,11 +8,13 @@ sibling directory ``sandlot-snap-<hex>`` under the sandboxes' root holding a cop
 whiteouts and ``user.overlay.*`` attributes kept) and a ``labels.json``, so that ``sandlot gc
 --backend local`` lists and removes it as it does a sandbox's directory.
 
-A fork of a container image stacks the snapshot's ``upper`` read-only above the image's
-layers (nothing copied: overlayfs copies a file up when the fork writes it); its ``tmp`` and
-``home`` are copied in. A fork of ``image="host"`` or of a root filesystem directory has no
-overlay (its workdir is a bind mount): all its directories are copied in, a cost that grows
-with the workdir's size.
+A fork in a jail stacks the snapshot's files read-only below its own writable ``upper``
+(nothing copied: overlayfs copies a file up when the fork writes it): for a container image
+the snapshot's ``upper`` above the image's layers, for ``image="host"`` or a root filesystem
+directory the snapshot's ``work`` as the workdir's lower layer. Its ``tmp``, ``home`` and
+``overlay`` are copied in (small: what the set-up wrote outside the workdir). Without a jail
+(``isolation="none"``) there is no overlay: the workdir is copied too, a cost that grows with
+its number of files. Such a layered fork is not snapshotted again (its files are two layers).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from sandlot.sandboxes.local.hostdirs import HostDirs, remove_tree
 SNAPSHOT_PREFIX = "sandlot-snap-"
 UPPER = "upper"
 """The writable layer of a container image's overlay, in a sandbox's or a snapshot's dir."""
-_COPIED = ("work", "tmp", "home", "overlay")
+WORK = "work"
+"""A sandbox's (or a snapshot's) workdir, when it is not a container image's."""
+_COPIED = (WORK, "tmp", "home", "overlay")
 
 
 def _copy(sources: list[Path], dest: Path) -> None:
@@ -64,15 +68,17 @@ def freeze(dirs: HostDirs, dest: Path, labels: Mapping[str, str]) -> None:
         raise
 
 
-def thaw(snapshot: Path, dirs: HostDirs) -> None:
-    """Copy the snapshot's directories but ``upper`` (which forks stack as a layer) into the
-    new sandbox's ``dirs``.
+def thaw(snapshot: Path, dirs: HostDirs, *, layered: bool) -> None:
+    """Copy the snapshot's directories into the new sandbox's ``dirs``: not ``upper`` (only a
+    container image's fork uses it, as a layer), nor ``work`` when the fork is ``layered``
+    (it stacks it).
 
     Raises:
         SandboxError: a copy failed, or the snapshot is gone.
     """
     if not snapshot.is_dir():
         raise SandboxError(f"snapshot {snapshot} is gone (removed by `sandlot gc`?)")
-    _copy([snapshot / name for name in _COPIED if (snapshot / name).is_dir()], dirs.root)
+    names = [n for n in _COPIED if not (layered and n == WORK) and (snapshot / n).is_dir()]
+    _copy([snapshot / name for name in names], dirs.root)
     # The fork makes its own `python` link (LocalSandbox._offer_python) when it needs one.
     (dirs.shim_bin / "python").unlink(missing_ok=True)

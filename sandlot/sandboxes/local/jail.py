@@ -157,6 +157,10 @@ class JailConfig:
         user: (uid, gid) the jail's processes run as, in a user namespace of their own where
             that id owns what root owns outside it (an image's non-root ``User``); ``None``:
             root.
+        work_layers: without ``layers``, for a fork of a snapshot (``image="host"`` or a root
+            filesystem directory): the snapshot's frozen workdir, read-only below the
+            sandbox's own writable ``upper``; the workdir is then an overlayfs of them,
+            mounted on the sandbox's ``work`` directory by :func:`overlay_argv`.
     """
 
     bwrap: str
@@ -170,6 +174,7 @@ class JailConfig:
     readonly: tuple[str, ...] = ()
     layers: tuple[Path, ...] = ()
     user: tuple[int, int] | None = None
+    work_layers: tuple[Path, ...] = ()
 
 
 def _shown(name: str, rootfs: Path, host_view: str) -> bool:
@@ -262,7 +267,7 @@ def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     argv += _masks_argv(config, empty)
     if config.environment is not None:
         argv += ["--bind", str(dirs.ensure(dirs.overlay)), JAIL_OVERLAY]
-    prefix = overlay_argv(config, dirs) if config.layers else []
+    prefix = overlay_argv(config, dirs) if config.layers or config.work_layers else []
     return [*prefix, *argv, *_namespaces_argv(config), "--cap-drop", "ALL"]
 
 
@@ -274,7 +279,8 @@ _MOUNT_SCRIPT = (
 
 def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     """The command that runs bwrap (append its argv) once ``config.rootfs`` is an overlayfs of
-    ``config.layers`` under the sandbox's own writable ``upper`` directory.
+    ``config.layers`` under the sandbox's own writable ``upper`` directory (or, with
+    ``config.work_layers`` instead, the sandbox's ``work`` directory one of those).
 
     util-linux's ``unshare`` makes a user and mount namespace (the caller is root in it, as
     rootless podman is) where the kernel lets an unprivileged user mount overlayfs (Linux
@@ -286,14 +292,17 @@ def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
         BackendUnavailableError: ``unshare``, ``mount`` or ``sh`` is missing.
         OSError: the sandbox's overlay directories cannot be created.
     """
-    base = os.path.commonpath([str(p.parent) for p in config.layers])
-    lower = ":".join(os.path.relpath(p, base) for p in config.layers)
+    layers, target = config.layers, config.rootfs
+    if not layers:
+        layers, target = config.work_layers, dirs.work
+    base = os.path.commonpath([str(p.parent) for p in layers])
+    lower = ":".join(os.path.relpath(p, base) for p in layers)
     upper = dirs.ensure(dirs.root / "upper", 0o755)
     work = dirs.ensure(dirs.root / "overlay-work")
-    config.rootfs.mkdir(exist_ok=True)
+    target.mkdir(exist_ok=True)
     unshare = [find_tool("unshare"), "--user", "--map-root-user", "--mount"]
     script = [find_tool("sh"), "-c", _MOUNT_SCRIPT, "sandlot-overlay", base, find_tool("mount")]
-    return [*unshare, *script, lower, str(upper), str(work), str(config.rootfs)]
+    return [*unshare, *script, lower, str(upper), str(work), str(target)]
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
-from sandlot.sandboxes.local.freeze import SNAPSHOT_PREFIX, UPPER, freeze, thaw
+from sandlot.sandboxes.local.freeze import SNAPSHOT_PREFIX, UPPER, WORK, freeze, thaw
 from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, remove_tree, sandboxes_dir
 from sandlot.sandboxes.local.init_client import InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
@@ -280,8 +280,11 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             raise SandboxStartError(f"cannot write the sandbox's labels: {exc}") from exc
         source = rootfs / spec.workdir.lstrip("/")
-        if self.origin is not None and self.origin.handle is not None:
-            await anyio.to_thread.run_sync(thaw, Path(self.origin.handle), dirs)
+        frozen = self.origin.handle if self.origin is not None else None
+        if frozen is not None:
+            await anyio.to_thread.run_sync(
+                functools.partial(thaw, Path(frozen), dirs, layered=self.isolated)
+            )
         elif rootfs != Path("/") and self._image is None and source.is_dir():
             await anyio.to_thread.run_sync(copy_tree, source, dirs.work)
         self._cgroups = create_cgroups(
@@ -308,6 +311,7 @@ class LocalSandbox(Sandbox):
                 readonly=interpreter_prefixes() if rootfs == Path("/") else (),
                 layers=self._image.layers if self._image else (),
                 user=self._image.user_ids() if self._image else None,
+                work_layers=(Path(frozen) / WORK,) if frozen and not self._image else (),
             )
         else:
             log.warning(
@@ -328,14 +332,14 @@ class LocalSandbox(Sandbox):
         beside it (:mod:`sandlot.sandboxes.local.freeze`); its path is the handle.
 
         Raises:
-            SandboxError: a copy failed, or this is a fork of a container image (its files
-                are the snapshot's layer plus its own: snapshot the group's first sandbox).
+            SandboxError: a copy failed, or this is a fork in a jail (its files are the
+                snapshot's layer plus its own: snapshot the group's first sandbox).
         """
         assert self._dirs is not None
-        if self.origin is not None and self._image is not None:
+        if self.origin is not None and self.isolated:
             raise SandboxError(
-                f"sandbox {self.id} is a fork of a container image on the local backend, "
-                "which cannot be snapshotted again; snapshot the sandbox it was forked from",
+                f"sandbox {self.id} is a fork in a jail on the local backend, whose files are "
+                "layers that cannot be snapshotted again; snapshot the sandbox it was forked from",
                 retryable=False,
             )
         name = SNAPSHOT_PREFIX + uuid.uuid4().hex[:12]
@@ -358,8 +362,10 @@ class LocalSandbox(Sandbox):
         """
         assert self._dirs is not None
         config = self._jail_config
-        # A zygote runs the code our interpreter compiled: only on the host image.
-        if config and config.rootfs == Path("/") and self.options.zygote and not self.spec.disk_mb:
+        # A zygote runs the code our interpreter compiled: only on the host image, and only
+        # plain shapes (no tmpfs, no workdir overlay).
+        plain = not self.spec.disk_mb and config is not None and not config.work_layers
+        if config and config.rootfs == Path("/") and self.options.zygote and plain:
             zygote = await acquire(config, python)
             if zygote is not None:
                 await self._fork_init(config, zygote)
