@@ -120,3 +120,24 @@ async def test_docker_snapshots_are_labelled_images_that_gc_and_delete_remove() 
     finally:
         await snap.delete()
         await kept.delete()
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_a_jailed_fork_of_the_host_stacks_the_snapshots_workdir(
+    local_root: str, zygote: bool
+) -> None:
+    setup = f"{TOKEN} && echo kept > kept.txt"
+    opened = sandlot.open("local", post_setup_cmd=setup, root_dir=local_root, zygote=zygote)
+    async with opened as sb:
+        snap = await sb.snapshot()
+    try:
+        async with sandlot.open(snapshot=snap) as fork:
+            assert isinstance(fork, LocalSandbox) and fork.host_dir and fork.host_workdir
+            r = await fork.exec("rm token.txt && echo new > new.txt && ls")
+            assert r.stdout.split() == ["kept.txt", "new.txt"], r.stderr
+            # nothing copied: the fork's writes (and the whiteout of token.txt) are its layer
+            upper = await anyio.to_thread.run_sync(os.listdir, fork.host_dir / "upper")
+            assert sorted(upper) == ["new.txt", "token.txt"]
+            assert await anyio.to_thread.run_sync(os.listdir, fork.host_workdir) == []
+    finally:
+        await snap.delete()

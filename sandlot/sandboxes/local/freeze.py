@@ -19,6 +19,7 @@ its number of files. Such a layered fork is not snapshotted again (its files are
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +29,13 @@ from sandlot.sandboxes.local.hostdirs import HostDirs, remove_tree
 
 SNAPSHOT_PREFIX = "sandlot-snap-"
 UPPER = "upper"
-"""The writable layer of a container image's overlay, in a sandbox's or a snapshot's dir."""
+"""The writable layer of a sandbox's overlay (a container image's root, or a fork's workdir),
+in a sandbox's or a snapshot's directory."""
+OVERLAY_WORK = "overlay-work"
+"""overlayfs's own ``workdir`` beside ``upper``."""
+LOWER = "lower"
+"""In a fork's directory: symlink to the snapshot's ``work`` (the same name as ``zygote.LOWER``;
+that file is not imported here)."""
 WORK = "work"
 """A sandbox's (or a snapshot's) workdir, when it is not a container image's."""
 _COPIED = (WORK, "tmp", "home", "overlay")
@@ -68,17 +75,25 @@ def freeze(dirs: HostDirs, dest: Path, labels: Mapping[str, str]) -> None:
         raise
 
 
-def thaw(snapshot: Path, dirs: HostDirs, *, layered: bool) -> None:
-    """Copy the snapshot's directories into the new sandbox's ``dirs``: not ``upper`` (only a
-    container image's fork uses it, as a layer), nor ``work`` when the fork is ``layered``
-    (it stacks it).
+def thaw(snapshot: Path, dirs: HostDirs, *, stack_work: bool) -> None:
+    """Copy the snapshot's directories into the new sandbox's ``dirs``, but ``upper`` (a
+    container image's fork stacks it as a layer, :class:`JailConfig` ``layers``) and, with
+    ``stack_work``, ``work``: the fork's workdir is then an overlayfs of the snapshot's
+    ``work`` under its own ``upper``, mounted by the jail (``JailConfig.work_layers``) or by
+    a zygote's child, which finds the snapshot by the symlink :data:`LOWER`.
 
     Raises:
         SandboxError: a copy failed, or the snapshot is gone.
+        OSError: the overlay's directories cannot be made.
     """
     if not snapshot.is_dir():
         raise SandboxError(f"snapshot {snapshot} is gone (removed by `sandlot gc`?)")
-    names = [n for n in _COPIED if not (layered and n == WORK) and (snapshot / n).is_dir()]
+    names = [n for n in _COPIED if not (stack_work and n == WORK) and (snapshot / n).is_dir()]
     _copy([snapshot / name for name in names], dirs.root)
     # The fork makes its own `python` link (LocalSandbox._offer_python) when it needs one.
     (dirs.shim_bin / "python").unlink(missing_ok=True)
+    if stack_work:
+        # Relative: the zygote sees the sandboxes' directory elsewhere.
+        (dirs.root / LOWER).symlink_to(os.path.relpath(snapshot / WORK, dirs.root))
+        dirs.ensure(dirs.root / UPPER, 0o755)
+        dirs.ensure(dirs.root / OVERLAY_WORK)

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.images.tools import find_tool
+from sandlot.sandboxes.local.freeze import OVERLAY_WORK, UPPER
 from sandlot.sandboxes.local.hostdirs import HostDirs
 
 JAIL_HOME = "/sandlot/home"
@@ -297,8 +298,8 @@ def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
         layers, target = config.work_layers, dirs.work
     base = os.path.commonpath([str(p.parent) for p in layers])
     lower = ":".join(os.path.relpath(p, base) for p in layers)
-    upper = dirs.ensure(dirs.root / "upper", 0o755)
-    work = dirs.ensure(dirs.root / "overlay-work")
+    upper = dirs.ensure(dirs.root / UPPER, 0o755)
+    work = dirs.ensure(dirs.root / OVERLAY_WORK)
     target.mkdir(exist_ok=True)
     unshare = [find_tool("unshare"), "--user", "--map-root-user", "--mount"]
     script = [find_tool("sh"), "-c", _MOUNT_SCRIPT, "sandlot-overlay", base, find_tool("mount")]

@@ -282,8 +282,9 @@ class LocalSandbox(Sandbox):
         source = rootfs / spec.workdir.lstrip("/")
         frozen = self.origin.handle if self.origin is not None else None
         if frozen is not None:
+            stack_work = self.isolated and self._image is None
             await anyio.to_thread.run_sync(
-                functools.partial(thaw, Path(frozen), dirs, layered=self.isolated)
+                functools.partial(thaw, Path(frozen), dirs, stack_work=stack_work)
             )
         elif rootfs != Path("/") and self._image is None and source.is_dir():
             await anyio.to_thread.run_sync(copy_tree, source, dirs.work)
@@ -362,13 +363,13 @@ class LocalSandbox(Sandbox):
         """
         assert self._dirs is not None
         config = self._jail_config
-        # A zygote runs the code our interpreter compiled: only on the host image, and only
-        # plain shapes (no tmpfs, no workdir overlay).
-        plain = not self.spec.disk_mb and config is not None and not config.work_layers
-        if config and config.rootfs == Path("/") and self.options.zygote and plain:
-            zygote = await acquire(config, python)
+        # A zygote runs the code our interpreter compiled: only on the host image. A fork's
+        # workdir overlay is not part of the shape: the zygote's child finds it (freeze.LOWER).
+        if config and config.rootfs == Path("/") and self.options.zygote and not self.spec.disk_mb:
+            shape = dataclasses.replace(config, work_layers=())
+            zygote = await acquire(shape, python)
             if zygote is not None:
-                await self._fork_init(config, zygote)
+                await self._fork_init(shape, zygote)
                 return
         try:
             jail = []
