@@ -41,6 +41,7 @@ from sandlot.rollout.ray_episodes import RayEpisodes
 from sandlot.rollout.report import REPORT_FILE, report_meta, write_report
 from sandlot.rollout.rows import load_rows
 from sandlot.rollout.scheduler import run_rollout, run_until_signalled
+from sandlot.rollout.setups import SetupCache
 from sandlot.rollout.stats import RolloutStats
 from sandlot.rollout.store import TRAJECTORIES_FILE, TrajectoryLog, atomic_write, write_predictions
 from sandlot.rollout.summary import RolloutSummary, summarize
@@ -93,7 +94,8 @@ def _public_url(url: str) -> str:
     default=1,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Episodes per instance (pass@n, avg@n).",
+    help="Episodes per instance (pass@n, avg@n); with reward.mode fresh they share one set-up "
+    "per instance (docs/groups.md).",
 )
 @click.option(
     "--concurrency",
@@ -369,17 +371,19 @@ def rollout_command(
                     finally:
                         left_open = ray_eps.left_open
                     return
-                with InProcessEpisodes(
-                    policy,
-                    config,
-                    backend=backend_name,
-                    model_name_or_path=model,
-                    sandbox_options=options,
-                ) as episodes:
-                    try:
-                        await run_rollout(rows, episodes, log_file, **common)
-                    finally:
-                        left_open = episodes.alive
+                async with SetupCache() as setups:
+                    with InProcessEpisodes(
+                        policy,
+                        config,
+                        backend=backend_name,
+                        model_name_or_path=model,
+                        sandbox_options=options,
+                        setups=setups if samples > 1 else None,
+                    ) as episodes:
+                        try:
+                            await run_rollout(rows, episodes, log_file, **common)
+                        finally:
+                            left_open = episodes.alive
 
         def on_signal(signum: int, count: int) -> None:
             name = signal.Signals(signum).name
