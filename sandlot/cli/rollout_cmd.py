@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import time
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -371,7 +372,7 @@ def rollout_command(
                     finally:
                         left_open = ray_eps.left_open
                     return
-                async with SetupCache() as setups:
+                async with aclosing(SetupCache()) as setups:
                     with InProcessEpisodes(
                         policy,
                         config,

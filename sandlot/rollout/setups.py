@@ -8,7 +8,7 @@ it; the other samples of the key wait for that, then start forks of the snapshot
 backend without ``supports_snapshot``, and a snapshot already evicted all fall back to the
 per-sample set-up, never failing a sample that would have run without the cache. At most
 ``max_snapshots`` are kept (the oldest deleted first: a fork still running keeps its files);
-leaving the ``async with`` block deletes the rest.
+``aclose()`` deletes the rest.
 
 One cache serves the episodes of one event loop (``InProcessEpisodes``); Ray actors each
 set up on their own.
@@ -22,7 +22,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 
 import anyio
 from pydantic import BaseModel
@@ -129,21 +128,11 @@ class SetupCache:
             assert snapshot is not None
             await snapshot.delete()
 
-    async def close(self) -> None:
-        """Delete every snapshot (each when its last fork closes). Idempotent."""
+    async def aclose(self) -> None:
+        """Delete every snapshot (each when its last fork closes); idempotent, finishes under
+        cancellation. Use the cache as ``async with contextlib.aclosing(SetupCache())``."""
         entries, self._entries = list(self._entries.values()), OrderedDict()
-        for entry in entries:
-            if entry.snapshot is not None:
-                await entry.snapshot.delete()
-
-    async def __aenter__(self) -> SetupCache:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
         with anyio.CancelScope(shield=True):
-            await self.close()
+            for entry in entries:
+                if entry.snapshot is not None:
+                    await entry.snapshot.delete()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -60,7 +61,7 @@ async def _group(
 async def test_the_samples_of_a_row_are_set_up_once(
     make_row: MakeRow, solver: OpenAIChatPolicy
 ) -> None:
-    async with SetupCache() as setups:
+    async with aclosing(SetupCache()) as setups:
         trajectories = await _group(make_row, solver, setups)
     assert setups.set_ups == 1
     for traj in trajectories:
@@ -76,7 +77,7 @@ async def test_a_set_up_that_cannot_be_frozen_is_done_per_sample(
         raise SandboxError("cannot freeze", retryable=False)
 
     monkeypatch.setattr(LocalSandbox, "_snapshot", refuse)
-    async with SetupCache() as setups:
+    async with aclosing(SetupCache()) as setups:
         trajectories = await _group(make_row, solver, setups)
     assert setups.set_ups == 4
     assert all(t.reward == 1.0 for t in trajectories)
@@ -87,7 +88,7 @@ async def test_at_most_max_snapshots_are_kept() -> None:
         await sb.exec("echo ready > ready.txt")
 
     spec, options = SandboxSpec(), LocalSandbox.Options()
-    async with SetupCache(max_snapshots=1) as setups:
+    async with aclosing(SetupCache(max_snapshots=1)) as setups:
         for key in ("a", "b", "a"):
             sb = await setups.open(key, "local", spec, options, prepare)
             await sb.close()
