@@ -198,20 +198,23 @@ class Sandbox(Transport):
             await self._start_limited(self.spec.start_limits or StartLimits.from_env())
             self._state = "started"
             _live.add(self)
-            if self.origin is not None:
-                return
-            recipe = self.spec.environment
-            if recipe is not None:
-                if recipe.has_packages:
-                    await self._install_environment(recipe)
-                for step in recipe.repo_steps:
-                    await self._setup_step(step, self.spec.post_setup_timeout_s, "install")
-            if self.spec.post_setup_cmd:
-                await self._post_setup(self.spec.post_setup_cmd)
+            if self.origin is None:  # a fork's files hold the set-up's result
+                await self._set_up()
         except BaseException:
             await self.close()
             raise
         log.debug("sandbox %s (%s) started", self.id, self.name)
+
+    async def _set_up(self) -> None:
+        """The environment recipe (packages, install steps), then ``post_setup_cmd``."""
+        recipe = self.spec.environment
+        if recipe is not None:
+            if recipe.has_packages:
+                await self._install_environment(recipe)
+            for step in recipe.repo_steps:
+                await self._setup_step(step, self.spec.post_setup_timeout_s, "install")
+        if self.spec.post_setup_cmd:
+            await self._post_setup(self.spec.post_setup_cmd)
 
     async def _start_limited(self, limits: StartLimits) -> None:
         clock = StartClock(limits.budget_s)
