@@ -16,8 +16,11 @@ Two measurements, in one run:
    its durable append. Reported as milliseconds per episode step (target < 1 ms), and the
    scheduler alone (episodes that return a ready trajectory) per episode.
 
+With ``--groups`` each level runs twice, the second time with the samples of a row sharing
+one set-up (:class:`~sandlot.rollout.setups.SetupCache`, as ``sandlot rollout -n``).
+
 Usage: python benchmarks/rollout_throughput.py [--levels 1,8,32,128] [--episodes N]
-       [--overhead-episodes 1000] [--steps 20] [--skip-throughput]
+       [--overhead-episodes 1000] [--steps 20] [--skip-throughput] [--groups]
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from contextlib import aclosing
+from itertools import product
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -56,6 +61,7 @@ from sandlot.rollout.policy import Message, PolicyTurn  # noqa: E402
 from sandlot.rollout.record import EpisodeRecord  # noqa: E402
 from sandlot.rollout.rows import load_rows  # noqa: E402
 from sandlot.rollout.scheduler import run_rollout  # noqa: E402
+from sandlot.rollout.setups import SetupCache  # noqa: E402
 from sandlot.rollout.store import TrajectoryLog  # noqa: E402
 from sandlot.rollout.trajectory import ExitReason, Trajectory  # noqa: E402
 from sandlot.runtimes.observation import Observation  # noqa: E402
@@ -90,14 +96,26 @@ def _swe_mini(workdir: Path) -> tuple[Path, list[dict[str, Any]]]:
 
 
 async def _throughput_level(
-    rows: list[TaskRow], url: str, config: AgentConfig, concurrency: int, episodes: int, out: Path
+    rows: list[TaskRow],
+    url: str,
+    config: AgentConfig,
+    concurrency: int,
+    episodes: int,
+    out: Path,
+    grouped: bool,
 ) -> dict[str, float]:
     samples = math.ceil(episodes / len(rows))
-    log_path = out / f"c{concurrency}" / "trajectories.jsonl"
-    async with OpenAIChatPolicy(url, "solver") as policy:
+    log_path = out / f"c{concurrency}{'-groups' if grouped else ''}" / "trajectories.jsonl"
+    async with OpenAIChatPolicy(url, "solver") as policy, aclosing(SetupCache()) as setups:
         with (
             TrajectoryLog(log_path) as log,
-            InProcessEpisodes(policy, config, backend="local", model_name_or_path="solver") as eps,
+            InProcessEpisodes(
+                policy,
+                config,
+                backend="local",
+                model_name_or_path="solver",
+                setups=setups if grouped else None,
+            ) as eps,
         ):
             started = time.monotonic()
             await run_rollout(rows, eps, log, samples=samples, concurrency=concurrency)
@@ -160,15 +178,14 @@ def throughput(args: argparse.Namespace, console: Console) -> Table:
             anyio.run(local.build_environment, recipe)  # cached: not part of the figures
         base: float | None = None
         with ScriptedServer(records) as server:
-            for concurrency in levels:
+            for concurrency, grouped in product(levels, (False, True) if args.groups else (False,)):
                 episodes = args.episodes or max(8, concurrency)
                 console.print(f"concurrency {concurrency}: {episodes} episodes ...")
-                f = anyio.run(
-                    _throughput_level, rows, server.url, config, concurrency, episodes, work
-                )
+                level = (rows, server.url, config, concurrency, episodes, work, grouped)
+                f = anyio.run(_throughput_level, *level)
                 base = base or f["per_min"]
                 table.add_row(
-                    str(concurrency),
+                    f"{concurrency}{' groups' if grouped else ''}",
                     f"{f['episodes']:.0f}",
                     f"{f['wall_s']:.1f}",
                     f"{f['per_min']:.1f}",
@@ -331,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead-episodes", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=20, help="steps per fake episode")
     parser.add_argument("--skip-throughput", action="store_true", help="only the overhead")
+    parser.add_argument(
+        "--groups",
+        action="store_true",
+        help="run each level again with the samples of a row sharing one set-up (SetupCache)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     console = Console(width=140)

@@ -19,9 +19,11 @@ from sandlot.sandboxes import (
     SandboxSetupError,
     SandboxSpec,
     SandboxStartError,
+    Snapshot,
     available_backends,
     get_backend,
     open,
+    open_group,
     register_backend,
 )
 
@@ -42,9 +44,11 @@ __all__ = [
     "SandboxSpec",
     "SandboxStartError",
     "SandlotError",
+    "Snapshot",
     "__version__",
     "available_backends",
     "get_backend",
     "open",
+    "open_group",
     "register_backend",
 ]

@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import time
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -42,6 +43,7 @@ from sandlot.rollout.ray_episodes import RayEpisodes
 from sandlot.rollout.report import REPORT_FILE, report_meta, write_report
 from sandlot.rollout.rows import load_rows
 from sandlot.rollout.scheduler import run_rollout, run_until_signalled
+from sandlot.rollout.setups import SetupCache
 from sandlot.rollout.stats import RolloutStats
 from sandlot.rollout.store import TRAJECTORIES_FILE, TrajectoryLog, atomic_write, write_predictions
 from sandlot.rollout.summary import RolloutSummary, summarize
@@ -94,7 +96,8 @@ def _public_url(url: str) -> str:
     default=1,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Episodes per instance (pass@n, avg@n).",
+    help="Episodes per instance (pass@n, avg@n); with reward.mode fresh they share one set-up "
+    "per instance (docs/groups.md).",
 )
 @click.option(
     "--concurrency",
@@ -370,17 +373,19 @@ def rollout_command(
                     finally:
                         left_open = ray_eps.left_open
                     return
-                with InProcessEpisodes(
-                    policy,
-                    config,
-                    backend=backend_name,
-                    model_name_or_path=model,
-                    sandbox_options=options,
-                ) as episodes:
-                    try:
-                        await run_rollout(rows, episodes, log_file, **common)
-                    finally:
-                        left_open = episodes.alive
+                async with aclosing(SetupCache()) as setups:
+                    with InProcessEpisodes(
+                        policy,
+                        config,
+                        backend=backend_name,
+                        model_name_or_path=model,
+                        sandbox_options=options,
+                        setups=setups if samples > 1 else None,
+                    ) as episodes:
+                        try:
+                            await run_rollout(rows, episodes, log_file, **common)
+                        finally:
+                            left_open = episodes.alive
 
         def on_signal(signum: int, count: int) -> None:
             name = signal.Signals(signum).name

@@ -48,6 +48,7 @@ from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.generation import GenerationConfig
 from sandlot.rollout.graded import GradedFiles, remove_graded, restore_graded
 from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError, PolicyTurn
+from sandlot.rollout.setups import SetupCache, setup_key
 from sandlot.rollout.trajectory import ExitReason, Step, ToolObservation, Trajectory
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open as open_sandbox
@@ -373,6 +374,7 @@ async def run_episode(
     backend: str | None = None,
     model_name_or_path: str = "",
     sandbox_options: BaseModel | None = None,
+    setups: SetupCache | None = None,
 ) -> Trajectory:
     """Run one episode of ``row`` with ``policy`` and grade it (see the module docstring).
 
@@ -384,6 +386,9 @@ async def run_episode(
         backend: overrides the config's backend (``None``: ``config.sandbox.resolved_backend``).
         model_name_or_path: recorded in the trajectory and its ``EvalResult``.
         sandbox_options: overrides the config's options for the backend.
+        setups: shares the set-up of the row's samples (:mod:`sandlot.rollout.setups`;
+            ``reward.mode: fresh`` only): a fork of the first sample's set-up sandbox, whose
+            ``timings_s["setup"]`` then covers the start too.
 
     Returns:
         The :class:`Trajectory`; ``timings_s`` has ``start``, ``setup``, ``agent``, ``model``,
@@ -402,20 +407,32 @@ async def run_episode(
         options = sandbox_options or config.sandbox.options_for(backend)
         spec = episode_spec(row, config, backend)
         traj.messages = render_prompt(row, config)
-        sb = open_sandbox(backend, spec, options=options)
-        try:
-            with timer("start"):
-                await sb.start()
-            with timer("setup"):
+        if setups is not None and not same:  # fresh grading: the samples share a set-up
+            key = setup_key(ep.instance.instance_id, backend, spec, options)
+
+            async def prepare(sb: Sandbox) -> None:
                 await prepare_repo(sb, ep.instance, backend)
-                graded = await _remove_graded(ep, sb, Path(copies.name) if copies else None)
-                # Before the first turn: nothing in it is the agent's (see rewards.lingering).
-                baseline = await ProcessBaseline.take(sb) if same else None
-                if same and baseline is None:
-                    traj.warnings.append(
-                        "reward mode 'same' in a sandbox that shares this machine's processes: "
-                        "what the agent leaves running cannot be stopped before the grading"
-                    )
+                await _remove_graded(ep, sb, None)
+
+            with timer("setup"):
+                sb = await setups.open(key, backend, spec, options, prepare)
+        else:
+            sb = open_sandbox(backend, spec, options=options)
+        try:
+            if setups is None or same:
+                with timer("start"):
+                    await sb.start()
+                with timer("setup"):
+                    await prepare_repo(sb, ep.instance, backend)
+                    graded = await _remove_graded(ep, sb, Path(copies.name) if copies else None)
+                    # Before the first turn: nothing in it is the agent's (rewards.lingering).
+                    baseline = await ProcessBaseline.take(sb) if same else None
+                    if same and baseline is None:
+                        traj.warnings.append(
+                            "reward mode 'same' in a sandbox that shares this machine's "
+                            "processes: what the agent leaves running cannot be stopped before "
+                            "the grading"
+                        )
             with timer("agent"):
                 await ep.run_turns(sb)
             await ep.take_patch(sb)

@@ -13,6 +13,7 @@ from sandlot.datasets.rows import TaskRow
 from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.policy import Policy
+from sandlot.rollout.setups import SetupCache
 from sandlot.rollout.trajectory import ExitReason, Trajectory
 from sandlot.sandboxes.base import live_sandboxes
 from sandlot.sandboxes.limits import starting_gate
@@ -55,6 +56,9 @@ class InProcessEpisodes:
     """Episodes run by :func:`~sandlot.rollout.agent.run_episode` on this event loop, all
     with one ``policy``.
 
+    ``setups`` (a :class:`~sandlot.rollout.setups.SetupCache`, which the caller deletes at the
+    end of the run) makes the samples of a row share one set-up.
+
     Raises:
         ConfigError: the config's options for ``backend`` are invalid.
 
@@ -69,8 +73,10 @@ class InProcessEpisodes:
         backend: str,
         model_name_or_path: str = "",
         sandbox_options: BaseModel | None = None,
+        setups: SetupCache | None = None,
     ) -> None:
         self.policy = policy
+        self.setups = setups
         self.config = config
         self.backend = backend
         self.model_name_or_path = model_name_or_path
@@ -98,6 +104,7 @@ class InProcessEpisodes:
             backend=self.backend,
             model_name_or_path=self.model_name_or_path,
             sandbox_options=self.sandbox_options,
+            setups=self.setups,
         )
 
     async def gauges(self) -> Gauges:

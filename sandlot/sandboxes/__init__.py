@@ -14,8 +14,10 @@ from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.archive import DownloadLimitError, DownloadReport
 from sandlot.sandboxes.base import Command, Sandbox
 from sandlot.sandboxes.environment import EnvironmentRecipe
+from sandlot.sandboxes.group import open_group
 from sandlot.sandboxes.open import open
 from sandlot.sandboxes.registry import available_backends, get_backend, register_backend
+from sandlot.sandboxes.snapshot import Snapshot
 from sandlot.sandboxes.spec import SandboxSpec
 
 __all__ = [
@@ -35,8 +37,10 @@ __all__ = [
     "SandboxSetupError",
     "SandboxSpec",
     "SandboxStartError",
+    "Snapshot",
     "available_backends",
     "get_backend",
     "open",
+    "open_group",
     "register_backend",
 ]

@@ -51,6 +51,7 @@ from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import run_id
 from sandlot.sandboxes.limits import StartClock, StartLimits, starting_gate, starting_slot
+from sandlot.sandboxes.snapshot import Snapshot
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.transport import RunRequest, Transport, TreeCaps
 
@@ -135,6 +136,9 @@ class Sandbox(Transport):
         self._state: Literal["new", "started", "closed"] = "new"
         self._dead: str | None = None
         self._sessions: dict[str, BashSession] = {}
+        self.origin: Snapshot | None = None
+        """The native snapshot this sandbox is a fork of (``sandlot.open(snapshot=)``)."""
+        self._holds_origin = False
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -145,7 +149,8 @@ class Sandbox(Transport):
         can run commands; a retryable failure is cleaned up and retried with backoff within the
         start budget. After the slot is released: the environment recipe's packages are
         provided (:meth:`_install_environment`), its repository steps (``pre_install``,
-        ``install``) run in ``workdir``, then ``post_setup_cmd``. On any failure, including
+        ``install``) run in ``workdir``, then ``post_setup_cmd``; a fork of a native snapshot
+        (``origin``) skips them all, its files hold their result. On any failure, including
         cancellation, the partly created sandbox is closed before the error propagates.
 
         Raises:
@@ -188,21 +193,29 @@ class Sandbox(Transport):
                     "leave disk_mb unset (None) for it",
                     retryable=False,
                 )
+            if self.origin is not None:
+                self.origin._acquire(self.id)
+                self._holds_origin = True
             await self._start_limited(self.spec.start_limits or StartLimits.from_env())
             self._state = "started"
             _live.add(self)
-            recipe = self.spec.environment
-            if recipe is not None:
-                if recipe.has_packages:
-                    await self._install_environment(recipe)
-                for step in recipe.repo_steps:
-                    await self._setup_step(step, self.spec.post_setup_timeout_s, "install")
-            if self.spec.post_setup_cmd:
-                await self._post_setup(self.spec.post_setup_cmd)
+            if self.origin is None:  # a fork's files hold the set-up's result
+                await self._set_up()
         except BaseException:
             await self.close()
             raise
         log.debug("sandbox %s (%s) started", self.id, self.name)
+
+    async def _set_up(self) -> None:
+        """The environment recipe (packages, install steps), then ``post_setup_cmd``."""
+        recipe = self.spec.environment
+        if recipe is not None:
+            if recipe.has_packages:
+                await self._install_environment(recipe)
+            for step in recipe.repo_steps:
+                await self._setup_step(step, self.spec.post_setup_timeout_s, "install")
+        if self.spec.post_setup_cmd:
+            await self._post_setup(self.spec.post_setup_cmd)
 
     async def _start_limited(self, limits: StartLimits) -> None:
         clock = StartClock(limits.budget_s)
@@ -341,7 +354,35 @@ class Sandbox(Transport):
                 for session in self._sessions.values():
                     await session.close()
             await self._destroy("closing", deadline)
+            if self.origin is not None and self._holds_origin:
+                self._holds_origin = False
+                await self.origin._release()
         log.debug("sandbox %s (%s) closed", self.id, self.name)
+
+    async def snapshot(self) -> Snapshot:
+        """Freeze this sandbox's files (not its processes) for forks:
+        ``sandlot.open(snapshot=snap)`` or :func:`sandlot.open_group` start from them without
+        running the set-up again, many times and concurrently. Take it between commands (a
+        command still writing may be caught half-way). Delete it with ``await snap.delete()``
+        (safe while forks run); it carries the run's ``sandlot.run_id`` label for ``sandlot
+        gc``. On a backend whose ``supports_snapshot`` is ``False`` the snapshot is a fallback
+        (``native`` is ``False``, nothing is frozen): its forks run the spec's set-up again.
+
+        Returns:
+            A :class:`~sandlot.sandboxes.snapshot.Snapshot` (``local``: a directory under the
+            sandboxes' root, copied with ``cp --reflink=auto``; ``docker``: a committed image).
+
+        Raises:
+            SandboxDeadError: the sandbox is closed or died.
+            SandboxError: the backend could not freeze it.
+        """
+        self._check_usable()
+        spec = self.origin.spec if self.origin is not None else self.spec
+        if not self.supports_snapshot:
+            return Snapshot(type(self), spec, self.options)
+        handle = await self._snapshot()
+        log.debug("sandbox %s (%s): snapshot %s", self.id, self.name, handle)
+        return Snapshot(type(self), spec, self.options, handle)
 
     @property
     def closed(self) -> bool:

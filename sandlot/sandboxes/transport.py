@@ -11,8 +11,9 @@ capped output, kill its process tree at the timeout), ``_probe`` (is it still th
 ``_put_bytes`` and ``_get_bytes`` (move one file). Optional, where the platform has something
 better than the defaults built on the required ones: ``_put_archive`` / ``_get_archive`` (a
 native tar endpoint such as docker's, or a stream) and ``_open_shell`` (a streaming channel
-instead of one ``exec`` per shell command). A later primitive (a snapshot, an image build) is
-one more method here with a default that refuses, not a code path per backend.
+instead of one ``exec`` per shell command), and ``_snapshot`` / ``_delete_snapshot`` (freeze
+the filesystem for forks, :mod:`sandlot.sandboxes.snapshot`; with ``supports_snapshot``): one
+more method here with a default that refuses, not a code path per backend.
 
 Only ``_start`` and ``_close`` are abstract; the other required primitives raise
 ``NotImplementedError``, so a test double that overrides the public ``Sandbox`` methods
@@ -27,9 +28,10 @@ import shlex
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, TypeVar
+from typing import IO, ClassVar, TypeVar
 
 import anyio
+from pydantic import BaseModel
 
 from sandlot.errors import SandboxFileError
 from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
@@ -130,6 +132,9 @@ class Transport(abc.ABC):
     id: str
     staging_dir: str = "/tmp"
     """Directory inside the sandbox for the default archive moves' staging files."""
+    supports_snapshot: ClassVar[bool] = False
+    """Whether the backend implements ``_snapshot``; ``False``: ``Sandbox.snapshot`` returns a
+    fallback whose forks are set up again from the spec."""
 
     @property
     def backend_id(self) -> str | None:
@@ -140,6 +145,9 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def _start(self) -> None:
         """Create the sandbox; return once it can run commands (``start`` runs the setup).
+
+        When ``self.origin`` (a native :class:`~sandlot.sandboxes.snapshot.Snapshot` of this
+        backend) is set, create it from ``origin.handle``: the set-up is in its files.
 
         Raise a ``SandboxError`` with ``retryable=True`` for a failure another attempt may fix:
         ``start`` then calls ``_close`` and ``_start`` again after a backoff.
@@ -182,6 +190,22 @@ class Transport(abc.ABC):
             SandboxFileError: missing, a directory or unreadable, naming ``path``.
         """
         raise NotImplementedError(f"{type(self).__name__} implements no _get_bytes")
+
+    async def _snapshot(self) -> str:
+        """Freeze the sandbox's filesystem (not its processes), as it is between commands, into
+        something ``_start`` can create forks from; return its handle (a string). It carries the
+        ``sandlot.run_id`` label (:func:`~sandlot.sandboxes.labels.sandbox_labels`).
+
+        Raises:
+            SandboxError: the platform failed or cannot freeze this sandbox.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements no _snapshot")
+
+    @classmethod
+    async def _delete_snapshot(cls, handle: str, options: BaseModel) -> None:
+        """Remove the snapshot ``handle`` (gone already is fine); ``options`` are those of the
+        sandbox it was taken from. May raise; ``Snapshot.delete`` logs it."""
+        raise NotImplementedError(f"{cls.__name__} implements no _delete_snapshot")
 
     async def _put_archive(self, parent: str, archive: IO[bytes], target: str) -> None:
         """Unpack the tar ``archive`` into the directory ``parent`` (created); ``target`` is the

@@ -222,3 +222,21 @@ def test_prune_removes_unused_and_unfinished(cache: Path, probe_recipe: Environm
     assert built.path.is_dir()
     assert [e.path for e in prune_environments()] == [built.path]
     assert list_environments(cache) == []
+
+
+async def test_a_fork_has_the_environment_and_what_its_set_up_installed(
+    cache: Path, probe_recipe: EnvironmentRecipe, tmp_path: Path
+) -> None:
+    extra = make_wheel(tmp_path, "sandlot_extra", 7)
+    async with sandlot.open("local", environment=probe_recipe) as sb:
+        await sb.upload(extra, f"/tmp/{extra.name}")
+        pip = await sb.exec(f"python -m pip install --no-index -q /tmp/{extra.name}")
+        assert pip.exit_code == 0, pip.stdout + pip.stderr
+        snap = await sb.snapshot()
+    try:
+        async with sandlot.open(snapshot=snap) as fork:
+            imports = "import sandlot_extra as e, sandlot_probe as p; print(e.VALUE, p.VALUE)"
+            r = await fork.exec(["python", "-c", imports])
+            assert r.stdout.split() == ["7", "42"], r.stderr
+    finally:
+        await snap.delete()

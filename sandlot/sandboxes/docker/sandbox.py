@@ -33,6 +33,7 @@ from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import file_archive, read_single_file
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedOutput
+from sandlot.sandboxes.docker.commit import commit, remove
 from sandlot.sandboxes.docker.docker_channel import DockerChannel
 from sandlot.sandboxes.docker.engine import (
     api_error,
@@ -106,6 +107,7 @@ class DockerSandbox(Sandbox):
 
     name: ClassVar[str] = "docker"
     enforces_disk_mb: ClassVar[bool] = True
+    supports_snapshot: ClassVar[bool] = True  # a committed image (docker/commit.py)
     Options: ClassVar[type[DockerOptions]] = DockerOptions
     options: DockerOptions
 
@@ -199,7 +201,7 @@ class DockerSandbox(Sandbox):
 
     def _create_and_start(self) -> None:
         errors = sdk().errors
-        if self.options.pull == "always":
+        if self.options.pull == "always" and self.origin is None:
             self._pull()
         try:
             self._create()
@@ -228,7 +230,7 @@ class DockerSandbox(Sandbox):
         )
         try:
             created = api.create_container(
-                spec.image,
+                self.origin.handle if self.origin else spec.image,
                 entrypoint=remote_shell.init_argv(spec.timeout_s),
                 name=self.id,
                 labels=sandbox_labels(self.id, spec.labels),
@@ -274,6 +276,13 @@ class DockerSandbox(Sandbox):
                 f"pulling image {image!r} (pull={policy!r}) failed: {exc.explanation or exc}",
                 retryable=exc.status_code is None or exc.status_code >= 500,
             ) from exc
+
+    async def _snapshot(self) -> str:
+        return await self._call("committing", commit, self._client, self._cid, self.spec.labels)
+
+    @classmethod
+    async def _delete_snapshot(cls, handle: str, options: BaseModel) -> None:
+        await remove(handle, getattr(options, "base_url", None))
 
     async def _close(self) -> None:
         if self._api is not None and self._container_id is not None:

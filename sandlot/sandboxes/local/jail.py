@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.images.tools import find_tool
+from sandlot.sandboxes.local.freeze import OVERLAY_WORK, UPPER
 from sandlot.sandboxes.local.hostdirs import HostDirs
 
 JAIL_HOME = "/sandlot/home"
@@ -159,6 +160,10 @@ class JailConfig:
         user: (uid, gid) the jail's processes run as, in a user namespace of their own where
             that id owns what root owns outside it (an image's non-root ``User``); ``None``:
             root.
+        work_layers: without ``layers``, for a fork of a snapshot (``image="host"`` or a root
+            filesystem directory): the snapshot's frozen workdir, read-only below the
+            sandbox's own writable ``upper``; the workdir is then an overlayfs of them,
+            mounted on the sandbox's ``work`` directory by :func:`overlay_argv`.
     """
 
     bwrap: str
@@ -172,6 +177,7 @@ class JailConfig:
     readonly: tuple[str, ...] = ()
     layers: tuple[Path, ...] = ()
     user: tuple[int, int] | None = None
+    work_layers: tuple[Path, ...] = ()
 
 
 def _shown(name: str, rootfs: Path, host_view: str) -> bool:
@@ -265,7 +271,8 @@ def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     argv += _masks_argv(config, empty)
     if config.environment is not None:
         argv += ["--bind", str(dirs.ensure(dirs.overlay)), JAIL_OVERLAY]
-    prefix = overlay_argv(config, dirs) if config.layers and not native else []
+    mounted_before = (config.layers and not native) or config.work_layers
+    prefix = overlay_argv(config, dirs) if mounted_before else []
     return [*prefix, *argv, *_namespaces_argv(config, native), "--cap-drop", "ALL"]
 
 
@@ -304,12 +311,13 @@ def bwrap_mounts_overlay(config: JailConfig) -> bool:
 
 def _overlay_dirs(dirs: HostDirs) -> tuple[Path, Path]:
     """The sandbox's writable layer and overlayfs's work directory (created)."""
-    return dirs.ensure(dirs.root / "upper", 0o755), dirs.ensure(dirs.root / "overlay-work")
+    return dirs.ensure(dirs.root / UPPER, 0o755), dirs.ensure(dirs.root / OVERLAY_WORK)
 
 
 def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     """The command that runs bwrap (append its argv) once ``config.rootfs`` is an overlayfs of
-    ``config.layers`` under the sandbox's own writable ``upper`` directory.
+    ``config.layers`` under the sandbox's own writable ``upper`` directory (or, with
+    ``config.work_layers`` instead, the sandbox's ``work`` directory one of those).
 
     util-linux's ``unshare`` makes a user and mount namespace (the caller is root in it, as
     rootless podman is) where the kernel lets an unprivileged user mount overlayfs (Linux
@@ -321,13 +329,16 @@ def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
         BackendUnavailableError: ``unshare``, ``mount`` or ``sh`` is missing.
         OSError: the sandbox's overlay directories cannot be created.
     """
-    base = os.path.commonpath([str(p.parent) for p in config.layers])
-    lower = ":".join(os.path.relpath(p, base) for p in config.layers)
+    layers, target = config.layers, config.rootfs
+    if not layers:
+        layers, target = config.work_layers, dirs.work
+    base = os.path.commonpath([str(p.parent) for p in layers])
+    lower = ":".join(os.path.relpath(p, base) for p in layers)
     upper, work = _overlay_dirs(dirs)
-    config.rootfs.mkdir(exist_ok=True)
+    target.mkdir(exist_ok=True)
     unshare = [find_tool("unshare"), "--user", "--map-root-user", "--mount"]
     script = [find_tool("sh"), "-c", _MOUNT_SCRIPT, "sandlot-overlay", base, find_tool("mount")]
-    return [*unshare, *script, lower, str(upper), str(work), str(config.rootfs)]
+    return [*unshare, *script, lower, str(upper), str(work), str(target)]
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
-from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, sandboxes_dir
+from sandlot.sandboxes.local.freeze import SNAPSHOT_PREFIX, UPPER, WORK, freeze, thaw
+from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, remove_tree, sandboxes_dir
 from sandlot.sandboxes.local.init_client import InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
     init_interpreter,
@@ -179,6 +180,7 @@ class LocalSandbox(Sandbox):
     Options: ClassVar[type[BaseModel]] = LocalOptions
     on_host: ClassVar[bool] = True
     enforces_disk_mb: ClassVar[bool] = True  # a size-limited tmpfs (needs root, see _start)
+    supports_snapshot: ClassVar[bool] = True  # a copy of its directories (local/freeze.py)
     options: LocalOptions
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
@@ -255,6 +257,10 @@ class LocalSandbox(Sandbox):
         spec, opts = self.spec, self.options
         if self.isolated and is_image_reference(spec.image):
             self._image = await anyio.to_thread.run_sync(open_image, spec.image)
+            if self.origin is not None and self.origin.handle is not None:
+                # A fork: the snapshot's writable layer, read-only, above the image's.
+                layers = (Path(self.origin.handle) / UPPER, *self._image.layers)
+                self._image = dataclasses.replace(self._image, layers=layers)
         rootfs = self._rootfs()
         bwrap = self._find_bwrap() if self.isolated else ""
         problem = check_workdir(spec.workdir, rootfs, opts.host_view)
@@ -274,7 +280,13 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             raise SandboxStartError(f"cannot write the sandbox's labels: {exc}") from exc
         source = rootfs / spec.workdir.lstrip("/")
-        if rootfs != Path("/") and self._image is None and source.is_dir():
+        frozen = self.origin.handle if self.origin is not None else None
+        if frozen is not None:
+            stack_work = self.isolated and self._image is None
+            await anyio.to_thread.run_sync(
+                functools.partial(thaw, Path(frozen), dirs, stack_work=stack_work)
+            )
+        elif rootfs != Path("/") and self._image is None and source.is_dir():
             await anyio.to_thread.run_sync(copy_tree, source, dirs.work)
         self._cgroups = create_cgroups(
             self.id, opts.max_processes if opts.pids_cgroup else None, spec.cpu
@@ -300,6 +312,7 @@ class LocalSandbox(Sandbox):
                 readonly=interpreter_prefixes() if rootfs == Path("/") else (),
                 layers=self._image.layers if self._image else (),
                 user=self._image.user_ids() if self._image else None,
+                work_layers=(Path(frozen) / WORK,) if frozen and not self._image else (),
             )
         else:
             log.warning(
@@ -311,6 +324,34 @@ class LocalSandbox(Sandbox):
             )
         await self._start_init(python)
         self._deadline = time.monotonic() + spec.timeout_s
+        recipe = spec.environment
+        if self.origin is not None and recipe is not None and recipe.has_packages:
+            await self._install_environment(recipe, fork=True)
+
+    async def _snapshot(self) -> str:
+        """Copy the sandbox's writable directories to a new ``sandlot-snap-<hex>`` directory
+        beside it (:mod:`sandlot.sandboxes.local.freeze`); its path is the handle.
+
+        Raises:
+            SandboxError: a copy failed, or this is a fork in a jail (its files are the
+                snapshot's layer plus its own: snapshot the group's first sandbox).
+        """
+        assert self._dirs is not None
+        if self.origin is not None and self.isolated:
+            raise SandboxError(
+                f"sandbox {self.id} is a fork in a jail on the local backend, whose files are "
+                "layers that cannot be snapshotted again; snapshot the sandbox it was forked from",
+                retryable=False,
+            )
+        name = SNAPSHOT_PREFIX + uuid.uuid4().hex[:12]
+        dest = self._dirs.root.parent / name
+        labels = sandbox_labels(name, self.spec.labels)
+        await anyio.to_thread.run_sync(freeze, self._dirs, dest, labels)
+        return str(dest)
+
+    @classmethod
+    async def _delete_snapshot(cls, handle: str, options: BaseModel) -> None:
+        await anyio.to_thread.run_sync(remove_tree, Path(handle))
 
     async def _start_init(self, python: str) -> None:
         """Start the jail and its init: forked by a zygote when the jail's shape allows one,
@@ -322,11 +363,13 @@ class LocalSandbox(Sandbox):
         """
         assert self._dirs is not None
         config = self._jail_config
-        # A zygote runs the code our interpreter compiled: only on the host image.
+        # A zygote runs the code our interpreter compiled: only on the host image. A fork's
+        # workdir overlay is not part of the shape: the zygote's child finds it (freeze.LOWER).
         if config and config.rootfs == Path("/") and self.options.zygote and not self.spec.disk_mb:
-            zygote = await acquire(config, python)
+            shape = dataclasses.replace(config, work_layers=())
+            zygote = await acquire(shape, python)
             if zygote is not None:
-                await self._fork_init(config, zygote)
+                await self._fork_init(shape, zygote)
                 return
         try:
             jail = []
@@ -395,9 +438,10 @@ class LocalSandbox(Sandbox):
         if recipe.has_packages:
             await anyio.to_thread.run_sync(ensure_environment, recipe.packages_only())
 
-    async def _install_environment(self, recipe: EnvironmentRecipe) -> None:
+    async def _install_environment(self, recipe: EnvironmentRecipe, *, fork: bool = False) -> None:
         """Mount the recipe's cached virtual environment (built on first use) first on ``PATH``;
-        in a container image, run the recipe's container script as the docker backend does.
+        in a container image, run the recipe's container script as the docker backend does
+        (a ``fork`` of a snapshot only sets ``PATH``: the installed files are in its layer).
 
         The environment is built on this machine, outside the jail, once per recipe and
         interpreter (:func:`~sandlot.sandboxes.local.venv.ensure_environment`; concurrent
@@ -414,7 +458,8 @@ class LocalSandbox(Sandbox):
         assert self._dirs is not None
         if self._image is not None:  # a container image is the environment, as on docker
             self._env["PATH"] = container_path(self._env)
-            await super()._install_environment(recipe)
+            if not fork:
+                await super()._install_environment(recipe)
             return
         if self._rootfs() != Path("/"):
             raise SandboxStartError(

@@ -53,8 +53,10 @@ Once asked, for sandbox ``name``:
 
 4. joins the sandbox's cgroups;
 5. binds its own ``tmp``, ``home``, ``work`` (and ``overlay``) on ``/tmp``, ``$HOME``, the
-   workdir (and ``/sandlot/overlay``), binds back ``KEPT``, then detaches :data:`SANDBOXES`
-   and ``KEEP``, so no child sees another's files;
+   workdir (and ``/sandlot/overlay``); for a fork of a snapshot, whose directory holds the
+   symlink :data:`LOWER` to the snapshot's workdir, the workdir is instead an overlayfs of
+   that under its own ``upper``; binds back ``KEPT``, then detaches :data:`SANDBOXES` and
+   ``KEEP``, so no child sees another's files;
 6. drops every capability it holds, sets no new privileges, starts a new session, and runs
    the init.
 """
@@ -66,6 +68,7 @@ import os
 import sys
 
 SANDBOXES = "/sandlot/.sandboxes"
+LOWER = "lower"
 KEEP = "/sandlot/.keep"
 _HOME = "/sandlot/home"
 _OVERLAY = "/sandlot/overlay"
@@ -236,7 +239,11 @@ def _serve_sandbox(
     own = f"{SANDBOXES}/{name}"
     _bind(f"{own}/tmp", "/tmp")
     _bind(f"{own}/home", _HOME)
-    _bind(f"{own}/work", workdir)
+    if os.path.islink(f"{own}/{LOWER}"):  # a fork: its workdir stacks a snapshot's (freeze.py)
+        layers = f"lowerdir={own}/{LOWER},upperdir={own}/upper,workdir={own}/overlay-work"
+        _mount("overlay", workdir, "overlay", 0, f"userxattr,{layers}")
+    else:
+        _bind(f"{own}/work", workdir)
     if overlay:
         _bind(f"{own}/overlay", _OVERLAY)
     for i, dest in enumerate(kept):

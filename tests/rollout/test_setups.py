@@ -1,0 +1,99 @@
+"""The samples of a row share one set-up (``SetupCache``, ``sandlot rollout -n``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+import pytest
+from requirements import EVAL, TEST, bwrap_missing, need_module, needs
+from rollout.scripted_server import ScriptedServer
+
+from sandlot.datasets.rows import TaskRow
+from sandlot.errors import SandboxError
+from sandlot.rollout import run_episode
+from sandlot.rollout.config import parse_agent_config
+from sandlot.rollout.llm import OpenAIChatPolicy
+from sandlot.rollout.setups import SetupCache
+from sandlot.rollout.trajectory import ExitReason, Trajectory
+from sandlot.sandboxes.local import LocalSandbox
+from sandlot.sandboxes.spec import SandboxSpec
+
+need_module("swebench", EVAL)
+need_module("httpx", TEST)
+pytestmark = [pytest.mark.anyio, needs(bwrap_missing), pytest.mark.usefixtures("local_root")]
+
+MakeRow = Callable[..., TaskRow]
+CONFIG = parse_agent_config(
+    {
+        "sandbox": {"backend": "local", "options": {"local": {"isolation": "bwrap"}}},
+        "interaction": {"max_turns": 10},
+        "reward": {"mode": "fresh"},
+    }
+)
+
+
+@pytest.fixture
+async def solver(server: ScriptedServer) -> AsyncIterator[OpenAIChatPolicy]:
+    client = OpenAIChatPolicy(server.url, "solver", backoff_s=0.01, api_key="sk-x")
+    yield client
+    await client.aclose()
+
+
+async def _group(
+    make_row: MakeRow, policy: OpenAIChatPolicy, setups: SetupCache
+) -> list[Trajectory]:
+    row = make_row("minicalc__minicalc-1")
+    trajectories: list[Trajectory] = []
+
+    async def one(sample: int) -> None:
+        trajectories.append(await run_episode(row, policy, CONFIG, sample=sample, setups=setups))
+
+    async with anyio.create_task_group() as tg:
+        for sample in range(4):
+            tg.start_soon(one, sample)
+    return trajectories
+
+
+@pytest.mark.slow
+async def test_the_samples_of_a_row_are_set_up_once(
+    make_row: MakeRow, solver: OpenAIChatPolicy
+) -> None:
+    async with aclosing(SetupCache()) as setups:
+        trajectories = await _group(make_row, solver, setups)
+    assert setups.set_ups == 1
+    for traj in trajectories:
+        assert traj.exit_reason is ExitReason.SUBMITTED and traj.reward == 1.0, traj.error
+    # local_root checks at teardown that the snapshot was deleted with every sandbox
+
+
+@pytest.mark.slow
+async def test_a_set_up_that_cannot_be_frozen_is_done_per_sample(
+    make_row: MakeRow, solver: OpenAIChatPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refuse(self: LocalSandbox) -> str:
+        raise SandboxError("cannot freeze", retryable=False)
+
+    monkeypatch.setattr(LocalSandbox, "_snapshot", refuse)
+    async with aclosing(SetupCache()) as setups:
+        trajectories = await _group(make_row, solver, setups)
+    assert setups.set_ups == 4
+    assert all(t.reward == 1.0 for t in trajectories)
+
+
+async def test_at_most_max_snapshots_are_kept() -> None:
+    async def prepare(sb: Any) -> None:
+        await sb.exec("echo ready > ready.txt")
+
+    spec, options = SandboxSpec(), LocalSandbox.Options()
+    async with aclosing(SetupCache(max_snapshots=1)) as setups:
+        for key in ("a", "b", "a"):
+            sb = await setups.open(key, "local", spec, options, prepare)
+            await sb.close()
+        assert setups.set_ups == 3  # "a" was evicted by "b", so set up again
+        forked = await setups.open("a", "local", spec, options, prepare)
+        async with forked:
+            assert forked.origin is not None and (await forked.read_file("ready.txt"))
+        assert setups.set_ups == 3

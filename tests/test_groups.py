@@ -1,0 +1,143 @@
+"""Snapshots and groups beyond the contract: the checks of ``sandlot.open(snapshot=)``, the
+deferred removal, ``open_group``'s failures, and ``sandlot gc`` of snapshots (local, docker)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+from requirements import TEST_IMAGE, bwrap_missing, docker_engine_missing, missing
+
+import sandlot
+from sandlot import SandboxError, SandboxSetupError
+from sandlot.sandboxes.labels import RUN_ID, run_id
+from sandlot.sandboxes.local import LocalSandbox
+from sandlot.sandboxes.local.reaper import LocalReaper
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > token.txt"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def local_root(tmp_path: Path) -> str:
+    if reason := bwrap_missing():
+        missing(reason)
+    return str(tmp_path / "sandboxes")
+
+
+async def test_a_fork_keeps_its_snapshots_backend_and_set_up(local_root: str) -> None:
+    async with sandlot.open("local", post_setup_cmd="true", root_dir=local_root) as sb:
+        snap = await sb.snapshot()
+    try:
+        with pytest.raises(ValueError, match="post_setup_cmd differ"):
+            sandlot.open(snapshot=snap, post_setup_cmd="echo other")
+        with pytest.raises(ValueError, match="cannot start a docker sandbox"):
+            sandlot.open("docker", snapshot=snap)
+        fork = sandlot.open(snapshot=snap, env={"A": "1"})  # what is not set-up may change
+        assert fork.origin is snap and fork.spec.env == {"A": "1"}
+        with pytest.raises(ValueError, match="at least one"):
+            async with sandlot.open_group(n=0):
+                pass
+    finally:
+        await snap.delete()
+
+
+async def test_the_snapshot_is_removed_when_its_last_fork_closes(local_root: str) -> None:
+    async with sandlot.open("local", post_setup_cmd=TOKEN, root_dir=local_root) as sb:
+        snap = await sb.snapshot()
+    assert snap.handle is not None
+    frozen = Path(snap.handle)
+    assert (frozen / "work" / "token.txt").is_file()
+    first, second = sandlot.open(snapshot=snap), sandlot.open(snapshot=snap)
+    async with first:
+        async with second:
+            await snap.delete()
+        assert await anyio.Path(frozen).is_dir()  # `first` still runs
+    assert not await anyio.Path(frozen).exists()
+
+
+async def test_gc_removes_the_snapshots_a_run_left(local_root: str) -> None:
+    async with sandlot.open("local", post_setup_cmd=TOKEN, root_dir=local_root) as sb:
+        snap = await sb.snapshot()
+    assert snap.handle is not None
+    reaper = LocalReaper(local_root)
+    found = await reaper.list_sandboxes(run_id())
+    assert [s.id for s in found] == [Path(snap.handle).name]
+    assert found[0].labels[RUN_ID] == run_id()
+    await reaper.kill(found[0])
+    assert not await anyio.Path(snap.handle).exists()
+    await snap.delete()  # gone already: logged, not raised
+
+
+async def test_a_group_falls_back_to_setting_each_up_when_freezing_fails(
+    local_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refuse(self: LocalSandbox) -> str:
+        raise SandboxError("cannot freeze", retryable=False)
+
+    monkeypatch.setattr(LocalSandbox, "_snapshot", refuse)
+    async with sandlot.open_group(n=2, post_setup_cmd=TOKEN, root_dir=local_root) as group:
+        tokens = {(await sb.read_file("token.txt")) for sb in group}
+        assert len(tokens) == 2 and all(sb.origin is None for sb in group)
+
+
+async def test_a_failing_set_up_fails_the_group_and_leaves_nothing(local_root: str) -> None:
+    with pytest.raises(SandboxSetupError):
+        async with sandlot.open_group(n=2, post_setup_cmd="exit 3", root_dir=local_root):
+            pass
+    assert os.listdir(local_root) == []
+
+
+async def test_docker_snapshots_are_labelled_images_that_gc_and_delete_remove() -> None:
+    if reason := docker_engine_missing():
+        missing(reason)
+    from sandlot.sandboxes.docker.reaper import DockerReaper
+
+    async with sandlot.open("docker", image=TEST_IMAGE, pull="never", post_setup_cmd=TOKEN) as sb:
+        snap = await sb.snapshot()
+        kept = await sb.snapshot()
+    assert snap.handle is not None and kept.handle is not None
+    reaper = DockerReaper()
+    try:
+        found = {s.id: s for s in await reaper.list_sandboxes(run_id())}
+        assert {snap.handle, kept.handle} <= found.keys()
+        assert found[snap.handle].state == "snapshot"
+        async with sandlot.open(snapshot=snap) as fork:
+            await snap.delete()
+            assert snap.handle in {s.id for s in await reaper.list_sandboxes(run_id())}
+            assert (await fork.exec("cat token.txt")).ok
+        await reaper.kill(found[kept.handle])
+        left = {s.id for s in await reaper.list_sandboxes(run_id())}
+        assert snap.handle not in left and kept.handle not in left
+    finally:
+        await snap.delete()
+        await kept.delete()
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "own-bwrap"])
+async def test_a_jailed_fork_of_the_host_stacks_the_snapshots_workdir(
+    local_root: str, zygote: bool
+) -> None:
+    setup = f"{TOKEN} && echo kept > kept.txt"
+    opened = sandlot.open("local", post_setup_cmd=setup, root_dir=local_root, zygote=zygote)
+    async with opened as sb:
+        snap = await sb.snapshot()
+    try:
+        async with sandlot.open(snapshot=snap) as fork:
+            assert isinstance(fork, LocalSandbox) and fork.host_dir and fork.host_workdir
+            r = await fork.exec("rm token.txt && echo new > new.txt && ls")
+            assert r.stdout.split() == ["kept.txt", "new.txt"], r.stderr
+            # nothing copied: the fork's writes (and the whiteout of token.txt) are its layer
+            upper = await anyio.to_thread.run_sync(os.listdir, fork.host_dir / "upper")
+            assert sorted(upper) == ["new.txt", "token.txt"]
+            assert await anyio.to_thread.run_sync(os.listdir, fork.host_workdir) == []
+    finally:
+        await snap.delete()
