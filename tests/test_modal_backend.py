@@ -18,6 +18,7 @@ from fakes.fake_modal import FakeModal
 from fakes.shared import FakeModalSandbox
 from requirements import MODAL, bwrap_missing, need_module, needs
 
+import sandlot
 from sandlot import (
     BackendUnavailableError,
     SandboxDeadError,
@@ -144,6 +145,9 @@ def test_arguments_are_accepted_by_the_installed_sdk() -> None:
     inspect.signature(modal.App.lookup).bind("app", create_if_missing=True)
     inspect.signature(modal.Image.from_registry).bind("img", secret=None)
     inspect.signature(modal.Sandbox.list).bind(app_id="ap", tags={})
+    inspect.signature(modal.Sandbox.snapshot_filesystem).bind(None, 20, ttl=3600)
+    assert modal.Image.from_id("im-1").object_id == "im-1"  # lazy: no call to Modal yet
+    inspect.signature(modal.experimental.image_delete).bind("im-1")
     assert issubclass(modal.exception.SandboxFilesystemNotFoundError, modal.exception.Error)
     for name in ("ResourceExhaustedError", "InternalError", "ConnectionError", "NotFoundError"):
         assert issubclass(getattr(modal.exception, name), modal.exception.Error)
@@ -426,3 +430,60 @@ async def test_a_create_whose_answer_is_lost_is_terminated_by_name(fake: FakeMod
         ("sandlot", f"{sb.id}-1"),
         ("sandlot", f"{sb.id}-2"),
     ]
+
+
+async def test_snapshot_is_a_filesystem_image_that_forks_are_created_from(fake: FakeModal) -> None:
+    spec = SandboxSpec(image="python:3.12", post_setup_cmd="echo built > /tmp/setup.txt")
+    async with make(spec, control_timeout_s=12.5, snapshot_ttl_s=3600) as original:
+        snap = await original.snapshot()
+    assert snap.native and snap.handle in fake.images
+    assert fake.calls_of("Sandbox.snapshot_filesystem") == [((), {"timeout": 13, "ttl": 3600})]
+    registry_pulls = len(fake.calls_of("Image.from_registry"))
+    async with sandlot.open(snapshot=snap) as fork:
+        assert (await fork.read_file("/tmp/setup.txt")) == b"built\n"
+        await snap.delete()  # deferred: the fork runs
+        assert snap.handle in fake.images
+    assert fake.calls_of("Image.from_id") == [((snap.handle,), {})]
+    assert len(fake.calls_of("Image.from_registry")) == registry_pulls, "a fork pulls nothing"
+    (_, fork_create) = fake.calls_of("Sandbox.create")[-1]
+    assert fork_create["image"].object_id == snap.handle
+    assert fork_create["name"] == f"{fork.id}-1"
+    assert fake.calls_of("experimental.image_delete") == [((snap.handle,), {})]
+    assert fake.images == set()
+
+
+async def test_a_snapshot_that_never_answers_is_cut_at_the_control_timeout(
+    fake: FakeModal,
+) -> None:
+    async with make(control_timeout_s=0.1) as sb:
+        fake.unanswered.add("Sandbox.snapshot_filesystem")
+        with anyio.fail_after(30), pytest.raises(SandboxError, match="did not answer") as info:
+            await sb.snapshot()
+        assert info.value.retryable
+        ((_, kwargs),) = fake.calls_of("Sandbox.snapshot_filesystem")
+        assert kwargs["timeout"] == 1  # Modal's own timeout stops the service too
+
+
+async def test_deleting_an_image_gone_already_or_unanswered_does_not_raise(
+    fake: FakeModal, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with make(control_timeout_s=0.1) as sb:
+        gone, stuck = await sb.snapshot(), await sb.snapshot()
+    await FakeModalSandbox._delete_snapshot(str(gone.handle), gone.options)
+    await gone.delete()  # removed from outside already: fine, nothing logged
+    assert "failed" not in caplog.text
+    fake.unanswered.add("experimental.image_delete")
+    with anyio.fail_after(30):
+        await stuck.delete()
+    assert f"removing snapshot {stuck.handle} (modal) failed" in caplog.text
+
+
+async def test_a_fork_of_an_image_deleted_elsewhere_fails_at_once(fake: FakeModal) -> None:
+    async with make() as sb:
+        snap = await sb.snapshot()
+    await FakeModalSandbox._delete_snapshot(str(snap.handle), snap.options)  # another process
+    with pytest.raises(SandboxStartError, match="not found") as info:
+        await sandlot.open(snapshot=snap).start()
+    assert not info.value.retryable
+    assert len(fake.calls_of("Sandbox.create")) == 2, "not retried"
+    await snap.delete()

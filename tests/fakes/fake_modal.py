@@ -23,15 +23,20 @@ Behaviour of the service the fake reproduces (as read in ``modal/sandbox/_common
 * ``terminate`` ends the sandbox with exit code 137, its lifetime (``timeout``) with 124;
 * when a sandbox dies, the output streams of its running execs *raise* (grpclib's
   ``StreamTerminatedError``, the worker's gRPC stream breaking) instead of ending;
-  :meth:`FakeModal.freeze` makes them hang instead (a worker lost without a word).
+  :meth:`FakeModal.freeze` makes them hang instead (a worker lost without a word);
+* ``Sandbox.snapshot_filesystem(timeout, ttl=)`` returns an image (``object_id`` ``im-...``)
+  holding a copy of the sandbox's files at that moment; ``Image.from_id`` names it lazily (an
+  unknown or deleted id fails at ``Sandbox.create`` with ``NotFoundError``), a sandbox created
+  from it starts with its own copy of them; ``experimental.image_delete`` removes it
+  (``NotFoundError`` when unknown).
 
 Fault knobs: ``create_latency_s``, ``rate_limit_rate`` (fraction of creates failing with
 ``ResourceExhaustedError``), ``known_images`` (others: ``ImageBuildError``),
 ``terminate_failures`` (terminate raises ``InternalError`` that many times first),
 ``stream_failures`` (output streams raise ``StreamTerminatedError`` that many times),
 ``build_failures`` (messages of ``ImageBuildError`` raised by the next creates),
-``fault_rate`` (fraction of *every* call, create/exec/poll/terminate, failing with a transient
-error chosen at random, :data:`TRANSIENT_FAULTS`).
+``fault_rate`` (fraction of *every* call, create/exec/poll/terminate/snapshot, failing with a
+transient error chosen at random, :data:`TRANSIENT_FAULTS`).
 """
 
 from __future__ import annotations
@@ -276,6 +281,7 @@ class FakeSandbox:
         self.terminate = _Method(self._terminate)
         self.get_tags = _Method(self._get_tags)
         self.set_tags = _Method(self._set_tags)
+        self.snapshot_filesystem = _Method(self._snapshot_filesystem)
         self.filesystem = SimpleNamespace(
             read_bytes=_Method(self._read_bytes), write_bytes=_Method(self._write_bytes)
         )
@@ -349,6 +355,19 @@ class FakeSandbox:
         self.fake.terminated.append(self.object_id)
         self.kill(137)
 
+    async def _snapshot_filesystem(
+        self, timeout: int = 55, *, ttl: int | None = 30 * 24 * 3600
+    ) -> SimpleNamespace:
+        self._record("Sandbox.snapshot_filesystem", timeout=timeout, ttl=ttl)
+        await self.fake.maybe_unanswered("Sandbox.snapshot_filesystem")
+        self.fake.maybe_fault("Sandbox.snapshot_filesystem")
+        if self.returncode is not None:
+            raise SandboxTerminatedError(f"sandbox {self.object_id} has finished")
+        image_id = f"im-{uuid.uuid4().hex[:16]}"
+        await _copy_tree(self.root, self.fake.workdir / "images" / image_id)
+        self.fake.images.add(image_id)
+        return _image(object_id=image_id)
+
     def kill(self, returncode: int) -> None:
         """End the sandbox: every process in it dies, its files go."""
         if self.returncode is None:
@@ -387,6 +406,18 @@ class FakeSandbox:
         script = '[ -d "$0" ] && exit 21; mkdir -p -- "$(dirname -- "$0")" || exit 20; cat >"$0"'
         code, _, err = await self._run(script, path, data)
         _raise_fs(code, err, path)
+
+
+def _image(tag: str | None = None, secret: Any = None, object_id: str | None = None) -> Any:
+    return SimpleNamespace(kind="image", tag=tag, secret=secret, object_id=object_id)
+
+
+async def _copy_tree(source: Path, dest: Path) -> None:
+    """``dest`` (new) with a copy of ``source``'s files, modes and links kept."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_exec("cp", "-a", "--", str(source), str(dest))
+    if await proc.wait() != 0:
+        raise InternalError(f"copying {source} failed")
 
 
 def _raise_fs(code: int, err: bytes, path: str) -> None:
@@ -439,7 +470,8 @@ class FakeModal:
         self.fault_rate = 0.0
         self.unanswered: set[str] = set()
         """Calls (``"Sandbox.create"``, ``"Sandbox.from_name"``, ``"Sandbox.poll"``,
-        ``"Sandbox.terminate"``, ``"filesystem.read_bytes"``, ``"filesystem.write_bytes"``) that
+        ``"Sandbox.terminate"``, ``"filesystem.read_bytes"``, ``"filesystem.write_bytes"``,
+        ``"Sandbox.snapshot_filesystem"``, ``"experimental.image_delete"``) that
         never answer, as against an unresponsive API (a create does its work first)."""
         self.faults_served: list[tuple[str, str]] = []
         self.rng = random.Random(7)
@@ -452,7 +484,12 @@ class FakeModal:
         self.exception = EXCEPTIONS
         self.App = SimpleNamespace(lookup=_Method(self._app_lookup))
         self.Secret = SimpleNamespace(from_name=self._secret_from_name)
-        self.Image = SimpleNamespace(from_registry=self._image_from_registry)
+        self.Image = SimpleNamespace(
+            from_registry=self._image_from_registry, from_id=self._image_from_id
+        )
+        self.experimental = SimpleNamespace(image_delete=_Method(self._image_delete))
+        self.images: set[str] = set()
+        """Ids of the snapshot images (their files are under ``workdir/images``)."""
         self.Sandbox = SimpleNamespace(
             create=_Method(self._create),
             from_id=_Method(self._from_id),
@@ -515,7 +552,19 @@ class FakeModal:
 
     def _image_from_registry(self, tag: str, secret: Any = None) -> SimpleNamespace:
         self.calls.append(("Image.from_registry", (tag,), {"secret": secret}))
-        return SimpleNamespace(kind="image", tag=tag, secret=secret)
+        return _image(tag, secret)
+
+    def _image_from_id(self, image_id: str) -> SimpleNamespace:
+        self.calls.append(("Image.from_id", (image_id,), {}))
+        return _image(object_id=image_id)
+
+    async def _image_delete(self, image_id: str) -> None:
+        self.calls.append(("experimental.image_delete", (image_id,), {}))
+        await self.maybe_unanswered("experimental.image_delete")
+        if image_id not in self.images:
+            raise NotFoundError(f"Image {image_id} not found")
+        self.images.discard(image_id)
+        shutil.rmtree(self.workdir / "images" / image_id, ignore_errors=True)
 
     async def _create(self, *args: str, **kwargs: Any) -> FakeSandbox:
         self.calls.append(("Sandbox.create", args, kwargs))
@@ -532,10 +581,15 @@ class FakeModal:
             raise ImageBuildError(self.build_failures.pop(0))
         _check_env(kwargs.get("env"))
         image = kwargs["image"]
-        if self.known_images is not None and image.tag not in self.known_images:
+        if image.tag is None and image.object_id not in self.images:
+            raise NotFoundError(f"Image {image.object_id} not found")
+        if image.tag and self.known_images is not None and image.tag not in self.known_images:
             raise ImageBuildError(f"image {image.tag} not found in registry")
         sb = FakeSandbox(self, kwargs["app"], kwargs, args)
         self.sandboxes.append(sb)
+        if image.tag is None:  # a snapshot's files, copied: siblings' writes stay apart
+            shutil.rmtree(sb.root)
+            await _copy_tree(self.workdir / "images" / image.object_id, sb.root)
         await self.maybe_unanswered("Sandbox.create")  # created, but the answer is lost
         return sb
 

@@ -34,8 +34,9 @@ class FakeModalSandbox(ModalSandbox):
 
     fake: ClassVar[FakeModal | None] = None
 
-    def sdk(self) -> Any:
-        return self.fake or shared_modal()
+    @classmethod
+    def sdk(cls) -> Any:
+        return cls.fake or shared_modal()
 
 
 register_backend("modal-fake", FakeModalSandbox)

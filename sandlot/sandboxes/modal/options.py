@@ -26,7 +26,12 @@ class ModalOptions(BaseModel):
         control_timeout_s: seconds one control call (``poll``, ``terminate``,
             ``filesystem.read_bytes``/``write_bytes``) may take; the SDK itself waits as long as
             its transport does (155 s measured against an unresponsive API). A terminate cut
-            off is retried by ``close`` within its budget, a poll cut off says nothing.
+            off is retried by ``close`` within its budget, a poll cut off says nothing. A
+            ``snapshot_filesystem`` too (and Modal's own timeout of it): raise it for large
+            filesystems.
+        snapshot_ttl_s: seconds Modal keeps a snapshot image (``snapshot_filesystem``'s
+            ``ttl``), or ``None`` for ever; ``snap.delete()`` removes it sooner, this removes
+            what a crashed run left (``sandlot gc`` cannot list Modal images).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -39,3 +44,4 @@ class ModalOptions(BaseModel):
     max_output_bytes: int = Field(default=10 * MiB, gt=0)
     stop_grace_s: float = Field(default=1.0, ge=0)
     control_timeout_s: float = Field(default=20.0, gt=0)
+    snapshot_ttl_s: int | None = Field(default=30 * 24 * 3600, gt=0)  # the SDK's default
