@@ -94,6 +94,70 @@ def test_gold_on_selected_instances(dataset: Path, tmp_path: Path) -> None:
     assert report["resolved_ids"] == ["ledger__ledger-1", "textkit__textkit-2"]
 
 
+@needs(bwrap_missing, importable("swebench", EVAL))
+def test_several_prediction_files_share_each_instance_set_up(dataset: Path, tmp_path: Path) -> None:
+    """gold and a wrong file in one call: one set-up per instance, every evaluation in a
+    fork of the clean set-up (the wrong patch edits gold's line: had it reached the snapshot,
+    gold's patch would not apply)."""
+    gold = {
+        r["instance_id"]: r["patch"]
+        for r in map(json.loads, (EXAMPLES / "instances.jsonl").read_text().splitlines())
+    }
+    wrong_fix = gold["ledger__ledger-1"].replace('int(frac.ljust(2, "0"))', "int(frac or 0) + 0")
+    assert wrong_fix != gold["ledger__ledger-1"]
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text(
+        "".join(
+            json.dumps({"instance_id": i, "model_name_or_path": "wrong", "model_patch": p}) + "\n"
+            for i, p in [("ledger__ledger-1", wrong_fix), ("textkit__textkit-2", "")]
+        )
+    )
+    code, out = _eval(
+        "--dataset",
+        str(dataset),
+        "--predictions",
+        f"gold,{wrong}",
+        "--backend",
+        "local",
+        "--instance-ids",
+        "ledger__ledger-1,textkit__textkit-2",
+        "--run-id",
+        "pair",
+        "--output-dir",
+        str(tmp_path / "logs"),
+    )
+    assert code == 0, out
+    assert "2/2 resolved" in out and "0/2 resolved" in out
+    # ledger: set up once for gold and wrong; textkit once for gold (an empty patch opens none)
+    assert "2 sandbox set-up(s) for 4 prediction(s)" in out
+    gold_report = json.loads((tmp_path / "logs" / "pair" / "gold.pair.json").read_text())
+    wrong_report = json.loads((tmp_path / "logs" / "pair" / "wrong.pair.json").read_text())
+    assert gold_report["resolved_ids"] == ["ledger__ledger-1", "textkit__textkit-2"]
+    assert wrong_report["unresolved_ids"] == ["ledger__ledger-1"]
+    assert wrong_report["empty_patch_ids"] == ["textkit__textkit-2"]
+
+
+def test_two_prediction_files_of_one_model_are_refused(dataset: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "gold.jsonl"
+    copy.write_text(
+        json.dumps(
+            {"instance_id": "ledger__ledger-1", "model_name_or_path": "gold", "model_patch": "x"}
+        )
+        + "\n"
+    )
+    code, out = _eval(
+        "--dataset",
+        str(dataset),
+        "--predictions",
+        "gold",
+        "--predictions",
+        str(copy),
+        "--output-dir",
+        str(tmp_path / "logs"),
+    )
+    assert code == 1 and "'gold'" in out and "model_name_or_path" in out
+
+
 def test_unknown_instance_id_in_filter(dataset: Path) -> None:
     code, out = _eval("--dataset", str(dataset), "--predictions", "gold", "--instance-ids", "nope")
     assert code == 2 and "nope" in out

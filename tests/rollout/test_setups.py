@@ -16,9 +16,9 @@ from sandlot.errors import SandboxError
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
 from sandlot.rollout.llm import OpenAIChatPolicy
-from sandlot.rollout.setups import SetupCache
 from sandlot.rollout.trajectory import ExitReason, Trajectory
 from sandlot.sandboxes.local import LocalSandbox
+from sandlot.sandboxes.setups import SetupCache
 from sandlot.sandboxes.spec import SandboxSpec
 
 need_module("swebench", EVAL)
@@ -97,3 +97,57 @@ async def test_at_most_max_snapshots_are_kept() -> None:
         async with forked:
             assert forked.origin is not None and (await forked.read_file("ready.txt"))
         assert setups.set_ups == 3
+
+
+async def test_a_group_snapshot_is_deleted_once_its_last_sample_opened() -> None:
+    async def prepare(sb: Any) -> None:
+        await sb.exec("echo ready > ready.txt")
+
+    spec, options = SandboxSpec(), LocalSandbox.Options()
+    async with aclosing(SetupCache()) as setups:
+        group = [await setups.open("a", "local", spec, options, prepare, uses=3) for _ in range(3)]
+        assert [sb.origin is not None for sb in group] == [False, True, True]
+        snapshot = group[1].origin
+        assert snapshot is not None and snapshot.deleted  # removed as its forks close
+        for sb in group:
+            await sb.close()
+        alone = [await setups.open("a", "local", spec, options, prepare, uses=1) for _ in range(2)]
+        for sb in alone:
+            assert sb.origin is None  # a group of one is set up without a snapshot
+            await sb.close()
+        assert setups.set_ups == 3
+    # local_root checks at teardown that the snapshot directory is gone
+
+
+async def test_with_fork_first_every_sample_forks_the_clean_set_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Graded evaluations: the set-up sandbox is closed, all samples are forks. Its close is
+    slowed down so a sibling's fork starts first (that once deleted the snapshot under the
+    first sample, which then set up again)."""
+    close = LocalSandbox.close
+
+    async def slow_close(self: LocalSandbox) -> None:
+        if self.origin is None:
+            await anyio.sleep(1)
+        await close(self)
+
+    monkeypatch.setattr(LocalSandbox, "close", slow_close)
+
+    async def prepare(sb: Any) -> None:
+        await sb.exec("echo ready > ready.txt")
+
+    spec, options = SandboxSpec(), LocalSandbox.Options()
+    opened: list[Any] = []
+
+    async def one(setups: SetupCache) -> None:
+        opened.append(await setups.open("a", "local", spec, options, prepare, uses=2))
+
+    async with aclosing(SetupCache(fork_first=True)) as setups:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, setups)
+            tg.start_soon(one, setups)
+        for sb in opened:
+            async with sb:
+                assert sb.origin is not None and b"ready" in await sb.read_file("ready.txt")
+        assert setups.set_ups == 1
