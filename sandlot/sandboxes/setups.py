@@ -103,7 +103,11 @@ class SetupCache:
             entry = self._entries[key] = _Entry(opened=1, starting=int(self.fork_first))
             try:
                 sb = await self._set_up(backend, spec, options, prepare)
-                entry.snapshot = await self._freeze(sb, key)
+                try:
+                    entry.snapshot = await self._freeze(sb, key)
+                except BaseException:  # cancelled while freezing: the sandbox is closed too
+                    await sb.close()
+                    raise
             except BaseException:
                 entry.starting = 0
                 raise

@@ -151,3 +151,25 @@ async def test_with_fork_first_every_sample_forks_the_clean_set_up(
             async with sb:
                 assert sb.origin is not None and b"ready" in await sb.read_file("ready.txt")
         assert setups.set_ups == 1
+
+
+async def test_a_set_up_sandbox_is_closed_when_freezing_it_is_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started = anyio.Event()
+
+    async def hang(self: LocalSandbox) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(LocalSandbox, "_snapshot", hang)
+
+    async def prepare(sb: Any) -> None:
+        await sb.exec("true")
+
+    async with aclosing(SetupCache()) as setups, anyio.create_task_group() as tg:
+        tg.start_soon(setups.open, "a", "local", SandboxSpec(), LocalSandbox.Options(), prepare)
+        await started.wait()
+        tg.cancel_scope.cancel()
+    # local_root checks at teardown that the set-up sandbox was closed
