@@ -109,13 +109,13 @@ class SetupCache:
                     await sb.close()
                     raise
             except BaseException:
-                entry.starting = 0
+                entry.starting -= self.fork_first  # its own count; waiters keep theirs
                 raise
             finally:
                 entry.ready.set()
             await self._evict()
             if not self.fork_first or entry.snapshot is None:
-                entry.starting = 0
+                entry.starting -= self.fork_first
                 return sb
             # Its set-up is in the snapshot: closed, and the first sample forks too.
             return await self._fork(key, entry, backend, spec, options, prepare, uses, first=sb)

@@ -173,3 +173,28 @@ async def test_a_set_up_sandbox_is_closed_when_freezing_it_is_cancelled(
         await started.wait()
         tg.cancel_scope.cancel()
     # local_root checks at teardown that the set-up sandbox was closed
+
+
+async def test_a_group_whose_samples_wait_for_the_set_up_deletes_its_snapshot() -> None:
+    """The samples of a group arrive while the first sets up (verl starts them at once): the
+    snapshot is deleted once the last of them opened (the first's return once reset the count
+    of the waiting ones, and the snapshot outlived the run)."""
+
+    async def prepare(sb: Any) -> None:
+        await sb.exec("echo ready > ready.txt")
+
+    spec, options = SandboxSpec(), LocalSandbox.Options()
+    opened: list[Any] = []
+
+    async def one(setups: SetupCache) -> None:
+        opened.append(await setups.open("a", "local", spec, options, prepare, uses=3))
+
+    async with aclosing(SetupCache()) as setups:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(one, setups)
+        assert sorted(sb.origin is not None for sb in opened) == [False, True, True]
+        snapshot = next(sb.origin for sb in opened if sb.origin is not None)
+        assert snapshot.deleted  # before aclose: the group's last sample dropped it
+        for sb in opened:
+            await sb.close()
