@@ -18,7 +18,7 @@ from sandlot.datasets.loaders import load_instances
 from sandlot.errors import BackendNotFoundError
 from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
-from sandlot.rewards.runner import RunOutcome, run_evaluation
+from sandlot.rewards.runner import RunOutcome, run_evaluations
 from sandlot.sandboxes.labels import use_run_id
 from sandlot.sandboxes.registry import get_backend, resolve_backend_name
 
@@ -26,6 +26,16 @@ from sandlot.sandboxes.registry import get_backend, resolve_backend_name
 def split_ids(values: tuple[str, ...]) -> list[str]:
     """``--instance-ids`` values (repeated, or separated by commas/spaces) as one list."""
     return [v for value in values for v in value.replace(",", " ").split()]
+
+
+def split_predictions(values: tuple[str, ...]) -> list[str]:
+    """``--predictions`` values (repeated, or separated by commas) as one list; a value that
+    is an existing file is kept whole (its name may hold a comma)."""
+    found = []
+    for value in values:
+        parts = [value] if Path(value).is_file() else value.split(",")
+        found += [part.strip() for part in parts if part.strip()]
+    return found
 
 
 def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
@@ -51,8 +61,10 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
 @click.option(
     "--predictions",
     required=True,
+    multiple=True,
     help="Predictions .jsonl/.json (instance_id, model_name_or_path, model_patch), "
-    "or the word `gold` for the reference patches.",
+    "or the word `gold` for the reference patches. Several (repeat, or separate with commas) "
+    "are evaluated in one run, each with its report, each instance set up once for all.",
 )
 @click.option(
     "--backend",
@@ -99,7 +111,7 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
 )
 def eval_command(
     dataset: Path,
-    predictions: str,
+    predictions: tuple[str, ...],
     backend: str | None,
     workers: int,
     timeout: float | None,
@@ -119,7 +131,10 @@ def eval_command(
         instances = _select(load_instances(dataset), split_ids(instance_ids))
         if image:
             instances = [i.model_copy(update={"image": image}) for i in instances]
-        preds = load_predictions(predictions, instances)
+        sources = split_predictions(predictions)
+        if len(set(sources)) < len(sources):
+            raise ValueError(f"--predictions names a file twice: {', '.join(sources)}")
+        pred_sets = [load_predictions(source, instances) for source in sources]
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
     run_id = run_id or time.strftime("sandlot-%Y%m%d-%H%M%S")
@@ -127,15 +142,16 @@ def eval_command(
         use_run_id(run_id)  # the sandboxes' sandlot.run_id label, for `sandlot gc --run-id`
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--run-id") from exc
-    todo = sum(1 for i in instances if i.instance_id in preds)
+    todo = sum(1 for preds in pred_sets for i in instances if i.instance_id in preds)
+    files = f" from {len(pred_sets)} files" if len(pred_sets) > 1 else ""
     console.print(
-        f"[bold]sandlot eval[/] run [cyan]{run_id}[/]: {todo} prediction(s) on "
+        f"[bold]sandlot eval[/] run [cyan]{run_id}[/]: {todo} prediction(s){files} on "
         f"{len(instances)} instance(s), backend [cyan]{backend_name}[/], {workers} worker(s)"
     )
     started = time.monotonic()
     if get_backend(backend_name).on_host:
         # Built once up front, with a spinner, instead of silently inside the first sandbox.
-        wanted = [i for i in instances if i.instance_id in preds]
+        wanted = [i for i in instances if any(i.instance_id in preds for preds in pred_sets)]
         build_recipes(console, distinct_recipes(wanted, backend_name), backend_name)
     columns = (
         TextColumn("{task.description}"),
@@ -153,10 +169,10 @@ def eval_command(
             progress.update(task, advance=1, description=f"evaluating ({resolved} resolved)")
 
         try:
-            outcome = anyio.run(
-                lambda: run_evaluation(
+            outcomes = anyio.run(
+                lambda: run_evaluations(
                     instances,
-                    preds,
+                    pred_sets,
                     run_id=run_id,
                     output_dir=output_dir,
                     backend=backend_name,
@@ -171,7 +187,14 @@ def eval_command(
                 f"--run-id {run_id}"
             )
             raise SystemExit(130) from None
-    _print_summary(console, outcome, time.monotonic() - started)
+        except ValueError as exc:  # two files name the same model
+            raise click.ClickException(str(exc)) from exc
+    elapsed = time.monotonic() - started
+    for outcome in outcomes:
+        _print_summary(console, outcome, elapsed)
+    set_ups = outcomes[0].set_ups
+    if set_ups is not None:
+        click.echo(f"{set_ups} sandbox set-up(s) for {todo} prediction(s)")
     note = leak_note(backend_name, run_id)
     if note:
         console.print(note, soft_wrap=True)

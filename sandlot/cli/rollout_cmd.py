@@ -43,12 +43,12 @@ from sandlot.rollout.ray_episodes import RayEpisodes
 from sandlot.rollout.report import REPORT_FILE, report_meta, write_report
 from sandlot.rollout.rows import load_rows
 from sandlot.rollout.scheduler import run_rollout, run_until_signalled
-from sandlot.rollout.setups import SetupCache
 from sandlot.rollout.stats import RolloutStats
 from sandlot.rollout.store import TRAJECTORIES_FILE, TrajectoryLog, atomic_write, write_predictions
 from sandlot.rollout.summary import RolloutSummary, summarize
 from sandlot.sandboxes.labels import pin_run_id, use_run_id
 from sandlot.sandboxes.registry import get_backend
+from sandlot.sandboxes.setups import SetupCache
 
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"

@@ -67,7 +67,8 @@ from sandlot.rewards.scripts import (
 from sandlot.rewards.trusted_git import TrustedGit
 from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.open import open as open_sandbox
-from sandlot.sandboxes.registry import resolve_backend_name
+from sandlot.sandboxes.registry import get_backend, resolve_backend_name
+from sandlot.sandboxes.setups import SetupCache, setup_key
 
 log = logging.getLogger("sandlot.rewards")
 
@@ -92,6 +93,8 @@ async def evaluate(
     timeout: float | None = None,
     sandbox_options: BaseModel | dict[str, Any] | None = None,
     integrity_checks: bool = True,
+    setups: SetupCache | None = None,
+    uses: int | None = None,
 ) -> EvalResult:
     """Evaluate ``model_patch`` on ``instance`` in a fresh sandbox and grade it.
 
@@ -109,6 +112,11 @@ async def evaluate(
         integrity_checks: revert the model's changes to test infrastructure and grade pytest
             runs from sandlot's channel (``docs/reward-integrity.md``). ``False`` grades as
             the SWE-bench harness does; only for measuring what the checks cost.
+        setups: share the instance's set-up with the other evaluations of it (a
+            :class:`~sandlot.sandboxes.setups.SetupCache` made with ``fork_first=True``, so the
+            patch is applied in a fork of the clean set-up, never in the snapshotted sandbox);
+            ``timings_s["setup"]`` then covers the fork's start.
+        uses: how many evaluations of the instance open through ``setups`` (``SetupCache.open``).
 
     Returns:
         The ``EvalResult``; ``reward`` is 1.0 exactly when ``resolved``.
@@ -117,13 +125,31 @@ async def evaluate(
     async def steps(base: dict[str, Any], timings: dict[str, float]) -> EvalResult:
         backend_name = resolve_backend_name(backend)
         spec = instance_spec(instance, backend_name)
-        async with open_sandbox(backend_name, spec, options=sandbox_options) as sb:
-            t = time.monotonic()
+        if setups is None:
+            async with open_sandbox(backend_name, spec, options=sandbox_options) as sb:
+                t = time.monotonic()
+                await prepare_repo(sb, instance, backend_name)
+                timings["setup"] = time.monotonic() - t
+                return await _test_and_grade(
+                    sb, instance, model_patch, base, timings, timeout, integrity_checks
+                )
+        raw = sandbox_options
+        raw = raw.model_dump() if isinstance(raw, BaseModel) else dict(raw or {})
+        options = get_backend(backend_name).Options.model_validate(raw)
+        key = setup_key(instance.instance_id, backend_name, spec, options)
+
+        async def prepare(sb: Sandbox) -> None:
             await prepare_repo(sb, instance, backend_name)
-            timings["setup"] = time.monotonic() - t
+
+        t = time.monotonic()
+        sb = await setups.open(key, backend_name, spec, options, prepare, uses=uses)
+        timings["setup"] = time.monotonic() - t
+        try:
             return await _test_and_grade(
                 sb, instance, model_patch, base, timings, timeout, integrity_checks
             )
+        finally:
+            await sb.close()
 
     return await _guarded(steps, instance, model_patch, model_name_or_path)
 

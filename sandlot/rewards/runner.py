@@ -1,4 +1,5 @@
-"""Evaluate many predictions concurrently, write SWE-bench style logs and reports, resume runs.
+"""Evaluate many predictions (of one or several files) concurrently, write SWE-bench style
+logs and reports, resume runs.
 
 Layout (the harness's ``logs/run_evaluation`` layout under ``output_dir``)::
 
@@ -12,7 +13,9 @@ skips those and retries errors.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalResult
 from sandlot.rewards.run_report import instance_report, run_report
 from sandlot.rewards.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, eval_script, patch_files
+from sandlot.sandboxes.setups import SetupCache
 
 REPORT_FILE = "report.json"
 RESULT_FILE = "result.json"
@@ -46,6 +50,9 @@ class RunOutcome:
     results: dict[str, EvalResult]
     report_path: Path
     resumed: list[str] = field(default_factory=list)
+    set_ups: int | None = None
+    """Sandboxes set up by the call when prediction sets shared set-ups (``None``: each
+    evaluation set up its own)."""
 
 
 def _instance_dir(output_dir: Path, run_id: str, pred: Prediction) -> Path:
@@ -100,8 +107,16 @@ def _write_artifacts(
 
 
 async def run_evaluation(
+    instances: Sequence[Instance], predictions: dict[str, Prediction], **keywords: Any
+) -> RunOutcome:
+    """:func:`run_evaluations` of one prediction set (its keywords); its outcome."""
+    (outcome,) = await run_evaluations(instances, [predictions], **keywords)
+    return outcome
+
+
+async def run_evaluations(
     instances: Sequence[Instance],
-    predictions: dict[str, Prediction],
+    prediction_sets: Sequence[dict[str, Prediction]],
     *,
     run_id: str,
     output_dir: Path,
@@ -110,12 +125,18 @@ async def run_evaluation(
     timeout: float | None = None,
     sandbox_options: BaseModel | dict[str, Any] | None = None,
     on_result: Callable[[EvalResult], None] | None = None,
-) -> RunOutcome:
-    """Evaluate ``predictions`` on ``instances``, ``workers`` at a time, writing as results come.
+) -> list[RunOutcome]:
+    """Evaluate each prediction set (file) on ``instances``, ``workers`` evaluations at a time
+    in all, writing as results come, each set with its own run report. An instance that
+    several sets evaluate is set up once for all of them
+    (:class:`~sandlot.sandboxes.setups.SetupCache` with ``fork_first``: every evaluation runs
+    in a fork of the clean set-up; a snapshot that fails falls back to one set-up per
+    evaluation).
 
     Args:
         instances: the dataset (already filtered to the instances to run).
-        predictions: ``instance_id`` → ``Prediction``; instances without one are "incomplete".
+        prediction_sets: each ``instance_id`` → ``Prediction``; instances without one are
+            "incomplete" in that set's report.
         run_id: names the run directory; re-using it skips instances with a ``report.json``.
         output_dir: root of the logs (``<output_dir>/<run_id>/...``).
         backend: sandbox backend name.
@@ -125,29 +146,36 @@ async def run_evaluation(
         on_result: called after each instance finishes (progress display).
 
     Returns:
-        The run report (SWE-bench keys), every result, and the report's path.
+        One :class:`RunOutcome` per set, in order (its run report with SWE-bench keys, every
+        result, the report's path); ``set_ups`` counts the set-ups of the call when sets
+        shared them.
+
+    Raises:
+        ValueError: ``workers`` < 1, or two sets name the same model (their logs and reports
+            would overwrite each other).
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    results: dict[str, EvalResult] = {}
-    resumed: list[str] = []
-    todo: list[tuple[Instance, Prediction]] = []
-    for inst in instances:
-        pred = predictions.get(inst.instance_id)
-        if pred is None:
-            continue
-        previous = _load_previous(_instance_dir(output_dir, run_id, pred))
-        if previous is not None:
-            results[inst.instance_id] = previous
-            resumed.append(inst.instance_id)
-            if on_result:
-                on_result(previous)
-        else:
-            todo.append((inst, pred))
-
+    models = [{p.model_name_or_path for p in preds.values()} for preds in prediction_sets]
+    for i, j in itertools.combinations(range(len(models)), 2):
+        if common := models[i] & models[j]:
+            raise ValueError(
+                f"prediction sets {i + 1} and {j + 1} both name model {sorted(common)[0]!r}: "
+                "their logs and reports would overwrite each other; give each file its own "
+                "model_name_or_path"
+            )
+    plans = [_plan(instances, preds, output_dir, run_id, on_result) for preds in prediction_sets]
+    # The evaluations that open a sandbox (an empty patch is graded without one).
+    uses = Counter(
+        inst.instance_id
+        for plan in plans
+        for inst, pred in plan.todo
+        if pred.model_patch and pred.model_patch.strip()
+    )
+    shared = any(n > 1 for n in uses.values())
     limiter = anyio.CapacityLimiter(workers)
 
-    async def one(inst: Instance, pred: Prediction) -> None:
+    async def one(plan: _Plan, inst: Instance, pred: Prediction, setups: SetupCache | None) -> None:
         async with limiter:
             result = await evaluate(
                 inst,
@@ -156,22 +184,89 @@ async def run_evaluation(
                 model_name_or_path=pred.model_name_or_path,
                 timeout=timeout,
                 sandbox_options=sandbox_options,
+                setups=setups,
+                uses=uses[inst.instance_id],
             )
         directory = _instance_dir(output_dir, run_id, pred)
         await anyio.to_thread.run_sync(_write_artifacts, directory, inst, pred, result)
-        results[inst.instance_id] = result
+        plan.results[inst.instance_id] = result
         if on_result:
             on_result(result)
 
-    first_model = next(iter(predictions.values())).model_name_or_path if predictions else "none"
-    report_path = output_dir / run_id / f"{model_dir_name(first_model)}.{run_id}.json"
+    # Instance by instance, so the evaluations of one instance run near in time (its
+    # snapshot is deleted once the last of them opened).
+    order = {inst.instance_id: k for k, inst in enumerate(instances)}
+    jobs = sorted(
+        ((plan, inst, pred) for plan in plans for inst, pred in plan.todo),
+        key=lambda job: order[job[1].instance_id],
+    )
+    setups = SetupCache(fork_first=True) if shared else None
     try:
         async with anyio.create_task_group() as tg:
-            for inst, pred in todo:
-                tg.start_soon(one, inst, pred)
+            for plan, inst, pred in jobs:
+                tg.start_soon(one, plan, inst, pred, setups)
     finally:
-        # Also on Ctrl-C: the report then covers what finished, and a re-run resumes the rest.
-        report = run_report([i.instance_id for i in instances], predictions, results)
+        if setups is not None:
+            await setups.aclose()
+        # Also on Ctrl-C: the reports then cover what finished, and a re-run resumes the rest.
+        outcomes = [
+            plan.write(instances, preds, output_dir, run_id, setups)
+            for plan, preds in zip(plans, prediction_sets, strict=True)
+        ]
+    return outcomes
+
+
+@dataclass
+class _Plan:
+    """One prediction set's run: results so far (resumed ones included) and what is left."""
+
+    results: dict[str, EvalResult] = field(default_factory=dict)
+    resumed: list[str] = field(default_factory=list)
+    todo: list[tuple[Instance, Prediction]] = field(default_factory=list)
+
+    def write(
+        self,
+        instances: Sequence[Instance],
+        predictions: dict[str, Prediction],
+        output_dir: Path,
+        run_id: str,
+        setups: SetupCache | None,
+    ) -> RunOutcome:
+        """Write the run report; the outcome."""
+        first = next(iter(predictions.values())).model_name_or_path if predictions else "none"
+        report_path = output_dir / run_id / f"{model_dir_name(first)}.{run_id}.json"
+        report = run_report([i.instance_id for i in instances], predictions, self.results)
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(json.dumps(report, indent=4) + "\n")
-    return RunOutcome(report=report, results=results, report_path=report_path, resumed=resumed)
+        return RunOutcome(
+            report=report,
+            results=self.results,
+            report_path=report_path,
+            resumed=self.resumed,
+            set_ups=setups.set_ups if setups is not None else None,
+        )
+
+
+def _plan(
+    instances: Sequence[Instance],
+    predictions: dict[str, Prediction],
+    output_dir: Path,
+    run_id: str,
+    on_result: Callable[[EvalResult], None] | None,
+) -> _Plan:
+    """The instances with a prediction: finished in an earlier run with ``run_id`` (loaded)
+    or still to evaluate."""
+    plan = _Plan()
+    for inst in instances:
+        pred = predictions.get(inst.instance_id)
+        if pred is None:
+            continue
+        previous = _load_previous(_instance_dir(output_dir, run_id, pred))
+        if previous is not None:
+            plan.results[inst.instance_id] = previous
+            plan.resumed.append(inst.instance_id)
+            if on_result:
+                on_result(previous)
+        else:
+            plan.todo.append((inst, pred))
+    return plan

@@ -48,10 +48,10 @@ from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.generation import GenerationConfig
 from sandlot.rollout.graded import GradedFiles, remove_graded, restore_graded
 from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyError, PolicyTurn
-from sandlot.rollout.setups import SetupCache, setup_key
 from sandlot.rollout.trajectory import ExitReason, Step, ToolObservation, Trajectory
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open as open_sandbox
+from sandlot.sandboxes.setups import SetupCache, setup_key
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.tools import Toolbox, ToolCall, ToolContext, ToolError, get_parser
 from sandlot.tools.submit import diff_against_base
@@ -375,6 +375,7 @@ async def run_episode(
     model_name_or_path: str = "",
     sandbox_options: BaseModel | None = None,
     setups: SetupCache | None = None,
+    group_size: int | None = None,
 ) -> Trajectory:
     """Run one episode of ``row`` with ``policy`` and grade it (see the module docstring).
 
@@ -386,9 +387,12 @@ async def run_episode(
         backend: overrides the config's backend (``None``: ``config.sandbox.resolved_backend``).
         model_name_or_path: recorded in the trajectory and its ``EvalResult``.
         sandbox_options: overrides the config's options for the backend.
-        setups: shares the set-up of the row's samples (:mod:`sandlot.rollout.setups`;
+        setups: shares the set-up of the row's samples (:mod:`sandlot.sandboxes.setups`;
             ``reward.mode: fresh`` only): a fork of the first sample's set-up sandbox, whose
-            ``timings_s["setup"]`` then covers the start too.
+            ``timings_s["setup"]`` then covers the start too (``Trajectory.forked`` says
+            whether it was a fork).
+        group_size: how many samples of the row open through ``setups`` (its ``uses``:
+            the snapshot is deleted once the last one opened); ``None``: kept until evicted.
 
     Returns:
         The :class:`Trajectory`; ``timings_s`` has ``start``, ``setup``, ``agent``, ``model``,
@@ -415,7 +419,8 @@ async def run_episode(
                 await _remove_graded(ep, sb, None)
 
             with timer("setup"):
-                sb = await setups.open(key, backend, spec, options, prepare)
+                sb = await setups.open(key, backend, spec, options, prepare, uses=group_size)
+            traj.forked = sb.origin is not None
         else:
             sb = open_sandbox(backend, spec, options=options)
         try:

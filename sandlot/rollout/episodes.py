@@ -13,10 +13,10 @@ from sandlot.datasets.rows import TaskRow
 from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.policy import Policy
-from sandlot.rollout.setups import SetupCache
 from sandlot.rollout.trajectory import ExitReason, Trajectory
 from sandlot.sandboxes.base import live_sandboxes
 from sandlot.sandboxes.limits import starting_gate
+from sandlot.sandboxes.setups import SetupCache
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class InProcessEpisodes:
     """Episodes run by :func:`~sandlot.rollout.agent.run_episode` on this event loop, all
     with one ``policy``.
 
-    ``setups`` (a :class:`~sandlot.rollout.setups.SetupCache`, which the caller deletes at the
+    ``setups`` (a :class:`~sandlot.sandboxes.setups.SetupCache`, which the caller deletes at the
     end of the run) makes the samples of a row share one set-up.
 
     Raises:

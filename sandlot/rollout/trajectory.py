@@ -82,6 +82,8 @@ class Trajectory(BaseModel):
             that does not parse, an unknown tool, arguments that are not a JSON object or that
             the tool rejects).
         attempts: how many times the episode was started (infrastructure retries).
+        forked: the sandbox started from the snapshot of another sample's set-up
+            (:mod:`sandlot.sandboxes.setups`) rather than being set up itself.
         warnings: what makes the reward less trustworthy, e.g. graded files the agent's
             sandbox kept (:mod:`sandlot.rollout.graded`).
     """
@@ -104,6 +106,7 @@ class Trajectory(BaseModel):
     timings_s: dict[str, float] = Field(default_factory=dict)
     attempts: int = 1
     warnings: list[str] = Field(default_factory=list)
+    forked: bool = False
 
     @property
     def resolved(self) -> bool:

@@ -32,6 +32,16 @@ Token bookkeeping (the rules of verl's ``docs/extend_guide.rst`` and ``ToolAgent
   ``extra_fields["drift_tokens"]`` counts the tokens after the first difference (off by
   default: one more rendering of the whole conversation per sample).
 
+Groups: verl runs the ``rollout.n`` samples of a prompt as concurrent ``run`` calls of one
+``AgentLoopWorker`` (its fully async rollouter sends a prompt's n copies to one worker; the
+synchronous manager splits the batch into contiguous chunks, so a group is split only where a
+chunk boundary cuts it). With ``n > 1`` and ``reward.mode: fresh`` they share one set-up
+through the worker process's :class:`~sandlot.sandboxes.setups.SetupCache` (one per event loop):
+the first sample sets up and snapshots, the others fork, the snapshot is deleted once the
+group's n samples opened (``extra_fields["forked"]`` says which samples forked); what is left
+at the worker's exit is deleted by an ``atexit`` hook, and ``sandlot gc --run-id`` removes what
+a killed worker left.
+
 A sample never raises (but for cancellation): a sandbox that does not start, a failed
 evaluation, a model-server error, an aborted generation (``partial_rollout=False``) or a bug of
 ours becomes a masked sample (all-zero ``response_mask``, reward 0, the reason in
@@ -43,11 +53,13 @@ other trajectories of the worker's event loop.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import logging
 import os
 import threading
 import traceback
+import weakref
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,6 +76,7 @@ from sandlot.rollout.config import AgentConfig, load_agent_config
 from sandlot.rollout.generation import GenerationConfig
 from sandlot.rollout.policy import ContextLengthError, Message, PolicyError, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason, Trajectory
+from sandlot.sandboxes.setups import SetupCache
 from sandlot.settings import settings
 from sandlot.trainer.drift import check_drift, drifted_tokens
 from sandlot.trainer.mapping import DEFAULT_MASKED_EXITS, TokenBuffer, to_agent_loop_output
@@ -79,6 +92,34 @@ _decode_pool: ThreadPoolExecutor | None = None
 _last_global_steps: int | None = None
 """The policy version of the last generation in this worker process: recorded for samples that
 failed before generating (verl needs a number)."""
+
+
+_setups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SetupCache] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def worker_setups() -> SetupCache:
+    """The :class:`SetupCache` of this process's running event loop (verl's worker runs every
+    sample on one loop); its snapshots are deleted at the process's exit."""
+    loop = asyncio.get_running_loop()
+    if loop not in _setups:
+        if not _setups:
+            atexit.register(_delete_snapshots)
+        _setups[loop] = SetupCache()
+    return _setups[loop]
+
+
+def _delete_snapshots() -> None:
+    """At exit: delete what the caches still hold (each removal runs without its loop, which
+    is gone by now; a forced kill skips this, ``sandlot gc --run-id`` is the remedy)."""
+    caches = list(_setups.values())
+    _setups.clear()
+    for cache in caches:
+        try:
+            asyncio.run(cache.aclose())
+        except Exception:
+            log.exception("deleting the group snapshots at exit failed; run `sandlot gc`")
 
 
 def _decoder() -> ThreadPoolExecutor:
@@ -383,7 +424,15 @@ class SandlotAgentLoop(AgentLoopBase):
         except ValidationError as exc:
             return _failed(kwargs, f"not a sandlot row: {exc}")
         model = str(self.config.actor_rollout_ref.model.get("path", ""))
-        return await run_episode(row, policy, config, model_name_or_path=model)
+        n = int(self.rollout_config.get("n", 1))
+        return await run_episode(
+            row,
+            policy,
+            config,
+            model_name_or_path=model,
+            setups=worker_setups() if n > 1 else None,
+            group_size=n,
+        )
 
     def _pad_id(self) -> int:
         pad = getattr(self.tokenizer, "pad_token_id", None)

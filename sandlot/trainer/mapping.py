@@ -48,6 +48,7 @@ EXTRA_FIELD_KEYS = (
     "turn_scores",
     "tool_rewards",
     "drift_tokens",
+    "forked",
 )
 """The ``extra_fields`` keys of every sample (the same keys on every path, so verl can stack
 them into ``non_tensor_batch`` columns)."""
@@ -177,6 +178,7 @@ def to_agent_loop_output(
         "turn_scores": [],
         "tool_rewards": [],
         "drift_tokens": drift_tokens,
+        "forked": traj.forked,
     }
     return AgentLoopOutput(
         prompt_ids=list(tokens.prompt_ids),

@@ -16,9 +16,9 @@ from sandlot.errors import SandboxError
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
 from sandlot.rollout.llm import OpenAIChatPolicy
-from sandlot.rollout.setups import SetupCache
 from sandlot.rollout.trajectory import ExitReason, Trajectory
 from sandlot.sandboxes.local import LocalSandbox
+from sandlot.sandboxes.setups import SetupCache
 from sandlot.sandboxes.spec import SandboxSpec
 
 need_module("swebench", EVAL)
@@ -97,3 +97,104 @@ async def test_at_most_max_snapshots_are_kept() -> None:
         async with forked:
             assert forked.origin is not None and (await forked.read_file("ready.txt"))
         assert setups.set_ups == 3
+
+
+async def test_a_group_snapshot_is_deleted_once_its_last_sample_opened() -> None:
+    async def prepare(sb: Any) -> None:
+        await sb.exec("echo ready > ready.txt")
+
+    spec, options = SandboxSpec(), LocalSandbox.Options()
+    async with aclosing(SetupCache()) as setups:
+        group = [await setups.open("a", "local", spec, options, prepare, uses=3) for _ in range(3)]
+        assert [sb.origin is not None for sb in group] == [False, True, True]
+        snapshot = group[1].origin
+        assert snapshot is not None and snapshot.deleted  # removed as its forks close
+        for sb in group:
+            await sb.close()
+        alone = [await setups.open("a", "local", spec, options, prepare, uses=1) for _ in range(2)]
+        for sb in alone:
+            assert sb.origin is None  # a group of one is set up without a snapshot
+            await sb.close()
+        assert setups.set_ups == 3
+    # local_root checks at teardown that the snapshot directory is gone
+
+
+async def test_with_fork_first_every_sample_forks_the_clean_set_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Graded evaluations: the set-up sandbox is closed, all samples are forks. Its close is
+    slowed down so a sibling's fork starts first (that once deleted the snapshot under the
+    first sample, which then set up again)."""
+    close = LocalSandbox.close
+
+    async def slow_close(self: LocalSandbox) -> None:
+        if self.origin is None:
+            await anyio.sleep(1)
+        await close(self)
+
+    monkeypatch.setattr(LocalSandbox, "close", slow_close)
+
+    async def prepare(sb: Any) -> None:
+        await sb.exec("echo ready > ready.txt")
+
+    spec, options = SandboxSpec(), LocalSandbox.Options()
+    opened: list[Any] = []
+
+    async def one(setups: SetupCache) -> None:
+        opened.append(await setups.open("a", "local", spec, options, prepare, uses=2))
+
+    async with aclosing(SetupCache(fork_first=True)) as setups:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, setups)
+            tg.start_soon(one, setups)
+        for sb in opened:
+            async with sb:
+                assert sb.origin is not None and b"ready" in await sb.read_file("ready.txt")
+        assert setups.set_ups == 1
+
+
+async def test_a_set_up_sandbox_is_closed_when_freezing_it_is_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started = anyio.Event()
+
+    async def hang(self: LocalSandbox) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(LocalSandbox, "_snapshot", hang)
+
+    async def prepare(sb: Any) -> None:
+        await sb.exec("true")
+
+    async with aclosing(SetupCache()) as setups, anyio.create_task_group() as tg:
+        tg.start_soon(setups.open, "a", "local", SandboxSpec(), LocalSandbox.Options(), prepare)
+        await started.wait()
+        tg.cancel_scope.cancel()
+    # local_root checks at teardown that the set-up sandbox was closed
+
+
+async def test_a_group_whose_samples_wait_for_the_set_up_deletes_its_snapshot() -> None:
+    """The samples of a group arrive while the first sets up (verl starts them at once): the
+    snapshot is deleted once the last of them opened (the first's return once reset the count
+    of the waiting ones, and the snapshot outlived the run)."""
+
+    async def prepare(sb: Any) -> None:
+        await sb.exec("echo ready > ready.txt")
+
+    spec, options = SandboxSpec(), LocalSandbox.Options()
+    opened: list[Any] = []
+
+    async def one(setups: SetupCache) -> None:
+        opened.append(await setups.open("a", "local", spec, options, prepare, uses=3))
+
+    async with aclosing(SetupCache()) as setups:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(one, setups)
+        assert sorted(sb.origin is not None for sb in opened) == [False, True, True]
+        snapshot = next(sb.origin for sb in opened if sb.origin is not None)
+        assert snapshot.deleted  # before aclose: the group's last sample dropped it
+        for sb in opened:
+            await sb.close()

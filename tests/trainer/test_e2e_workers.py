@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,18 +43,21 @@ RESPONSE_LENGTH = 2048
 
 
 def rows(repos: Path) -> list[dict[str, Any]]:
-    instance = next(
-        i for i in load_instances(SWE_MINI / "instances.jsonl") if i.instance_id == INSTANCE
-    )
-    ok = instance.model_copy(update={"repo_source": str(repos / "minicalc")})
-    broken = instance.model_copy(update={"repo_source": str(repos / "no-such-repo")})
+    tasks = [("minicalc", "solver"), ("minicalc", "failer"), ("no-such-repo", "solver")]
+    return records_of(repos, [(INSTANCE, repo, policy) for repo, policy in tasks])
+
+
+def records_of(repos: Path, tasks: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """The rows of ``(instance_id, repository directory, policy)`` tasks."""
+    instances = {i.instance_id: i for i in load_instances(SWE_MINI / "instances.jsonl")}
     records = []
-    for index, (inst, policy) in enumerate([(ok, "solver"), (ok, "failer"), (broken, "solver")]):
+    for index, (instance_id, repo, policy) in enumerate(tasks):
+        inst = instances[instance_id].model_copy(update={"repo_source": str(repos / repo)})
         prompt = [
             {"role": "system", "content": "You fix bugs with the tools."},
             {
                 "role": "user",
-                "content": f"<task id={INSTANCE}> policy={policy}\n{inst.problem_statement}",
+                "content": f"<task id={instance_id}> policy={policy}\n{inst.problem_statement}",
             },
         ]
         row = build_row(
@@ -105,7 +109,9 @@ class Setup:
     env: dict[str, str]
     local_root: Path
 
-    def config(self, qwen_dir: Path, mode: str) -> Any:
+    def config(
+        self, qwen_dir: Path, mode: str, *, n: int = 1, loop_yaml: Path | None = None
+    ) -> Any:
         from omegaconf import OmegaConf
 
         opts = TrainOptions(
@@ -114,11 +120,11 @@ class Setup:
             model=str(qwen_dir),
             mode=mode,  # type: ignore[arg-type]
             num_workers=1,
-            n_resp_per_prompt=1,
+            n_resp_per_prompt=n,
             max_prompt_length=4096,
             max_response_length=RESPONSE_LENGTH,
         )
-        cfg = entry_config(opts.mode, hydra_overrides(opts, self.loop_yaml))
+        cfg = entry_config(opts.mode, hydra_overrides(opts, loop_yaml or self.loop_yaml))
         OmegaConf.resolve(cfg)
         return cfg
 
@@ -198,6 +204,48 @@ def test_agent_loop_manager_runs_sandlot_episodes(
     assert list(extra["min_global_steps"])[:2] == [3, 3]
     assert list(extra["max_global_steps"])[:2] == [4, 4]
     assert not list(setup.local_root.iterdir()), "sandboxes left open"
+
+
+def test_the_samples_of_a_prompt_share_one_set_up(setup: Setup, qwen_dir: Path) -> None:
+    """GRPO groups: n=4 samples of 2 prompts, repeated as verl's trainers repeat a batch
+    (``DataProto.repeat(n, interleave=True)``), run on one worker: one set-up per prompt, the
+    other samples are forks, and every snapshot is gone when the run ends."""
+    from verl.experimental.agent_loop import AgentLoopManager
+
+    fresh = setup.tmp_path / "fresh.yaml"
+    fresh.write_text("sandbox: {backend: local}\ninteraction: {max_turns: 6}\n")  # fresh
+    loop_yaml = write_agent_loop_config(setup.tmp_path / "fresh_loop.yaml", fresh)
+    cfg = setup.config(qwen_dir, "async", n=4, loop_yaml=loop_yaml)
+    repos = setup.tmp_path / "repos"
+    tasks = [(INSTANCE, "minicalc", "solver"), ("textkit__textkit-1", "textkit", "solver")]
+    records = records_of(repos, tasks)
+    server = ScriptedServer(str(qwen_dir), ByInstance(_metadata(records)))
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": setup.env})
+    try:
+        manager = AgentLoopManager.create(
+            config=cfg, llm_client=server, reward_loop_worker_handles=None
+        )
+        out = manager.generate_sequences(batch(records).repeat(4, interleave=True))
+    finally:
+        ray.shutdown()
+
+    extra = out.non_tensor_batch
+    assert list(extra["exit_reason"]) == ["submitted"] * 8, extra["error"]
+    assert out.batch["rm_scores"].sum(dim=1).tolist() == [1.0] * 8
+    forked = zip(extra["instance_id"], extra["forked"], strict=True)
+    set_ups = Counter(instance for instance, fork in forked if not fork)
+    assert set_ups == {INSTANCE: 1, "textkit__textkit-1": 1}
+    assert not list(setup.local_root.iterdir()), "sandboxes or snapshots left"
+
+
+def _metadata(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The instances of ``records`` by id, for :class:`ByInstance`."""
+    found = {}
+    for record in records:
+        meta = record["extra_info"]["tools_kwargs"]["reward"]["metadata"]
+        meta = json.loads(meta) if isinstance(meta, str) else meta
+        found[meta["instance_id"]] = meta
+    return found
 
 
 def test_v1_transfer_queue_workers_run_sandlot_episodes(setup: Setup, qwen_dir: Path) -> None:
