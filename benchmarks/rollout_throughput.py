@@ -282,7 +282,9 @@ class ReadyEpisodes:
 
 async def _overhead(episodes: int, steps: int, concurrency: int, out: Path) -> dict[str, float]:
     register_backend(InstantSandbox.name, InstantSandbox)
-    rows = load_rows(SWE_MINI / "instances.jsonl", backend=InstantSandbox.name, image="none")
+    # The rows' repo_source must exist on this machine, even though the fake never reads it.
+    dataset, _ = _swe_mini(out)
+    rows = load_rows(dataset, backend=InstantSandbox.name, image="none")
     samples = math.ceil(episodes / len(rows))
     config = parse_agent_config(
         {
