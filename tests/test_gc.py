@@ -11,6 +11,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import ClassVar
 
 import click
 import pytest
@@ -19,6 +20,8 @@ from requirements import TEST_IMAGE, bwrap_missing, docker_engine, needs
 
 from sandlot.cli import gc_cmd
 from sandlot.cli.main import cli
+from sandlot.sandboxes import registry
+from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, owner, recorded_runs, run_id
 from sandlot.sandboxes.reaper import RemoteSandbox, select
 
@@ -82,9 +85,7 @@ def test_cli_requires_a_filter_and_reports(monkeypatch: pytest.MonkeyPatch) -> N
     result = runner.invoke(cli, ["gc", "--backend", "docker"])
     assert result.exit_code == 2 and "--run-id" in result.output
     result = runner.invoke(cli, ["gc", "--backend", "nope", "--all"])
-    assert (
-        result.exit_code == 1 and "sandlot gc knows: docker, local, modal, vefaas" in result.output
-    )
+    assert result.exit_code == 1 and "unknown sandbox backend 'nope'" in result.output
 
     stub = StubReaper(
         [sb("r1", time.time(), "s1"), sb("r1", time.time(), "s2"), sb("r2", 0, "s3")], {"s2"}
@@ -99,6 +100,41 @@ def test_cli_requires_a_filter_and_reports(monkeypatch: pytest.MonkeyPatch) -> N
         and "failed 1" in result.output
         and "provider said no" in result.output
     )
+
+
+class ListedReaper(StubReaper):
+    """The reaper a third-party backend names: what `sandlot gc` builds from the class."""
+
+    made: ClassVar[list[ListedReaper]] = []
+
+    def __init__(self, **options: str) -> None:
+        super().__init__([sb("r1", time.time(), "t1"), sb("r2", time.time(), "t2")], set())
+        self.options = options
+        ListedReaper.made.append(self)
+
+
+def test_gc_serves_a_registered_backend_through_the_reaper_its_class_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class ThirdParty(Sandbox):
+        name = "third-party"
+        reaper = f"{__name__}:ListedReaper"
+
+    class NoReaper(Sandbox):
+        name = "no-reaper"
+
+    # Registered for this test only: other tests list the known backends.
+    monkeypatch.setitem(registry._registered, "third-party", ThirdParty)
+    monkeypatch.setitem(registry._registered, "no-reaper", NoReaper)
+    runner = CliRunner()
+    result = runner.invoke(
+        cli, ["gc", "--backend", "third-party", "--run-id", "r1", "--option", "zone=eu"]
+    )
+    assert result.exit_code == 0, result.output
+    [reaper] = ListedReaper.made
+    assert reaper.killed == ["t1"] and reaper.options == {"zone": "eu"}
+    result = runner.invoke(cli, ["gc", "--backend", "no-reaper", "--all"])
+    assert result.exit_code == 1 and "names no reaper" in result.output
 
 
 def _stub(monkeypatch: pytest.MonkeyPatch, *, can_ask: bool) -> StubReaper:

@@ -119,6 +119,9 @@ class Sandbox(Transport):
     network_modes: ClassVar[tuple[bool | str, ...]] = (False, True)
     """The values of ``spec.network`` the backend enforces; ``start`` refuses the others (a
     backend that cannot keep ``"internet"`` away from the host must not run it as ``True``)."""
+    reaper: ClassVar[str | None] = None
+    """``"module:Class"`` of the backend's :class:`~sandlot.sandboxes.reaper.Reaper`, imported
+    only by ``sandlot gc``; ``None``: gc cannot list the backend's sandboxes."""
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         spec = spec or SandboxSpec()

@@ -22,15 +22,10 @@ import anyio
 from sandlot.errors import BackendNotFoundError
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.leaks import Leak
+from sandlot.sandboxes.registry import get_backend
 
 log = logging.getLogger("sandlot.sandboxes.gc")
 
-_REAPERS = {
-    "docker": "sandlot.sandboxes.docker.reaper:DockerReaper",
-    "local": "sandlot.sandboxes.local.reaper:LocalReaper",
-    "modal": "sandlot.sandboxes.modal.reaper:ModalReaper",
-    "vefaas": "sandlot.sandboxes.vefaas.reaper:VefaasReaper",
-}
 _KILL_CONCURRENCY = 16
 _KILL_ATTEMPTS = 2
 
@@ -102,17 +97,18 @@ class GcReport:
 
 
 def get_reaper(backend: str, **options: Any) -> Reaper:
-    """The reaper of ``backend`` (``docker``, ``local``, ``modal``, ``vefaas``), built with
-    ``options``.
+    """The reaper of ``backend`` (any registered backend whose class names one in its
+    ``reaper`` attribute), built with ``options``.
 
     Raises:
-        BackendNotFoundError: the backend has no reaper.
+        BackendNotFoundError: no backend has that name, or it names no reaper.
         BackendUnavailableError: its SDK is missing or it has no credentials.
     """
-    target = _REAPERS.get(backend)
+    target = get_backend(backend).reaper
     if target is None:
         raise BackendNotFoundError(
-            f"no reaper for backend {backend!r}; sandlot gc knows: {', '.join(sorted(_REAPERS))}"
+            f"backend {backend!r} names no reaper (its class's `reaper` attribute), so "
+            "sandlot gc cannot list its sandboxes; see docs/backends.md"
         )
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)

@@ -106,6 +106,7 @@ class DockerSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "docker"
+    reaper: ClassVar[str | None] = "sandlot.sandboxes.docker.reaper:DockerReaper"
     enforces_disk_mb: ClassVar[bool] = True
     supports_snapshot: ClassVar[bool] = True  # a committed image (docker/commit.py)
     Options: ClassVar[type[DockerOptions]] = DockerOptions

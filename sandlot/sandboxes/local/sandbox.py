@@ -177,6 +177,7 @@ class LocalSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "local"
+    reaper: ClassVar[str | None] = "sandlot.sandboxes.local.reaper:LocalReaper"
     Options: ClassVar[type[BaseModel]] = LocalOptions
     on_host: ClassVar[bool] = True
     enforces_disk_mb: ClassVar[bool] = True  # a size-limited tmpfs (needs root, see _start)

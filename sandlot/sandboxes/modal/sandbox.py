@@ -93,6 +93,7 @@ class ModalSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "modal"
+    reaper: ClassVar[str | None] = "sandlot.sandboxes.modal.reaper:ModalReaper"
     Options: ClassVar[type[ModalOptions]] = ModalOptions
     network_modes: ClassVar[tuple[bool | str, ...]] = (False, True, "internet")
     options: ModalOptions

@@ -94,6 +94,7 @@ class VefaasSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "vefaas"
+    reaper: ClassVar[str | None] = "sandlot.sandboxes.vefaas.reaper:VefaasReaper"
     Options: ClassVar[type[VefaasOptions]] = VefaasOptions
     options: VefaasOptions
     staging_dir: str = jobs.JOBS_DIR
