@@ -88,14 +88,19 @@ async def test_environment_is_first_on_path_read_only_and_caller_free(
     assert not (env.path / "bin" / "planted").exists()
 
 
+async def pip_install(sb: sandlot.Sandbox, wheel: Path) -> None:
+    """Upload ``wheel`` into ``sb`` and install it with the sandbox's pip."""
+    await sb.upload(wheel, f"/tmp/{wheel.name}")
+    pip = await sb.exec(f"python -m pip install --no-index -q /tmp/{wheel.name}")
+    assert pip.exit_code == 0, pip.stdout + pip.stderr
+
+
 async def test_pip_install_in_a_sandbox_lands_in_its_own_overlay(
     cache: Path, probe_recipe: EnvironmentRecipe, tmp_path: Path
 ) -> None:
     extra = make_wheel(tmp_path, "sandlot_extra", 7)
     async with sandlot.open("local", environment=probe_recipe) as sb:
-        await sb.upload(extra, f"/tmp/{extra.name}")
-        pip = await sb.exec(f"python -m pip install --no-index -q /tmp/{extra.name}")
-        assert pip.exit_code == 0, pip.stdout + pip.stderr
+        await pip_install(sb, extra)
         imports = "import sandlot_extra, sandlot_probe; print(sandlot_extra.VALUE)"
         r = await sb.exec(["python", "-c", imports])
         assert r.stdout.strip() == "7", r.stderr
@@ -229,9 +234,7 @@ async def test_a_fork_has_the_environment_and_what_its_set_up_installed(
 ) -> None:
     extra = make_wheel(tmp_path, "sandlot_extra", 7)
     async with sandlot.open("local", environment=probe_recipe) as sb:
-        await sb.upload(extra, f"/tmp/{extra.name}")
-        pip = await sb.exec(f"python -m pip install --no-index -q /tmp/{extra.name}")
-        assert pip.exit_code == 0, pip.stdout + pip.stderr
+        await pip_install(sb, extra)
         snap = await sb.snapshot()
     try:
         async with sandlot.open(snapshot=snap) as fork:
