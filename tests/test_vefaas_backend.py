@@ -17,6 +17,7 @@ from requirements import missing
 
 from sandlot import BackendUnavailableError, SandboxError, SandboxSpec, SandboxStartError
 from sandlot.result import ExecResult
+from sandlot.sandboxes import leaks
 from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.reaper import reap
@@ -188,6 +189,17 @@ async def test_kill_failing_once_is_retried(fake: FakeVefaas) -> None:
     fake.kill_failures = 1
     await sb.close()
     assert len(fake.actions("KillSandbox")) == 2 and not fake.live()
+
+
+async def test_a_kill_that_keeps_failing_lists_the_leak_with_the_vefaas_id(
+    fake: FakeVefaas,
+) -> None:
+    sb = make(fake)
+    await sb.start()
+    fake.kill_failures = 100
+    await sb.close()
+    [leak] = [e for e in leaks.read() if e.sandbox_id == sb.id]
+    assert leak.backend_id == sb.sandbox_id is not None and fake.live()
 
 
 async def test_data_plane_5xx_is_retried_then_reported(fake: FakeVefaas) -> None:

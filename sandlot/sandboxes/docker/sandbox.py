@@ -123,6 +123,8 @@ class DockerSandbox(Sandbox):
         """Id of the container once created, else ``None``."""
         return self._container_id
 
+    backend_id = container_id  # the id leak reports and `sandlot gc --leaked` match
+
     # ----------------------------------------------------------------- engine calls
 
     @property

@@ -115,6 +115,8 @@ class VefaasSandbox(Sandbox):
         """veFaaS's id of the instance once created, else ``None``."""
         return self._sandbox_id
 
+    backend_id = sandbox_id  # the id leak reports and `sandlot gc --leaked` match
+
     # ----------------------------------------------------------------- lifecycle
 
     async def _start(self) -> None:
