@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from requirements import EVAL, need_module
 
 import sandlot
+from sandlot.cli.env_cmd import distinct_recipes
 from sandlot.datasets.instance import Instance
 from sandlot.result import ExecResult
 from sandlot.rewards.instance_setup import instance_environment, instance_spec
@@ -215,6 +216,10 @@ def test_swebench_specs_give_local_rows_without_a_recipe_an_environment(
     # Container backends take the environment from the image.
     assert instance_environment(inst, container_backend) is None
     assert instance_environment(_instance(repo="unknown/repo", version="1"), "local") is None
+    # So does an image on local: the image's own environment, as on docker.
+    for image in ("swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "/srv/rootfs"):
+        on_image = inst.model_copy(update={"image": {"local": image}})
+        assert instance_environment(on_image, "local") is None
 
 
 @pytest.mark.parametrize(
@@ -242,3 +247,14 @@ def test_missing_runner_is_named(log: str, exit_code: int, named: str) -> None:
 )
 def test_tests_that_ran_are_not_a_missing_runner(log: str, exit_code: int | None) -> None:
     assert missing_runner(log, exit_code) is None
+
+
+def test_recipes_to_build_skip_image_rows_and_rows_without_an_image_for_the_backend() -> None:
+    need_module("swebench", EVAL)
+    astropy = {"repo": "astropy/astropy", "version": "5.0"}  # swebench has a spec for it
+    rows = [
+        _instance(instance_id="o__r-1", environment={"pip_packages": ["pytest"]}),
+        _instance(instance_id="o__r-2", image={"docker": "python:3.12"}, **astropy),
+        _instance(instance_id="o__r-3", image={"local": "python:3.12"}, **astropy),
+    ]
+    assert distinct_recipes(rows, "local") == [EnvironmentRecipe(pip_packages=["pytest"])]

@@ -25,7 +25,10 @@ def distinct_recipes(instances: Iterable[Instance], backend: str) -> list[Enviro
     """The different package recipes ``instances`` need on ``backend``, in first-seen order."""
     seen: dict[str, EnvironmentRecipe] = {}
     for inst in instances:
-        recipe = instance_environment(inst, backend)
+        try:
+            recipe = instance_environment(inst, backend)
+        except ValueError:
+            continue  # no image for the backend: that instance's own run says so
         if recipe is not None and recipe.has_packages:
             seen.setdefault(recipe.packages_only().digest(), recipe.packages_only())
     return list(seen.values())

@@ -36,16 +36,18 @@ def instance_environment(instance: Instance, backend: str) -> EnvironmentRecipe 
     """The environment recipe of ``instance`` on ``backend``.
 
     The instance's own ``environment`` when it has one. Otherwise, on a backend that runs on
-    this machine (``local``), the recipe of swebench's specification for ``repo`` + ``version``
-    (:func:`~sandlot.datasets.swebench_specs.spec_environment`); container backends take the
-    environment from the image.
+    this machine (``local``) with the image ``"host"``, the recipe of swebench's specification
+    for ``repo`` + ``version`` (:func:`~sandlot.datasets.swebench_specs.spec_environment`);
+    an image (a container image on any backend, a root filesystem on ``local``) is the
+    environment.
 
     Raises:
         BackendNotFoundError: unknown backend.
+        ValueError: the instance's image map has no image for ``backend``.
     """
     if instance.environment is not None:
         return instance.environment
-    if not get_backend(backend).on_host:
+    if not get_backend(backend).on_host or instance.image_for(backend) != "host":
         return None
     return spec_environment(instance)
 
