@@ -4,6 +4,8 @@
 as ``git diff`` prints them, new untracked files included (files ignored by ``.gitignore``
 excluded), binary files left out (a ``Binary files differ`` hunk does not apply). It stages
 into a temporary copy of the index (``GIT_INDEX_FILE``), so the agent's own index is untouched.
+The repository's own diff settings (a ``textconv`` driver, an external diff, color, prefixes),
+which the agent may have set, are overridden: the patch is what ``git apply`` takes.
 """
 
 from __future__ import annotations
@@ -27,14 +29,17 @@ _DIFF_SCRIPT = f"""set -e
 idx=$(mktemp)
 trap 'rm -f -- "$idx"' EXIT
 real=$({_GIT} rev-parse --git-path index)
-if [ -f "$real" ]; then cp -- "$real" "$idx"; else rm -f -- "$idx"; fi
+# -p: git trusts an entry whose file is older than the index file (its racy-clean
+# check); a copy with a new mtime would hide an edit made in the same clock tick.
+if [ -f "$real" ]; then cp -p -- "$real" "$idx"; else rm -f -- "$idx"; fi
 export GIT_INDEX_FILE="$idx"
 {_GIT} add -A .
 excludes=()
 while IFS=$'\\t' read -r -d '' added deleted path; do
   if [ "$added" = - ]; then excludes+=(":(top,exclude,literal)$path"); fi
-done < <({_GIT} diff --cached --no-renames --numstat -z "$1")
-{_GIT} diff --cached --no-renames --no-ext-diff "$1" -- . "${{excludes[@]}}"
+done < <({_GIT} diff --cached --no-renames --no-textconv --numstat -z "$1")
+{_GIT} diff --cached --no-renames --no-ext-diff --no-textconv --no-color \
+  --src-prefix=a/ --dst-prefix=b/ "$1" -- . "${{excludes[@]}}"
 """
 
 
