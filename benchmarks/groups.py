@@ -11,7 +11,9 @@ the same run, on each backend given:
 Reported: the set-up cost summed over the sandboxes, each from "open" to "ready to run the
 first command" (``start()`` returned; what a busy cluster pays, whatever the parallelism), for
 the fork path the set-up sandbox's start and the snapshot included; their ratio (goal >= 5x);
-the cost of one fork (mean start). Then the same with a CPU-bound set-up (an ``awk`` loop
+the cost of one fork (mean start of the ``--n`` started at once, and of one started alone
+afterwards: what the backend's start costs without the others competing for the engine and
+the cores). Then the same with a CPU-bound set-up (an ``awk`` loop
 calibrated to take ``--setup-s`` alone, so ``--n`` at once share this machine's cores): the
 wall time until all ``--n`` sandboxes are ready, independent vs ``sandlot.open_group``.
 
@@ -56,6 +58,7 @@ class Costs:
     builder: float = 0.0
     snapshot: float = 0.0
     forks: tuple[float, ...] = ()
+    alone: float = 0.0
 
     @property
     def grouped(self) -> float:
@@ -119,6 +122,8 @@ async def sleep_costs(fields: dict[str, Any], args: argparse.Namespace) -> Costs
     try:
         forks = [sandlot.open(snapshot=snap) for _ in range(args.n)]
         costs.forks = tuple(await _closing(forks, lambda: _concurrently(forks)))
+        alone = [sandlot.open(snapshot=snap)]
+        (costs.alone,) = await _closing(alone, lambda: _concurrently(alone))
     finally:
         await snap.delete()
     return costs
@@ -162,7 +167,7 @@ def main() -> None:
     console = Console()
     costs = Table(title=f"set-up cost of a group of {args.n}, summed open -> ready (s)")
     for column in ("backend", "independent", "snapshot + fork", "ratio", "set-up + snapshot",
-                   "per fork", "goal"):  # fmt: skip
+                   "per fork", "fork alone", "goal"):  # fmt: skip
         costs.add_column(column, justify="right")
     walls = Table(title=f"CPU-bound set-up: wall time to {args.n} ready sandboxes (s)")
     for column in ("backend", "independent", "open_group", "ratio"):
@@ -178,6 +183,7 @@ def main() -> None:
             f"{ratio:.1f}x",
             f"{c.builder:.2f} + {c.snapshot:.2f}",
             f"{statistics.mean(c.forks):.3f}",
+            f"{c.alone:.3f}",
             "met" if ratio >= RATIO_TARGET else f"missed (< {RATIO_TARGET:g}x)",
         )
         independent, grouped = anyio.run(cpu_walls, fields, args)

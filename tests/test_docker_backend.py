@@ -246,6 +246,29 @@ async def test_missing_image_that_cannot_be_pulled(
 
 
 @pytest.mark.anyio
+async def test_a_fork_whose_snapshot_image_was_removed_fails_at_once_without_a_pull(
+    engine: Any, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the fork pulled the set-up's base image (the snapshot's spec.image) three times
+    # and failed with a retryable pull error naming that image, not the missing snapshot.
+    pulled: list[str] = []
+    monkeypatch.setattr(DockerSandbox, "_pull", lambda self: pulled.append(self.spec.image))
+    async with make(post_setup_cmd="echo set-up > a.txt", options={"pull": "missing"}) as sb:
+        snap = await sb.snapshot()
+    assert snap.handle is not None
+    engine.api.remove_image(snap.handle, force=True)  # as `sandlot gc` of another process does
+    try:
+        with anyio.fail_after(CALL_BUDGET_S), pytest.raises(SandboxStartError) as info:
+            await sandlot.open(snapshot=snap).start()
+    finally:
+        await snap.delete()
+    assert snap.handle[:19] in str(info.value) and "new snapshot" in str(info.value)
+    assert not info.value.retryable
+    assert pulled == []
+    assert containers_of(engine, run_id) == []
+
+
+@pytest.mark.anyio
 async def test_32_concurrent_sandboxes_leave_nothing_behind(engine: Any, run_id: str) -> None:
     n = 32
     seen: dict[int, str] = {}

@@ -203,12 +203,33 @@ class DockerSandbox(Sandbox):
         self._started_at = time.monotonic()
 
     def _create_and_start(self) -> None:
-        errors = sdk().errors
-        if self.options.pull == "always" and self.origin is None:
+        if self.origin is not None:
+            self._create_fork()
+        else:
+            self._create_pulling()
+        self._client.start(self._container_id)
+
+    def _create_fork(self) -> None:
+        """Create a container of the snapshot's image, which is local: never pulled (a pull
+        would fetch the set-up's base image, ``spec.image``, and still find no snapshot)."""
+        assert self.origin is not None and self.origin.handle is not None
+        try:
+            self._create()
+        except sdk().errors.ImageNotFound as exc:
+            raise SandboxStartError(
+                f"snapshot image {self.origin.handle[:19]} is no longer in the engine at "
+                f"{describe_address(self.options.base_url)} (removed by `sandlot gc`, "
+                "`docker image rm` or `prune`); take a new snapshot",
+                retryable=False,
+            ) from exc
+
+    def _create_pulling(self) -> None:
+        """Create a container of ``spec.image``, pulled as ``options.pull`` says."""
+        if self.options.pull == "always":
             self._pull()
         try:
             self._create()
-        except errors.ImageNotFound as exc:
+        except sdk().errors.ImageNotFound as exc:
             if self.options.pull == "never":
                 raise SandboxStartError(
                     f"image {self.spec.image!r} is not in the engine at "
@@ -218,7 +239,6 @@ class DockerSandbox(Sandbox):
                 ) from exc
             self._pull()
             self._create()
-        self._client.start(self._container_id)
 
     def _create(self) -> None:
         spec, opts, api = self.spec, self.options, self._client
