@@ -1,5 +1,5 @@
-"""``SetupCache``: the samples of one key share one set-up (GRPO groups, ``sandlot rollout
--n``, the verl agent loop, ``sandlot eval`` of several prediction files).
+"""``SetupCache``: the samples of one key share one set-up (GRPO groups, ``sandlot rollout -n``,
+the verl agent loop, ``sandlot eval`` of several prediction files).
 
 The first sample of a key (instance, spec, backend, options) opens a sandbox, sets it up
 (``prepare``: e.g. the repository at ``base_commit``, the graded files removed), freezes it
@@ -8,12 +8,13 @@ other samples of the key wait for that, then start forks of the snapshot
 (``sandlot.open(snapshot=)``) that skip the set-up. With ``fork_first`` the set-up sandbox is
 closed once frozen and the first sample runs in a fork too, so every sample starts from the
 same files and none where the set-up's processes still run (graded evaluations). A set-up or
-snapshot that fails, a backend without ``supports_snapshot``, and a snapshot already evicted
-all fall back to the per-sample set-up, never failing a sample that would have run without
-the cache. At most ``max_snapshots`` are kept (the oldest deleted first: a fork still running
-keeps its files); ``aclose()`` deletes the rest. A caller that knows how many samples a key
-has (verl's ``rollout.n``, the prediction files of an instance) passes ``uses``: the snapshot
-is deleted once that many have opened, and a key of one sample is set up without a snapshot.
+snapshot that fails, a backend without ``supports_snapshot``, a snapshot already evicted and a
+fork that fails to start all fall back to the per-sample set-up (logged), never failing a
+sample that would have run without the cache. At most ``max_snapshots`` are kept (the oldest
+deleted first: a fork still running keeps its files); ``aclose()`` deletes the rest. A caller
+that knows how many samples a key has (verl's ``rollout.n``, the prediction files of an
+instance) passes ``uses``: the snapshot is deleted once that many have opened, and a key of one
+sample is set up without a snapshot.
 
 One cache serves the samples of one event loop (``InProcessEpisodes``, one verl agent-loop
 worker, one ``sandlot eval``); Ray actors each set up on their own.
@@ -66,6 +67,7 @@ class SetupCache:
 
     Attributes:
         set_ups: how many times ``prepare`` ran (one per key when every snapshot works).
+        fork_failures: how many forks failed to start (each sample then set up on its own).
     """
 
     def __init__(self, max_snapshots: int = 64, *, fork_first: bool = False) -> None:
@@ -74,6 +76,7 @@ class SetupCache:
         self.max_snapshots = max_snapshots
         self.fork_first = fork_first
         self.set_ups = 0
+        self.fork_failures = 0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     async def open(
@@ -147,15 +150,29 @@ class SetupCache:
             await entry.ready.wait()
             snapshot = entry.snapshot
             if snapshot is not None and not snapshot.deleted:
-                fork = open_sandbox(backend, spec, options=options, snapshot=snapshot)
-                await fork.start()
-                return fork
+                fork = await self._start_fork(key, backend, spec, options, snapshot)
+                if fork is not None:
+                    return fork
         finally:
             entry.starting -= 1
             dropped = self._entries.get(key) is not entry
             if dropped and entry.starting == 0 and entry.snapshot is not None:
                 await entry.snapshot.delete()  # removed when the last running fork closes
         return await self._set_up(backend, spec, options, prepare)
+
+    async def _start_fork(
+        self, key: str, backend: str, spec: SandboxSpec, options: BaseModel, snapshot: Snapshot
+    ) -> Sandbox | None:
+        """A started fork of ``snapshot``; ``None`` (logged, counted) when its start failed,
+        so the sample sets up on its own (the fork closed itself)."""
+        fork = open_sandbox(backend, spec, options=options, snapshot=snapshot)
+        try:
+            await fork.start()
+        except Exception as exc:
+            self.fork_failures += 1
+            log.warning("a fork of the set-up of %s failed to start, setting up anew: %s", key, exc)
+            return None
+        return fork
 
     async def _set_up(
         self, backend: str, spec: SandboxSpec, options: BaseModel, prepare: Prepare
