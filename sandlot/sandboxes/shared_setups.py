@@ -180,8 +180,8 @@ class SharedSetups:
                 )
                 .remote(self.max_snapshots)
             )
+            self._actors[scope] = actor  # before awaiting: concurrent samples reuse it
             await actor.attach.remote(self._client)
-            self._actors[scope] = actor
         return self._actors[scope]
 
     async def aclose(self) -> None:
