@@ -255,7 +255,7 @@ class SetupCache:
                     raise
                 finally:
                     tg.cancel_scope.cancel()
-            ref = SnapshotRef.of(snapshot) if snapshot is not None else None
+            ref = SnapshotRef.of(snapshot, backend) if snapshot is not None else None
         finally:
             opened = 0 if self.fork_first or ref is None else 1
             with anyio.CancelScope(shield=True):

@@ -49,9 +49,10 @@ class SnapshotRef:
     handle: str
 
     @classmethod
-    def of(cls, snapshot: Snapshot) -> SnapshotRef:
+    def of(cls, snapshot: Snapshot, backend: str) -> SnapshotRef:
+        """The reference of a native ``snapshot`` of the backend registered as ``backend``."""
         assert snapshot.handle is not None, "a fallback snapshot is not shared"
-        return cls(snapshot.backend.name, snapshot.spec, snapshot.options, snapshot.handle)
+        return cls(backend, snapshot.spec, snapshot.options, snapshot.handle)
 
     def snapshot(self) -> Snapshot:
         """A :class:`Snapshot` of this process for the reference (deleting it deletes it)."""
