@@ -17,7 +17,8 @@ instance) passes ``uses``: the snapshot is deleted once that many have opened, a
 sample is set up without a snapshot.
 
 One cache serves the samples of one event loop (``InProcessEpisodes``, one verl agent-loop
-worker, one ``sandlot eval``); Ray actors each set up on their own.
+worker, one ``sandlot eval``); with ``shared`` the caches of the run's processes share their
+set-ups through a Ray actor (:mod:`sandlot.sandboxes.shared_setups`).
 """
 
 from __future__ import annotations

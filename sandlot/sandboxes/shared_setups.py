@@ -21,6 +21,7 @@ Ray is imported only when an actor is first needed.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from sandlot.sandboxes.snapshot import Snapshot
 from sandlot.sandboxes.spec import SandboxSpec
 
 NAMESPACE = "sandlot"
+
+log = logging.getLogger("sandlot.sandboxes")
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,15 @@ class SharedSetups:
         actors, self._actors = list(self._actors.values()), {}
         with anyio.CancelScope(shield=True):
             for actor in actors:
-                if await actor.detach.remote(self._client):
-                    import ray
+                try:
+                    if await actor.detach.remote(self._client):
+                        import ray
 
-                    ray.kill(actor)
+                        ray.kill(actor)
+                except Exception as exc:  # a Ray error: the actor died with its table
+                    log.warning(
+                        "detaching from the shared set-ups failed (%s); `sandlot gc --run-id "
+                        "%s` removes the snapshots left",
+                        exc,
+                        self.run,
+                    )
