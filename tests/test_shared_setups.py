@@ -298,3 +298,22 @@ def test_two_processes_share_one_set_up_and_a_dead_builder_is_given_up(
     reaper = LocalReaper(str(local_root))
     for sandbox in anyio.run(reaper.list_sandboxes):
         anyio.run(reaper.kill, sandbox)
+
+
+@pytest.mark.anyio
+async def test_a_failing_set_up_raises_its_own_error_and_its_waiters_set_up(
+    local_root: Path,
+) -> None:
+    class Broken(Exception):
+        pass
+
+    async def broken(sb: Any) -> None:
+        raise Broken("the repository cannot be checked out")
+
+    (cache,) = caches(1)
+    with pytest.raises(Broken):
+        await cache.open("k", "local", SPEC, OPTIONS, broken)
+    async with await cache.open("k", "local", SPEC, OPTIONS, ready) as alone:
+        assert alone.origin is None
+    assert cache.set_ups == 2
+    await cache.aclose()

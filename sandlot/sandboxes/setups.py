@@ -23,6 +23,7 @@ set-ups through a Ray actor (:mod:`sandlot.sandboxes.shared_setups`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -240,26 +241,34 @@ class SetupCache:
         ref: SnapshotRef | None = None
 
         async def renew() -> None:  # until cancelled, or the build was given up
-            renewed = True
-            while renewed:
-                await anyio.sleep(shared.lease_s / 3)
-                renewed = await actor.renew.remote(key, holder, shared.lease_s)
+            with contextlib.suppress(Exception):  # the actor is gone: nobody waits any more
+                renewed = True
+                while renewed:
+                    await anyio.sleep(shared.lease_s / 3)
+                    renewed = await actor.renew.remote(key, holder, shared.lease_s)
 
+        failure: Exception | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(renew)
-                sb = await self._set_up(backend, spec, options, prepare)
                 try:
-                    snapshot = await self._freeze(sb, key)
-                except BaseException:  # cancelled while freezing: the sandbox is closed too
-                    await sb.close()
-                    raise
+                    sb = await self._set_up(backend, spec, options, prepare)
+                    try:
+                        snapshot = await self._freeze(sb, key)
+                    except BaseException:  # cancelled while freezing: closed too
+                        await sb.close()
+                        raise
+                except Exception as exc:  # raised as itself, not in the group's ExceptionGroup
+                    failure = exc
                 finally:
                     tg.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
             ref = SnapshotRef.of(snapshot, backend) if snapshot is not None else None
         finally:
             opened = 0 if self.fork_first or ref is None else 1
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                # an unreachable actor: the waiters give the build up when its lease runs out
                 await actor.publish.remote(key, holder, ref, opened, uses)
         if not self.fork_first or ref is None:
             return sb
@@ -272,7 +281,11 @@ class SetupCache:
         """A started fork of ``key``'s shared snapshot under a lease of its own; ``None``
         when the snapshot was evicted meanwhile or the fork failed to start."""
         lease = uuid.uuid4().hex
-        ref = await actor.acquire.remote(key, lease)
+        try:
+            ref = await actor.acquire.remote(key, lease)
+        except Exception as exc:  # a Ray error: the actor is gone or unreachable
+            log.warning("cannot fork the shared set-up of %s (%s), setting up", key, exc)
+            return None
         if ref is None:
             return None
 

@@ -81,9 +81,13 @@ class LeasedSnapshot(Snapshot):
     async def release_lease(self) -> None:
         """Give the lease back (once; also for a fork that failed before it held it)."""
         give_back, self.give_back = self.give_back, None
-        if give_back is not None:
-            with anyio.CancelScope(shield=True):
+        if give_back is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
                 await give_back()
+            except Exception as exc:  # a Ray error: the actor died with its leases
+                log.warning("giving back the lease on snapshot %s failed: %s", self.handle, exc)
 
     async def _remove(self) -> None:
         """Nothing: the registry's actor deletes shared snapshots."""
