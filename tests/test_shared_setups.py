@@ -317,3 +317,35 @@ async def test_a_failing_set_up_raises_its_own_error_and_its_waiters_set_up(
         assert alone.origin is None
     assert cache.set_ups == 2
     await cache.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_builder_cancelled_mid_build_lets_its_waiters_set_up(local_root: Path) -> None:
+    building = anyio.Event()
+
+    async def hang(sb: Any) -> None:
+        building.set()
+        await anyio.sleep_forever()
+
+    one, two = caches(2)
+    async with anyio.create_task_group() as tg:
+        builder = anyio.CancelScope()
+
+        async def build() -> None:
+            with builder:
+                await one.open("k", "local", SPEC, OPTIONS, hang)
+
+        async def wait() -> None:
+            waited.append(await two.open("k", "local", SPEC, OPTIONS, ready))
+
+        waited: list[Any] = []
+        tg.start_soon(build)
+        await building.wait()
+        tg.start_soon(wait)  # it polls while the build hangs
+        await anyio.sleep(0.2)
+        builder.cancel()  # the build publishes nothing: the waiter sets up alone
+    (alone,) = waited
+    async with alone:
+        assert alone.origin is None and b"ready" in await alone.read_file("ready.txt")
+    assert (one.set_ups, two.set_ups) == (1, 1)
+    await one.aclose()
