@@ -349,3 +349,24 @@ async def test_a_builder_cancelled_mid_build_lets_its_waiters_set_up(local_root:
         assert alone.origin is None and b"ready" in await alone.read_file("ready.txt")
     assert (one.set_ups, two.set_ups) == (1, 1)
     await one.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_build_cancelled_while_freezing_closes_its_sandbox(
+    local_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    freezing = anyio.Event()
+
+    async def hang(self: LocalSandbox) -> str:
+        freezing.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(LocalSandbox, "_snapshot", hang)
+    (cache,) = caches(1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cache.open, "k", "local", SPEC, OPTIONS, ready)
+        await freezing.wait()
+        tg.cancel_scope.cancel()
+    await cache.aclose()
+    # local_root checks at teardown that the set-up sandbox was closed

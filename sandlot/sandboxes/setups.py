@@ -248,16 +248,14 @@ class SetupCache:
                     renewed = await actor.renew.remote(key, holder, shared.lease_s)
 
         failure: Exception | None = None
+        sb: Sandbox | None = None
+        snapshot: Snapshot | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(renew)
                 try:
                     sb = await self._set_up(backend, spec, options, prepare)
-                    try:
-                        snapshot = await self._freeze(sb, key)
-                    except BaseException:  # cancelled while freezing: closed too
-                        await sb.close()
-                        raise
+                    snapshot = await self._freeze(sb, key)
                 except Exception as exc:  # raised as itself, not in the group's ExceptionGroup
                     failure = exc
                 finally:
@@ -265,11 +263,19 @@ class SetupCache:
             if failure is not None:
                 raise failure
             ref = SnapshotRef.of(snapshot, backend) if snapshot is not None else None
+        except BaseException:  # failed or cancelled: nothing of the build outlives it
+            with anyio.CancelScope(shield=True):
+                if snapshot is not None:
+                    await snapshot.delete()
+                if sb is not None:
+                    await sb.close()
+            raise
         finally:
             opened = 0 if self.fork_first or ref is None else 1
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 # an unreachable actor: the waiters give the build up when its lease runs out
                 await actor.publish.remote(key, holder, ref, opened, uses)
+        assert sb is not None  # set up, else raised
         if not self.fork_first or ref is None:
             return sb
         await sb.close()
