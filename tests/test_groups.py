@@ -141,3 +141,23 @@ async def test_a_jailed_fork_of_the_host_stacks_the_snapshots_workdir(
             assert await anyio.to_thread.run_sync(os.listdir, fork.host_workdir) == []
     finally:
         await snap.delete()
+
+
+async def test_a_group_sandbox_whose_fork_fails_to_start_is_set_up_instead(
+    local_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = LocalSandbox._start
+    refused: list[str] = []
+
+    async def refuse_one_fork(self: LocalSandbox) -> None:
+        if self.origin is not None and not refused:
+            refused.append(self.id)
+            raise SandboxError("the fork's overlay cannot be mounted", retryable=False)
+        await start(self)
+
+    monkeypatch.setattr(LocalSandbox, "_start", refuse_one_fork)
+    async with sandlot.open_group(n=3, post_setup_cmd=TOKEN, root_dir=local_root) as group:
+        tokens = [await sb.read_file("token.txt") for sb in group]
+        assert sorted(sb.origin is not None for sb in group) == [False, True, True]
+        assert len(set(tokens)) == 2  # the forks' token, and the set-up's own
+    assert os.listdir(local_root) == []

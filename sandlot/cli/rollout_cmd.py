@@ -366,6 +366,7 @@ def rollout_command(
                         backend=backend_name,
                         model_name_or_path=model,
                         concurrency=concurrency,
+                        share_setups=samples > 1,
                     )
                     try:
                         async with ray_eps:

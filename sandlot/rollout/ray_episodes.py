@@ -27,6 +27,8 @@ from sandlot.rollout.trajectory import Trajectory
 from sandlot.sandboxes.base import live_sandboxes
 from sandlot.sandboxes.labels import pin_run_id
 from sandlot.sandboxes.limits import starting_gate
+from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.shared_setups import SharedSetups
 
 log = logging.getLogger("sandlot.rollout")
 
@@ -50,6 +52,7 @@ class EpisodeWorker:
         backend: str,
         model_name_or_path: str,
         env: Mapping[str, str],
+        share_setups: bool = False,
     ) -> None:
         os.environ.update(env)
         # One line per model request would flood the driver's console (log_to_driver).
@@ -62,6 +65,8 @@ class EpisodeWorker:
         self._stack = contextlib.AsyncExitStack()
         self._policy: Policy | None = None
         self._running = 0
+        # The samples of a row, on any actor of the node (or cluster), share one set-up.
+        self._setups = SetupCache(shared=SharedSetups()) if share_setups else None
 
     async def setup(self) -> None:
         """Create the policy (entering it when it is an async context manager)."""
@@ -88,6 +93,7 @@ class EpisodeWorker:
                 backend=self._backend,
                 model_name_or_path=self._model,
                 sandbox_options=self._options,
+                setups=self._setups,
             )
         finally:
             self._running -= 1
@@ -103,6 +109,8 @@ class EpisodeWorker:
             # Polled: the live count has no event to wait on, and this runs once per actor.
             while self._running or live_sandboxes(self._backend):  # noqa: ASYNC110
                 await anyio.sleep(0.05)
+        if self._setups is not None:
+            await self._setups.aclose()
         await self._stack.aclose()
         return live_sandboxes(self._backend)
 
@@ -134,6 +142,9 @@ class RayEpisodes:
         model_name_or_path: recorded in trajectories.
         concurrency: episodes at once across the cluster.
         address: the Ray cluster.
+        share_setups: the samples of a row share one set-up across the actors
+            (:mod:`sandlot.sandboxes.shared_setups`: per node, or per cluster for backends
+            whose snapshots any node opens).
     """
 
     def __init__(
@@ -145,6 +156,7 @@ class RayEpisodes:
         model_name_or_path: str = "",
         concurrency: int = 8,
         address: str | None = None,
+        share_setups: bool = False,
     ) -> None:
         self.policy_factory = policy_factory
         self.config = config
@@ -152,6 +164,7 @@ class RayEpisodes:
         self.model_name_or_path = model_name_or_path
         self.concurrency = concurrency
         self.address = address
+        self.share_setups = share_setups
         self.actors: list[Any] = []
         self._load: list[int] = []
         self._ray: Any = None
@@ -182,7 +195,14 @@ class RayEpisodes:
                 scheduling_strategy="SPREAD",
                 max_restarts=2,
                 runtime_env={"env_vars": env},
-            ).remote(self.policy_factory, self.config, self.backend, self.model_name_or_path, env)
+            ).remote(
+                self.policy_factory,
+                self.config,
+                self.backend,
+                self.model_name_or_path,
+                env,
+                self.share_setups,
+            )
             for _ in range(count)
         ]
         self._load = [0] * count

@@ -1,8 +1,8 @@
-"""``sandlot.open_group``: n sandboxes of one spec, set up once (a GRPO group)."""
+"""``sandlot.open_group``: n sandboxes of one spec, set up once (a GRPO group): one key of a
+:class:`~sandlot.sandboxes.setups.SetupCache` with ``fork_first``."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -10,13 +10,11 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 
-from sandlot.errors import SandboxError
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open
-from sandlot.sandboxes.snapshot import Snapshot
+from sandlot.sandboxes.registry import resolve_backend_name
+from sandlot.sandboxes.setups import SetupCache
 from sandlot.sandboxes.spec import SandboxSpec
-
-log = logging.getLogger("sandlot.sandboxes")
 
 
 @asynccontextmanager
@@ -34,9 +32,10 @@ async def open_group(
     On a backend with ``supports_snapshot``, one sandbox is opened and set up (environment,
     install steps, ``post_setup_cmd``), frozen with :meth:`Sandbox.snapshot` and closed; the
     ``n`` forks start from its files, concurrently. Each fork is independent: its writes are
-    its own, and no process of the set-up runs in it. Elsewhere (the fallback), and when
-    freezing fails (logged), the ``n`` sandboxes are each set up from the spec. Leaving the
-    block closes them all and deletes the snapshot, also on error and cancellation.
+    its own, and no process of the set-up runs in it. Elsewhere (the fallback), when freezing
+    fails and for a fork that fails to start (each logged), the sandbox is set up from the
+    spec instead. Leaving the block closes them all and deletes the snapshot, also on error
+    and cancellation.
 
     Args:
         spec: what to open; keyword ``fields`` override its values (as :func:`sandlot.open`).
@@ -48,51 +47,35 @@ async def open_group(
     Raises:
         ValueError: ``n`` is below 1, or a keyword is unknown (see :func:`sandlot.open`).
         SandboxStartError, SandboxSetupError: as :meth:`Sandbox.start`, of the set-up sandbox
-            or of the first fork that failed (the others are closed).
+            or of the first sandbox set up from the spec that failed (the others are closed).
     """
     if n < 1:
         raise ValueError(f"a group needs at least one sandbox, got n={n}")
-    builder = open(backend, spec, options=options, **fields)
+    name = resolve_backend_name(backend)
+    proto = open(name, spec, options=options, **fields)  # validated once, never started
+    sandboxes: list[Sandbox] = []
+    failures: list[Exception] = []
     async with AsyncExitStack() as stack:
-        snapshot = await _frozen(builder) if builder.supports_snapshot else None
-        if snapshot is not None and snapshot.native:
-            stack.push_async_callback(snapshot.delete)
-            sandboxes = [open(snapshot=snapshot) for _ in range(n)]
-        else:
-            sandboxes = [open(backend, spec, options=options, **fields) for _ in range(n)]
-        for sb in sandboxes:
+        setups = SetupCache(fork_first=True)
+        stack.push_async_callback(setups.aclose)
+
+        async def one() -> None:
+            try:
+                sb = await setups.open("group", name, proto.spec, proto.options, _as_is, uses=n)
+            except Exception as exc:  # the group fails: the others are cancelled and closed
+                failures.append(exc)
+                tg.cancel_scope.cancel()
+                return
+            sandboxes.append(sb)
             stack.push_async_callback(sb.close)
-        await _start_all(sandboxes)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(one)
+        if failures:
+            raise failures[0]
         yield sandboxes
 
 
-async def _frozen(builder: Sandbox) -> Snapshot:
-    """Set ``builder`` up, freeze it and close it; a fallback snapshot when freezing fails."""
-    async with builder:
-        try:
-            return await builder.snapshot()
-        except SandboxError as exc:
-            log.warning(
-                "cannot snapshot sandbox %s (%s), setting each sandbox of the group up: %s",
-                builder.id,
-                builder.name,
-                exc,
-            )
-            return Snapshot(type(builder), builder.spec, builder.options)
-
-
-async def _start_all(sandboxes: list[Sandbox]) -> None:
-    """Start every sandbox concurrently; raise the first failure (the caller closes all)."""
-    failures: list[BaseException] = []
-
-    async def start(sb: Sandbox) -> None:
-        try:
-            await sb.start()
-        except Exception as exc:
-            failures.append(exc)
-
-    async with anyio.create_task_group() as tg:
-        for sb in sandboxes:
-            tg.start_soon(start, sb)
-    if failures:
-        raise failures[0]
+async def _as_is(sb: Sandbox) -> None:
+    """A group's set-up is its spec's, which ``start`` ran."""

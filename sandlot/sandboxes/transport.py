@@ -28,7 +28,7 @@ import shlex
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, ClassVar, TypeVar
+from typing import IO, ClassVar, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -135,6 +135,10 @@ class Transport(abc.ABC):
     supports_snapshot: ClassVar[bool] = False
     """Whether the backend implements ``_snapshot``; ``False``: ``Sandbox.snapshot`` returns a
     fallback whose forks are set up again from the spec."""
+    snapshot_scope: ClassVar[Literal["node", "global"]] = "node"
+    """Where a snapshot can be forked: ``"node"``, on the host that took it (a directory, an
+    image of the node's engine); ``"global"``, from any node (a provider's image id). It picks
+    which processes share a set-up (:mod:`sandlot.sandboxes.shared_setups`)."""
 
     @property
     def backend_id(self) -> str | None:

@@ -76,7 +76,9 @@ from sandlot.rollout.config import AgentConfig, load_agent_config
 from sandlot.rollout.generation import GenerationConfig
 from sandlot.rollout.policy import ContextLengthError, Message, PolicyError, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason, Trajectory
+from sandlot.sandboxes.limits import ray_is_running
 from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.shared_setups import SharedSetups
 from sandlot.settings import settings
 from sandlot.trainer.drift import check_drift, drifted_tokens
 from sandlot.trainer.mapping import DEFAULT_MASKED_EXITS, TokenBuffer, to_agent_loop_output
@@ -106,7 +108,9 @@ def worker_setups() -> SetupCache:
     if loop not in _setups:
         if not _setups:
             atexit.register(_delete_snapshots)
-        _setups[loop] = SetupCache()
+        # Under Ray (verl's workers are actors) the workers of a node share each group's
+        # set-up through the run's registry actor.
+        _setups[loop] = SetupCache(shared=SharedSetups() if ray_is_running() else None)
     return _setups[loop]
 
 

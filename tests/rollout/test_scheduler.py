@@ -560,12 +560,15 @@ async def test_ray_runs_streams_and_cancels_with_the_same_guarantees(
     rows: Sequence[TaskRow] = [row(i) for i in range(6)]
     seen: list[str] = []
     with TrajectoryLog(path) as log:
-        async with RayEpisodes(ray_policy, config, backend=FAKE, concurrency=4) as eps:
+        eps = RayEpisodes(ray_policy, config, backend=FAKE, concurrency=4, share_setups=True)
+        async with eps:
             assert 1 <= len(eps.actors) <= 4  # one per CPU, at most the concurrency
             stats = await run_rollout(
                 rows, eps, log, samples=2, concurrency=4, on_finished=lambda t: seen.append("x")
             )
         assert eps.left_open == 0
+    named = ray_cluster.util.list_named_actors(all_namespaces=True)
+    assert not [a for a in named if a["name"].startswith("sandlot-setups-")], "not detached"
     assert stats.new == 12 and len(seen) == 12
     assert sorted(keys_of(path)) == sorted((f"fake__fake-{i}", s) for i in range(6) for s in (0, 1))
     assert {d["exit_reason"] for d in lines_of(path)} == {"no_tool_call"}

@@ -198,3 +198,27 @@ async def test_a_group_whose_samples_wait_for_the_set_up_deletes_its_snapshot() 
         assert snapshot.deleted  # before aclose: the group's last sample dropped it
         for sb in opened:
             await sb.close()
+
+
+async def test_a_fork_that_fails_to_start_sets_its_sample_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    start = LocalSandbox._start
+
+    async def refuse_forks(self: LocalSandbox, *args: Any, **kwargs: Any) -> None:
+        if self.origin is not None:
+            raise SandboxError("the fork's overlay cannot be mounted", retryable=False)
+        await start(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalSandbox, "_start", refuse_forks)
+
+    async def prepare(sb: Any) -> None:
+        await sb.exec("echo ready > ready.txt")
+
+    spec, options = SandboxSpec(), LocalSandbox.Options()
+    async with aclosing(SetupCache()) as setups:
+        group = [await setups.open("a", "local", spec, options, prepare, uses=2) for _ in range(2)]
+        for sb in group:
+            async with sb:
+                assert sb.origin is None and b"ready" in await sb.read_file("ready.txt")
+        assert (setups.set_ups, setups.fork_failures) == (2, 1)

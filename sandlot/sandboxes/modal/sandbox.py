@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -98,6 +98,7 @@ class ModalSandbox(Sandbox):
     network_modes: ClassVar[tuple[bool | str, ...]] = (False, True, "internet")
     options: ModalOptions
     supports_snapshot: ClassVar[bool] = True  # Sandbox.snapshot_filesystem, an Image
+    snapshot_scope: ClassVar[Literal["node", "global"]] = "global"  # an image id, any node
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         super().__init__(spec, options)
