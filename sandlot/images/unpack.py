@@ -11,8 +11,8 @@ stack of them can be mounted as ``lowerdir``s:
   user namespace reads (Linux 5.11);
 * a hard link whose target is not in this layer is linked to (or copied from) the target in the
   layers below, as docker and containers/storage resolve it (the layers below are asked for
-  only then: layers unpacked in parallel wait for those below them only where such a link
-  needs them);
+  only then, topmost first: a layer unpacked in parallel with those below it waits, at such
+  a link, only for the layers down to the one that has its target);
 * symlinks are created as they are and never followed: an entry below a symlink, a ``..``
   component or an absolute name is refused (the layer could otherwise write outside its
   directory);
@@ -41,7 +41,7 @@ import stat
 import tarfile
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +157,7 @@ def _gunzipped(raw: IO[bytes]) -> Iterator[bytes]:
 
 
 def unpack_layer(
-    blob: Path, diff_id: str, dest: Path, below: Callable[[], Sequence[Path]]
+    blob: Path, diff_id: str, dest: Path, below: Callable[[], Iterable[Path]]
 ) -> UnpackStats:
     """Unpack layer ``blob`` into the new directory ``dest``.
 
@@ -165,8 +165,10 @@ def unpack_layer(
         blob: the layer as stored (gzip, zstd or plain tar; told apart by magic bytes).
         diff_id: ``sha256:<hex>`` of the uncompressed tar, from the image config.
         dest: a directory that does not exist yet (the caller renames it into place).
-        below: returns the unpacked layers under this one, topmost first; called (and may
-            wait for them to be unpacked) only when a hard link's target is not in this layer.
+        below: returns the unpacked layers under this one, topmost first; called only when
+            a hard link's target is not in this layer, and iterated until the target is found
+            (an iterator that waits for each layer to be unpacked before yielding it waits
+            for no more layers than the link needs).
 
     Raises:
         ImageError: the tar is corrupt, its digest is not ``diff_id``, or an entry would write
@@ -208,7 +210,7 @@ def unpack_layer(
 
 class _LayerWriter:
     def __init__(
-        self, dest: Path, below: Callable[[], Sequence[Path]], stats: UnpackStats, name: str
+        self, dest: Path, below: Callable[[], Iterable[Path]], stats: UnpackStats, name: str
     ) -> None:
         self.dest = dest
         self.below = below

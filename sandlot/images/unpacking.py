@@ -5,8 +5,9 @@ that unpacks (``sandlot image pull`` without ``--fetch-only``), unpacks the laye
 image has unpacked yet. Layers are separate directories, so they unpack at the same time, one
 thread each up to this machine's cores: decompression, hashing and the kernel's file creation
 release the GIL, only the tar parsing holds it. A layer with a hard link to a file of a layer
-below waits, at that entry, for the layers below it in this image; those were submitted
-first, so they run or have run, and the pool cannot deadlock.
+below waits, at that entry, for the layers below it in this image, topmost first, down to the
+one that has the target; those were submitted first, so they run or have run, and the pool
+cannot deadlock.
 
 Each layer unpacks under its file lock into ``tmp/`` and is renamed into place, so two
 processes or eight threads unpack it once and an interrupted unpack leaves nothing used; the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,14 +62,15 @@ def unpack_image(
         return 0
     futures: dict[str, Future[bool]] = {}
 
-    def below(index: int) -> Callable[[], Sequence[Path]]:
-        def wait() -> Sequence[Path]:
-            for diff_id in diff_ids[:index]:
-                if diff_id in futures and futures[diff_id].exception() is not None:
+    def below(index: int) -> Callable[[], Iterable[Path]]:
+        def each_when_unpacked() -> Iterator[Path]:
+            for diff_id in reversed(diff_ids[:index]):
+                future = futures.get(diff_id)
+                if future is not None and future.exception() is not None:  # waits for it
                     raise _LowerLayerFailed(diff_id)
-            return [store.layer(d) for d in reversed(diff_ids[:index])]
+                yield store.layer(diff_id)
 
-        return wait
+        return each_when_unpacked
 
     count = min(len(missing), workers or len(os.sched_getaffinity(0)))
     with store.pulling(), ThreadPoolExecutor(count, thread_name_prefix="sandlot-unpack") as pool:
@@ -87,7 +89,7 @@ def _unpack_one(
     store: ImageStore,
     diff_id: str,
     blob: dict[str, Any],
-    below: Callable[[], Sequence[Path]],
+    below: Callable[[], Iterable[Path]],
     log: Callable[[str], None] | None,
 ) -> bool:
     """Unpack one layer unless it is already; whether this call did."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import tarfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ LINKED = [
 ]
 """Three layers, the middle one hard-linking a file of the bottom one."""
 
-Below = Callable[[], Sequence[Path]]
+Below = Callable[[], Iterable[Path]]
 Unpack = Callable[[Path, str, Path, Below], UnpackStats]
 
 
@@ -85,6 +85,33 @@ def test_independent_layers_unpack_at_the_same_time(
 
     monkeypatch.setattr(unpacking, "unpack_layer", meeting)
     assert unpacking.unpack_image(store, record, workers=2) == 2
+
+
+def test_a_hard_link_waits_only_for_the_layers_down_to_its_target(
+    registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layers = [[("base", FILE, "x")], [("data", DIR, ""), ("data/a", FILE, "one")],
+              [("data/hl", LINK, "data/a")]]  # fmt: skip
+    ref = push_layers(registry, tmp_path, layers)
+    store = ImageStore(tmp_path / "cache")
+    record = store.record(pull(ref, store, unpack=False).manifest)
+    assert record is not None
+    bottom, _, top = record["diff_ids"]
+    top_done = threading.Event()
+    real: Unpack = unpacking.unpack_layer
+
+    def ordered(blob: Path, diff_id: str, dest: Path, below: Below) -> UnpackStats:
+        if diff_id == bottom:  # the bottom layer finishes last: the top must not wait for it
+            assert top_done.wait(timeout=120), "the top layer waited for the bottom one"
+        stats = real(blob, diff_id, dest, below)
+        if diff_id == top:
+            top_done.set()
+        return stats
+
+    monkeypatch.setattr(unpacking, "unpack_layer", ordered)
+    assert unpacking.unpack_image(store, record, workers=3) == 3
+    found = unpacking.image_root(store, ref, record).lookup("/data/hl")
+    assert found is not None and found.read_text() == "one"
 
 
 _OPEN_IN_A_PROCESS = """
