@@ -11,7 +11,9 @@ multi-layer image (the test image plus the layers of ``tests/images/registry.py`
   it; and with one worker, as every pull did before) vs the floors of any pull that makes a
   usable root on this disk, measured on the same blobs: ``gzip -dc`` alone (decompression)
   and GNU ``tar -xzf`` (decompression and file creation); fetch + unpack vs ``skopeo copy`` +
-  ``tar -xzf``;
+  ``tar -xzf``; and, since the test image keeps nearly all its files in one layer, parallel
+  vs one worker on an image of two equal layers of 4000 files each (alternated, medians of
+  ``--copies``);
 * **first open -> exec after a fetch-only pull** (the unpack moved into it), vs the median of
   the opens of the cached image below;
 * **second image**: pulling the image that shares all but its top layer transfers only that
@@ -31,7 +33,7 @@ before and after them (``/proc/loadavg``). Each row that creates files starts af
 Needs skopeo, docker-registry, podman, bubblewrap (``bash .ci/images-packages.sh``), the
 engine (``$DOCKER_HOST``) and ``SANDLOT_TEST_IMAGE`` in it.
 
-Usage: python benchmarks/local_images.py [--n 20] [--sandboxes 100] [--copies 3]
+Usage: python benchmarks/local_images.py [--n 20] [--sandboxes 100] [--copies 5]
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
@@ -55,7 +58,15 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "images")]
 
-from registry import LAYERED, build_and_push, local_name, running_registry, tools_missing  # noqa: E402
+from registry import (  # noqa: E402
+    LAYERED,
+    Entry,
+    build_and_push,
+    local_name,
+    push_layers,
+    running_registry,
+    tools_missing,
+)
 
 import sandlot  # noqa: E402
 from sandlot.images import pull  # noqa: E402
@@ -113,6 +124,30 @@ def _unpack_s(store: ImageStore, record: dict[str, Any], workers: int | None) ->
     started = time.perf_counter()
     assert unpack_image(store, record, workers=workers) == len(set(record["diff_ids"]))
     return time.perf_counter() - started
+
+
+def _balanced_layers(files: int) -> list[list[Entry]]:
+    """Two layers of ``files`` 2 KB files each, 100 to a directory."""
+    layers: list[list[Entry]] = []
+    for k in range(2):
+        dirs = [(f"l{k}/d{d}", tarfile.DIRTYPE, "") for d in range((files + 99) // 100)]
+        entries = [(f"l{k}/d{i // 100}/f{i}", tarfile.REGTYPE, "x" * 2000) for i in range(files)]
+        layers.append([(f"l{k}", tarfile.DIRTYPE, ""), *dirs, *entries])
+    return layers
+
+
+def _parallel_vs_one(ref: str, work: Path, repeats: int) -> tuple[float, float, str]:
+    """Medians of the unpack of ``ref`` with the default workers and with one, alternated,
+    each into a fresh cache; and the load around them."""
+    times: dict[int | None, list[float]] = {None: [], 1: []}
+    load = _load()
+    for i in range(repeats):
+        for workers in (None, 1):
+            store, record, _ = _fetched(ref, work / f"balanced-{i}-{workers}")
+            os.sync()
+            times[workers].append(_unpack_s(store, record, workers))
+            remove_tree(store.root)
+    return statistics.median(times[None]), statistics.median(times[1]), f"{load}-{_load()}"
 
 
 def _load() -> str:
@@ -194,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20, help="open->exec and engine samples")
     parser.add_argument("--sandboxes", type=int, default=100, help="concurrent sandboxes (disk)")
-    parser.add_argument("--copies", type=int, default=3, help="fetches and skopeo copies")
+    parser.add_argument("--copies", type=int, default=5, help="fetches and skopeo copies")
     args = parser.parse_args(argv)
     console = Console(width=200)  # one line per row, also in a log file
     reason = tools_missing()
@@ -253,6 +288,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{unpack1_s:.2f} s (load {load}-{_load()})",
                          f"parallel / one worker = {unpack_s / unpack1_s:.2f}x", True))  # fmt: skip
             remove_tree(sequential.root)
+            balanced = push_layers(reg, work / "balanced", _balanced_layers(4000))
+            par_s, one_s, loads = _parallel_vs_one(balanced, work, args.copies)
+            rows.append(("unpack, 2 layers of 4000 files: parallel vs one worker",
+                         f"{par_s:.2f} s vs {one_s:.2f} s (load {loads})",
+                         f"parallel / one worker = {par_s / one_s:.2f}x (medians of {args.copies}, "
+                         "alternated)", True))  # fmt: skip
             second = pull(plus, store)
             rows.append(("second image, all but its top layer shared",
                          f"{second.layers_transferred} layer, {second.transferred} bytes",

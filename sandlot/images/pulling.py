@@ -88,8 +88,8 @@ def _parse(image: str) -> Reference:
 
 
 def open_image(image: str, store: ImageStore | None = None) -> ImageRoot:
-    """The image named ``image``, ready to mount: fetched first when it is not cached, its
-    layers not yet unpacked unpacked (in parallel, each once); records its use.
+    """The image named ``image``, ready to mount: fetched when it is not cached, then those
+    of its layers not unpacked yet are unpacked (in parallel, each once); records its use.
 
     Raises:
         ImageError: it cannot be fetched or a layer cannot be unpacked (``retryable`` says
