@@ -4,11 +4,18 @@ Starts a registry on 127.0.0.1 (Debian's ``docker-registry``), builds and pushes
 multi-layer image (the test image plus the layers of ``tests/images/registry.py``'s
 ``LAYERED``) and a second one that adds one layer on top, then measures:
 
-* **pull** of the fresh multi-layer image into an empty cache (skopeo into the shared blob
-  store, then each layer unpacked) vs ``skopeo copy`` of the same image into an OCI layout
-  (transfer only): goal <= 1.2x; with the floors of any pull that makes a usable root on
-  this disk, measured on the same blobs: ``gzip -dc`` alone (decompression) and GNU
-  ``tar -xzf`` (decompression and file creation);
+* **pull** (the fetch: ``pull(unpack=False)``, ``sandlot image pull --fetch-only``) of the
+  fresh multi-layer image into an empty cache vs ``skopeo copy`` of the same image into an
+  OCI layout, the same work: goal <= 1.2x (medians of ``--copies`` of each, alternated);
+* **unpack** of its layers (in parallel, as the first sandbox or ``sandlot image pull`` does
+  it; and with one worker, as every pull did before) vs the floors of any pull that makes a
+  usable root on this disk, measured on the same blobs: ``gzip -dc`` alone (decompression)
+  and GNU ``tar -xzf`` (decompression and file creation); fetch + unpack vs ``skopeo copy`` +
+  ``tar -xzf``; and, since the test image keeps nearly all its files in one layer, parallel
+  vs one worker on an image of two equal layers of 4000 files each (alternated, medians of
+  ``--copies``);
+* **first open -> exec after a fetch-only pull** (the unpack moved into it), vs the median of
+  the opens of the cached image below;
 * **second image**: pulling the image that shares all but its top layer transfers only that
   layer (layers and bytes transferred);
 * **open -> first exec** on the cached image (a fresh sandbox each time: overlay mount, jail,
@@ -19,13 +26,14 @@ multi-layer image (the test image plus the layers of ``tests/images/registry.py`
   of the disk used (sandboxes' directories and the cache, ``du``) vs what they wrote: goal
   <= written + 1 MiB each.
 
-The machine may be shared: the pull and open rows show the 1-minute load average before and
-after them (``/proc/loadavg``).
+The machine may be shared: the pull, unpack and open rows show the 1-minute load average
+before and after them (``/proc/loadavg``). Each row that creates files starts after a
+``sync``, so that it does not pay for writing back the files of the row before.
 
 Needs skopeo, docker-registry, podman, bubblewrap (``bash .ci/images-packages.sh``), the
 engine (``$DOCKER_HOST``) and ``SANDLOT_TEST_IMAGE`` in it.
 
-Usage: python benchmarks/local_images.py [--n 20] [--sandboxes 100]
+Usage: python benchmarks/local_images.py [--n 20] [--sandboxes 100] [--copies 5]
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
@@ -49,11 +58,20 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "images")]
 
-from registry import LAYERED, build_and_push, local_name, running_registry, tools_missing  # noqa: E402
+from registry import (  # noqa: E402
+    LAYERED,
+    Entry,
+    build_and_push,
+    local_name,
+    push_layers,
+    running_registry,
+    tools_missing,
+)
 
 import sandlot  # noqa: E402
 from sandlot.images import pull  # noqa: E402
-from sandlot.images.store import ImageStore  # noqa: E402
+from sandlot.images.store import ImageStore, remove_tree  # noqa: E402
+from sandlot.images.unpacking import unpack_image  # noqa: E402
 from sandlot.sandboxes.local.jail import bwrap_version  # noqa: E402
 
 PULL_RATIO_TARGET = 1.2
@@ -90,6 +108,46 @@ def _gunzip_floor(store: ImageStore, manifest: str) -> float:
         subprocess.run(["gzip", "-dc", str(store.blob(blob["digest"]))], check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip
     return time.perf_counter() - started
+
+
+def _fetched(ref: str, root: Path) -> tuple[ImageStore, dict[str, Any], float]:
+    """``ref`` fetched only into a new cache at ``root``: the cache, the image's record, and
+    the seconds the fetch took."""
+    store = ImageStore(root)
+    result = pull(ref, store, unpack=False)
+    record = store.record(result.manifest)
+    assert record is not None and result.layers_unpacked == 0
+    return store, record, result.seconds
+
+
+def _unpack_s(store: ImageStore, record: dict[str, Any], workers: int | None) -> float:
+    started = time.perf_counter()
+    assert unpack_image(store, record, workers=workers) == len(set(record["diff_ids"]))
+    return time.perf_counter() - started
+
+
+def _balanced_layers(files: int) -> list[list[Entry]]:
+    """Two layers of ``files`` 2 KB files each, 100 to a directory."""
+    layers: list[list[Entry]] = []
+    for k in range(2):
+        dirs = [(f"l{k}/d{d}", tarfile.DIRTYPE, "") for d in range((files + 99) // 100)]
+        entries = [(f"l{k}/d{i // 100}/f{i}", tarfile.REGTYPE, "x" * 2000) for i in range(files)]
+        layers.append([(f"l{k}", tarfile.DIRTYPE, ""), *dirs, *entries])
+    return layers
+
+
+def _parallel_vs_one(ref: str, work: Path, repeats: int) -> tuple[float, float, str]:
+    """Medians of the unpack of ``ref`` with the default workers and with one, alternated,
+    each into a fresh cache; and the load around them."""
+    times: dict[int | None, list[float]] = {None: [], 1: []}
+    load = _load()
+    for i in range(repeats):
+        for workers in (None, 1):
+            store, record, _ = _fetched(ref, work / f"balanced-{i}-{workers}")
+            os.sync()
+            times[workers].append(_unpack_s(store, record, workers))
+            remove_tree(store.root)
+    return statistics.median(times[None]), statistics.median(times[1]), f"{load}-{_load()}"
 
 
 def _load() -> str:
@@ -171,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20, help="open->exec and engine samples")
     parser.add_argument("--sandboxes", type=int, default=100, help="concurrent sandboxes (disk)")
+    parser.add_argument("--copies", type=int, default=5, help="fetches and skopeo copies")
     args = parser.parse_args(argv)
     console = Console(width=200)  # one line per row, also in a log file
     reason = tools_missing()
@@ -186,35 +245,74 @@ def main(argv: Sequence[str] | None = None) -> int:
             plus_file = f"FROM {local_name(f'bench-layered:{tag}')}\nRUN echo plus > /plus\n"
             plus = build_and_push(work / "b2", plus_file, f"bench-plus:{tag}", reg)
 
+            _skopeo_copy(layered, work / "warm-layout")  # the registry's files into memory
             load = _load()
-            copy_s = _skopeo_copy(layered, work / "skopeo-layout")
-            store = ImageStore(work / "cache")
-            first = pull(layered, store)
-            ratio = first.seconds / copy_s
-            rows.append(("pull of a fresh multi-layer image",
-                         f"{first.seconds:.2f} s ({first.layers_transferred} layers, "
-                         f"{first.transferred / MIB:.0f} MiB; load {load}-{_load()})",
-                         f"skopeo copy {copy_s:.2f} s: {ratio:.2f}x (goal <= {PULL_RATIO_TARGET}x)",
+            copies, fetches = [], []
+            for i in range(args.copies):  # alternated: both see the same load
+                copies.append(_skopeo_copy(layered, work / f"skopeo-layout-{i}"))
+                fetched, record, seconds = _fetched(layered, work / f"fetched-{i}")
+                fetches.append(seconds)
+            copy_s, fetch_s = statistics.median(copies), statistics.median(fetches)
+            ratio = fetch_s / copy_s
+            blobs = record["layer_blobs"]
+            rows.append(("pull (fetch) of a fresh multi-layer image",
+                         f"{fetch_s:.2f} s ({len(blobs)} layers, "
+                         f"{sum(b['size'] for b in blobs) / MIB:.0f} MiB; load {load}-{_load()})",
+                         f"skopeo copy {copy_s:.2f} s: {ratio:.2f}x (goal <= {PULL_RATIO_TARGET}x; "
+                         f"medians of {args.copies})",
                          ratio <= PULL_RATIO_TARGET))  # fmt: skip
-            gunzip_s = _gunzip_floor(store, first.root.manifest)
+            gunzip_s = _gunzip_floor(fetched, record["manifest"])
             rows.append(("  floor: gzip -dc of the same layers", f"{gunzip_s:.2f} s",
                          f"{gunzip_s / copy_s:.2f}x skopeo copy, decompressing alone",
                          True))  # fmt: skip
-            tar_s = _tar_floor(store, first.root.manifest, work / "tar")
-            floor = copy_s + tar_s
-            rows.append(("  floor: GNU tar -xzf of the same layers", f"{tar_s:.2f} s",
-                         f"skopeo copy + tar = {floor:.2f} s; our pull is "
-                         f"{first.seconds / floor:.2f}x that", True))  # fmt: skip
+            os.sync()
+            load = _load()
+            tar_s = _tar_floor(fetched, record["manifest"], work / "tar")
+            rows.append(("  floor: GNU tar -xzf of the same layers, one after another",
+                         f"{tar_s:.2f} s (load {load}-{_load()})",
+                         f"skopeo copy + tar = {copy_s + tar_s:.2f} s", True))  # fmt: skip
+            store, record, fetch2_s = _fetched(layered, work / "cache")
+            os.sync()
+            load = _load()
+            unpack_s = _unpack_s(store, record, None)
+            rows.append((f"unpack, parallel ({len(os.sched_getaffinity(0))} workers)",
+                         f"{unpack_s:.2f} s (load {load}-{_load()})",
+                         f"{unpack_s / tar_s:.2f}x tar; fetch + unpack {fetch2_s + unpack_s:.2f} s "
+                         f"= {(fetch2_s + unpack_s) / (copy_s + tar_s):.2f}x skopeo copy + tar",
+                         True))  # fmt: skip
+            sequential, record1, _ = _fetched(layered, work / "sequential")
+            os.sync()
+            load = _load()
+            unpack1_s = _unpack_s(sequential, record1, 1)
+            rows.append(("unpack, one worker (as every pull did before)",
+                         f"{unpack1_s:.2f} s (load {load}-{_load()})",
+                         f"parallel / one worker = {unpack_s / unpack1_s:.2f}x", True))  # fmt: skip
+            remove_tree(sequential.root)
+            balanced = push_layers(reg, work / "balanced", _balanced_layers(4000))
+            par_s, one_s, loads = _parallel_vs_one(balanced, work, args.copies)
+            rows.append(("unpack, 2 layers of 4000 files: parallel vs one worker",
+                         f"{par_s:.2f} s vs {one_s:.2f} s (load {loads})",
+                         f"parallel / one worker = {par_s / one_s:.2f}x (medians of {args.copies}, "
+                         "alternated)", True))  # fmt: skip
             second = pull(plus, store)
             rows.append(("second image, all but its top layer shared",
                          f"{second.layers_transferred} layer, {second.transferred} bytes",
                          "goal: only its top layer", second.layers_transferred == 1))  # fmt: skip
 
-            os.environ["SANDLOT_IMAGE_CACHE"] = str(store.root)
             os.environ["SANDLOT_LOCAL_ROOT"] = str(work / "sandboxes")
+            os.environ["SANDLOT_IMAGE_CACHE"] = str(fetched.root)
+            os.sync()
+            load = _load()
+            first_open_s = anyio.run(_open_exec, layered)
+            first_load = f"load {load}-{_load()}"
+            os.environ["SANDLOT_IMAGE_CACHE"] = str(store.root)
             load = _load()
             ours, engine = _open_exec_vs_engine(layered, local_name(f"bench-layered:{tag}"), args.n)
             ours_ms, engine_ms = statistics.median(ours) * 1000, statistics.median(engine) * 1000
+            rows.append(("first open -> exec after a fetch-only pull (unpacks)",
+                         f"{first_open_s:.2f} s ({first_load})",
+                         f"{first_open_s * 1000 / ours_ms:.0f}x a cached open (below); the "
+                         f"parallel unpack above: {unpack_s:.2f} s", True))  # fmt: skip
             baseline = (
                 f"engine create+start+exec {engine_ms:.1f} ms (alternated); "
                 f"goal <= {OPEN_EXEC_TARGET_MS:.0f} ms"

@@ -63,6 +63,8 @@ def dataset_images(dataset: Path, backend: str) -> list[str]:
               help="Whose image names a --dataset row gives (its image map's key).")  # fmt: skip
 @click.option("-j", "--jobs", default=4, show_default=True, help="Images pulled at once.")
 @click.option("--force", is_flag=True, help="Re-resolve names already cached (as docker pull).")
+@click.option("--fetch-only", is_flag=True,
+              help="Fetch blobs only; an image's first sandbox unpacks it.")  # fmt: skip
 @click.option("--ray", "on_ray", is_flag=True, help="Pull on every node of the Ray cluster.")
 @click.option("--ray-address", default="auto", show_default=True, help="The cluster to join.")
 def pull_command(
@@ -71,25 +73,30 @@ def pull_command(
     backend_images: str,
     jobs: int,
     force: bool,
+    fetch_only: bool,
     on_ray: bool,
     ray_address: str,
 ) -> None:
     """Pull REFS (and a dataset's images) into the cache, in parallel, with a summary; with
-    --ray, into the cache of every node of the cluster (one task per node)."""
+    --ray, into the cache of every node of the cluster (one task per node). Layers are
+    unpacked too (ready to run), unless --fetch-only."""
     names = list(
         dict.fromkeys([*refs, *(dataset_images(dataset, backend_images) if dataset else [])])
     )
     if not names:
         raise click.UsageError("nothing to pull: give image references or --dataset")
     if on_ray:
-        _pull_on_ray(names, jobs, ray_address)
+        _pull_on_ray(names, jobs, ray_address, unpack=not fetch_only)
         return
     console = Console(stderr=True)
     store = ImageStore()
     results: dict[str, PullResult | str] = {}
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(pull, name, store, force=force): name for name in names}
+        futures = {
+            pool.submit(pull, name, store, force=force, unpack=not fetch_only): name
+            for name in names
+        }
         for future in as_completed(futures):
             name = futures[future]
             try:
@@ -100,21 +107,25 @@ def pull_command(
                 continue
             results[name] = result
             what = "cached" if result.cached else f"{human_size(result.transferred)} transferred"
+            if result.layers_unpacked:
+                what += f", {result.layers_unpacked} layers unpacked"
             console.print(f"[{len(results)}/{len(names)}] {name}: {what} in {result.seconds:.1f} s")
-    table = Table("image", "status", "transferred", "layers", "seconds")
+    table = Table("image", "status", "transferred", "layers", "unpacked", "seconds")
     for name in names:
         outcome = results[name]
         if isinstance(outcome, str):
-            table.add_row(name, "[red]failed[/]", "", "", "")
+            table.add_row(name, "[red]failed[/]", "", "", "", "")
         else:
             status = "cached" if outcome.cached else "pulled"
             table.add_row(name, status, human_size(outcome.transferred),
-                          str(outcome.layers_transferred), f"{outcome.seconds:.1f}")  # fmt: skip
+                          str(outcome.layers_transferred), str(outcome.layers_unpacked),
+                          f"{outcome.seconds:.1f}")  # fmt: skip
     Console().print(table)
     done = [r for r in results.values() if not isinstance(r, str)]
     failed = len(results) - len(done)
     click.echo(
-        f"{len(done)}/{len(names)} images ready, {human_size(sum(r.transferred for r in done))} "
+        f"{len(done)}/{len(names)} images {'fetched' if fetch_only else 'ready'}, "
+        f"{human_size(sum(r.transferred for r in done))} "
         f"transferred in {time.monotonic() - started:.1f} s"
         + (f", {failed} failed" if failed else "")
     )
@@ -122,10 +133,10 @@ def pull_command(
         raise SystemExit(1)
 
 
-def _pull_on_ray(names: list[str], jobs: int, address: str) -> None:
+def _pull_on_ray(names: list[str], jobs: int, address: str, unpack: bool) -> None:
     from sandlot.images.prefetch import prefetch_on_cluster
 
-    results = prefetch_on_cluster(names, jobs, address)
+    results = prefetch_on_cluster(names, jobs, address, unpack)
     table = Table("node", "ready", "failed", "transferred", "seconds")
     for node in results:
         table.add_row(node.node, str(node.ready), str(len(node.failed)),
@@ -141,16 +152,17 @@ def _pull_on_ray(names: list[str], jobs: int, address: str) -> None:
 
 @image_group.command("list")
 def list_command() -> None:
-    """Cached images: size, bytes shared with other images, last use."""
+    """Cached images: fetched or unpacked, size, bytes shared with other images, last use."""
     store = ImageStore()
-    table = Table("image", "manifest", "size", "shared", "last used")
+    table = Table("image", "manifest", "state", "size", "shared", "last used")
     now = time.time()
     for info in store.entries():
         ago = max(0, int(now - info.last_used))
         used = f"{ago // 3600}h{ago % 3600 // 60:02d}m ago"
         names = ", ".join(info.references)
+        state = "unpacked" if info.unpacked else "fetched"
         table.add_row(
-            names, info.manifest[7:19], human_size(info.size), human_size(info.shared), used
+            names, info.manifest[7:19], state, human_size(info.size), human_size(info.shared), used
         )
     Console().print(table)
     click.echo(f"cache: {store.root}")
@@ -162,7 +174,8 @@ def list_command() -> None:
     "--keep-size", help="Then remove the least recently used until the cache is this big (200G)."
 )
 def prune_command(older_than: str | None, keep_size: str | None) -> None:
-    """Remove unused images, then every layer and blob no remaining image needs."""
+    """Remove unused images (fetched or unpacked), then every unpacked layer and blob no
+    remaining image needs."""
     result = ImageStore().prune(
         older_than_s=parse_duration(older_than) if older_than else None,
         keep_size=parse_size(keep_size) if keep_size else None,
@@ -170,6 +183,6 @@ def prune_command(older_than: str | None, keep_size: str | None) -> None:
     for manifest in result.images:
         click.echo(f"removed {manifest[7:19]}")
     click.echo(
-        f"{len(result.images)} images and {result.layers} layers removed, "
-        f"{human_size(result.bytes_freed)} freed"
+        f"{len(result.images)} images removed ({result.layers} unpacked layers, "
+        f"{result.blobs} blobs), {human_size(result.bytes_freed)} freed"
     )

@@ -9,8 +9,9 @@ layers under a private writable layer. See ``docs/images.md``.
 Pieces, bottom up: ``reference`` (what a name means), ``tools`` (skopeo, found or a one-line
 install hint), ``unpack`` (one OCI layer tar into an overlayfs-format directory), ``root`` (what
 a sandbox mounts: layers, config, lookups through the stack), ``store`` (the cache: paths,
-locks, records, list, prune), ``pulling`` (skopeo into the shared blob store, then unpack each
-missing layer), ``prefetch`` (the same on every node of a Ray cluster). The jail's side is
+locks, records, list, prune), ``unpacking`` (an image's missing layers, in parallel, each
+once: at first use), ``pulling`` (the fetch: skopeo into the shared blob store; and
+``open_image``), ``prefetch`` (pulls on every node of a Ray cluster). The jail's side is
 ``sandlot.sandboxes.local.jail`` (``bwrap --overlay`` from bubblewrap 0.9, else
 ``overlay_argv``).
 """

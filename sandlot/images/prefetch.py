@@ -37,13 +37,14 @@ class NodePrefetch:
     seconds: float
 
 
-def pull_here(names: list[str], jobs: int, node: str) -> NodePrefetch:
-    """Pull ``names`` into this machine's cache, ``jobs`` at a time."""
+def pull_here(names: list[str], jobs: int, node: str, unpack: bool = True) -> NodePrefetch:
+    """Pull ``names`` into this machine's cache, ``jobs`` at a time (unpacked unless
+    ``unpack`` is false: see :func:`sandlot.images.pull`)."""
     started = time.monotonic()
 
     def one(name: str) -> tuple[str, int | str]:
         try:
-            return name, pull(name).transferred
+            return name, pull(name, unpack=unpack).transferred
         except SandboxError as exc:
             return name, str(exc)
 
@@ -56,9 +57,12 @@ def pull_here(names: list[str], jobs: int, node: str) -> NodePrefetch:
     )
 
 
-def prefetch_on_cluster(names: list[str], jobs: int, address: str = "auto") -> list[NodePrefetch]:
-    """Pull ``names`` on every alive node of the Ray cluster (joined at ``address`` unless
-    this process is already connected), one task per node; their results.
+def prefetch_on_cluster(
+    names: list[str], jobs: int, address: str = "auto", unpack: bool = True
+) -> list[NodePrefetch]:
+    """Pull ``names`` (unpacked unless ``unpack`` is false) on every alive node of the Ray
+    cluster (joined at ``address`` unless this process is already connected), one task per
+    node; their results.
 
     Raises:
         BackendUnavailableError: Ray is not installed.
@@ -72,7 +76,7 @@ def prefetch_on_cluster(names: list[str], jobs: int, address: str = "auto") -> l
     refs = [
         task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        ).remote(names, jobs, node["NodeManagerAddress"])
+        ).remote(names, jobs, node["NodeManagerAddress"], unpack)
         for node in ray.nodes()
         if node["Alive"]
     ]

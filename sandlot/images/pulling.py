@@ -1,11 +1,14 @@
 """Pull an image into the cache and open it for a sandbox.
 
-skopeo copies the image into a private OCI layout whose blobs go to the cache's shared blob
-directory (``--dest-shared-blob-dir``): a blob already there (a layer another image shares) is
-not transferred again, and skopeo verifies every blob it transfers against its digest. Each
-layer not yet unpacked is then unpacked once (:mod:`sandlot.images.unpack`, its ``diff_id``
-verified) and renamed into place; the image record and its name are written last. A name
-already cached is not pulled again (docker's ``missing`` pull policy); ``force`` re-resolves it.
+A pull fetches: skopeo copies the image into a private OCI layout whose blobs go to the
+cache's shared blob directory (``--dest-shared-blob-dir``): a blob already there (a layer
+another image shares) is not transferred again, and skopeo verifies every blob it transfers
+against its digest. The manifest and config are verified and the image record and its name
+written last. That is the work of ``skopeo copy`` into an OCI layout, and no more: unpacking
+the layers (creating the image's files, which costs 10-20x the copy on a local disk) happens
+at the image's first use (:mod:`sandlot.images.unpacking`), or right after the fetch when the
+pull is asked to (``unpack=True``, the default of :func:`pull`). A name already cached is not
+fetched again (docker's ``missing`` pull policy); ``force`` re-resolves it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from typing import Any
 
 from sandlot.images.errors import ImageError
 from sandlot.images.reference import Reference, parse
-from sandlot.images.root import ImageConfig, ImageRoot
+from sandlot.images.root import ImageRoot
 from sandlot.images.store import ImageStore, hex_of
 from sandlot.images.tools import find_tool
-from sandlot.images.unpack import unpack_layer
+from sandlot.images.unpacking import image_root, unpack_image
 
 RETRIES = 3
 """skopeo's ``--retry-times``, and how often a copy that failed for a transient reason is
@@ -42,15 +45,16 @@ class PullResult:
     """One pull.
 
     Attributes:
-        root: the image, ready to mount.
-        cached: it was already in the cache (nothing transferred).
+        manifest: ``sha256:<hex>`` of the image's manifest.
+        cached: it was already fetched (nothing transferred).
         transferred: bytes of layer blobs transferred (those not in the cache before).
         layers_transferred: how many layer blobs were transferred.
-        layers_unpacked: how many layers were unpacked (the others were already).
+        layers_unpacked: how many layers this pull unpacked (0 with ``unpack=False``; the
+            others were already, or are left to the first use).
         seconds: wall time of the pull.
     """
 
-    root: ImageRoot
+    manifest: str
     cached: bool
     transferred: int
     layers_transferred: int
@@ -84,19 +88,19 @@ def _parse(image: str) -> Reference:
 
 
 def open_image(image: str, store: ImageStore | None = None) -> ImageRoot:
-    """The image named ``image``, pulled first when it is not cached; records its use.
+    """The image named ``image``, ready to mount: fetched when it is not cached, then those
+    of its layers not unpacked yet are unpacked (in parallel, each once); records its use.
 
     Raises:
-        ImageError: it cannot be pulled or unpacked (``retryable`` says whether to retry).
+        ImageError: it cannot be fetched or a layer cannot be unpacked (``retryable`` says
+            whether to retry).
         BackendUnavailableError: skopeo is missing (the message says how to install it).
+        OSError: the disk refused a write.
     """
     store = store or ImageStore()
-    ref = _parse(image)
-    record = store.resolve(name_key(ref))
-    if record is None:
-        return pull(image, store).root
-    store.touch(record["manifest"])
-    return _root(store, image, record)
+    record, _ = _fetch(store, _parse(image), force=False, log=None)
+    unpack_image(store, record)
+    return image_root(store, image, record)
 
 
 def pull(
@@ -104,24 +108,51 @@ def pull(
     store: ImageStore | None = None,
     *,
     force: bool = False,
+    unpack: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> PullResult:
-    """Pull ``image`` into the cache (once, whatever other processes and threads do).
+    """Fetch ``image`` into the cache (once, whatever other processes and threads do), then
+    unpack its layers unless ``unpack`` is false.
 
     Args:
         image: a reference (see :mod:`sandlot.images.reference`).
         store: the cache; the default one when ``None``.
         force: re-resolve a tag already cached (its unchanged blobs are not transferred).
+        unpack: also unpack the layers not unpacked yet (in parallel), so the image's first
+            sandbox starts as fast as the next ones: the default, since one pulls ahead to be
+            ready to run. ``False`` fetches only (the work of ``skopeo copy``); the first
+            sandbox of the image then unpacks.
         log: called with one line per step (for progress output).
 
     Raises:
-        ImageError: the pull or an unpack failed; nothing of it is used by a later run.
+        ImageError: the fetch or an unpack failed; nothing of it is used by a later run.
         BackendUnavailableError: skopeo is missing.
+        OSError: the disk refused a write.
     """
     store = store or ImageStore()
-    ref = _parse(image)
-    key = name_key(ref)
     started = time.monotonic()
+    record, fresh = _fetch(store, _parse(image), force=force, log=log)
+    unpacked = unpack_image(store, record, log) if unpack else 0
+    return PullResult(
+        manifest=record["manifest"],
+        cached=fresh is None,
+        transferred=sum(b["size"] for b in fresh or ()),
+        layers_transferred=len(fresh or ()),
+        layers_unpacked=unpacked,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _fetch(
+    store: ImageStore, ref: Reference, *, force: bool, log: Callable[[str], None] | None
+) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """The record of ``ref``, fetched unless cached (and not ``force``), and the layer blobs
+    this call transferred (``None`` when it fetched nothing); records the image's use."""
+    key = name_key(ref)
+    record = None if force else store.resolve(key)
+    if record is not None:  # cached: no lock needed to read what is written atomically
+        store.touch(record["manifest"])
+        return record, None
     store.ensure()
     name_lock = store.lock("name-" + hashlib.sha256(key.encode()).hexdigest()[:32])
     with store.pulling(), name_lock:
@@ -129,25 +160,13 @@ def pull(
         record = None if force and not ref.by_digest else store.resolve(key)
         if record is not None:
             store.touch(record["manifest"])
-            return PullResult(
-                _root(store, image, record), True, 0, 0, 0, time.monotonic() - started
-            )
+            return record, None
         had = set(os.listdir(store.blobs / "sha256"))
         with store.scratch() as layout:
             _skopeo_copy(ref, store, layout, log)
             record = _read_layout(store, layout, ref)
-        layers = record["layer_blobs"]
-        fresh = [b for b in layers if hex_of(b["digest"]) not in had]
-        unpacked = _unpack_all(store, record, log)
         store.put_image(key, record)
-    return PullResult(
-        _root(store, image, record),
-        cached=False,
-        transferred=sum(b["size"] for b in fresh),
-        layers_transferred=len(fresh),
-        layers_unpacked=unpacked,
-        seconds=time.monotonic() - started,
-    )
+    return record, [b for b in record["layer_blobs"] if hex_of(b["digest"]) not in had]
 
 
 def _skopeo_copy(
@@ -211,43 +230,3 @@ def _read_layout(store: ImageStore, layout: Path, ref: Reference) -> dict[str, A
         "platform": f"{config.get('os', '?')}/{config.get('architecture', '?')}",
         "pulled_at": time.time(),
     }
-
-
-def _unpack_all(
-    store: ImageStore, record: dict[str, Any], log: Callable[[str], None] | None
-) -> int:
-    unpacked = 0
-    below: list[Path] = []
-    for diff_id, blob in zip(record["diff_ids"], record["layer_blobs"], strict=True):
-        target = store.layer(diff_id)
-        with store.lock("layer-" + hex_of(diff_id)):
-            if not target.is_dir():
-                if log:
-                    log(f"unpacking layer {diff_id[7:19]} ({blob['size']} bytes)")
-                with store.scratch() as scratch:
-                    stats = unpack_layer(
-                        store.blob(blob["digest"]), diff_id, scratch / "layer", below
-                    )
-                    meta = {"unpacked": stats.bytes, "blob": blob["size"], "entries": stats.entries,
-                            "devices_skipped": stats.devices_skipped,
-                            "xattrs_skipped": stats.xattrs_skipped}  # fmt: skip
-                    store.put_layer(diff_id, scratch / "layer", meta)
-                unpacked += 1
-        below.insert(0, target)
-    return unpacked
-
-
-def _root(store: ImageStore, image: str, record: dict[str, Any]) -> ImageRoot:
-    layers: list[Path] = []
-    for diff_id in reversed(record["diff_ids"]):  # topmost first; a repeated layer counts once
-        path = store.layer(diff_id)
-        if path not in layers and any(path.iterdir()):
-            layers.append(path)
-    if not layers:  # overlayfs needs one lower layer, even an empty one
-        layers.append(store.layer(record["diff_ids"][0]))
-    return ImageRoot(
-        reference=image,
-        manifest=record["manifest"],
-        layers=tuple(layers),
-        config=ImageConfig.from_oci({"config": record["config"]}),
-    )

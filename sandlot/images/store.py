@@ -5,9 +5,11 @@ Layout under :func:`default_root` (``$SANDLOT_IMAGE_CACHE``, else
 
     blobs/sha256/<hex>        layer, config and manifest blobs as pulled (skopeo's shared blob
                               directory: a blob present is never transferred again)
-    layers/<hex>/             a layer unpacked in overlayfs format, named by its diff_id
+    layers/<hex>/             a layer unpacked in overlayfs format, named by its diff_id (at
+                              the image's first use, or by a pull that unpacks)
     layers/<hex>.json         its sizes
-    images/<hex>.json         an image, named by its manifest digest: layers, config, last use
+    images/<hex>.json         an image, named by its manifest digest: blobs, layers, config,
+                              last use (written once its blobs are all fetched)
     refs/<key>.json           a name (tag, or local source and its mtime) -> manifest digest
     locks/, tmp/
 
@@ -70,9 +72,11 @@ class ImageInfo:
     Attributes:
         manifest: ``sha256:<hex>``.
         references: names that resolve to it.
-        size: bytes of its unpacked layers plus their blobs.
+        size: bytes of its layer blobs plus those of its layers unpacked.
         shared: of ``size``, bytes of layers other cached images use too.
         last_used: Unix time of its last pull or sandbox start.
+        unpacked: every layer of it is unpacked (else only fetched: its first sandbox
+            unpacks the rest).
     """
 
     manifest: str
@@ -80,14 +84,17 @@ class ImageInfo:
     size: int
     shared: int
     last_used: float
+    unpacked: bool
 
 
 @dataclass(frozen=True)
 class PruneResult:
-    """What :meth:`ImageStore.prune` removed: image manifests, layers, and bytes freed."""
+    """What :meth:`ImageStore.prune` removed: image manifests, unpacked layers, blobs, and
+    the bytes of both freed."""
 
     images: tuple[str, ...]
     layers: int
+    blobs: int
     bytes_freed: int
 
 
@@ -157,13 +164,24 @@ class ImageStore:
         """Where the layer whose uncompressed digest is ``diff_id`` is unpacked."""
         return self.layers / hex_of(diff_id)
 
-    def layer_size(self, diff_id: str) -> int:
-        """Bytes of the unpacked layer ``diff_id`` plus its blob (0 when unknown)."""
+    def unpacked_size(self, diff_id: str) -> int:
+        """Bytes of the unpacked layer ``diff_id`` (0 when it is not unpacked)."""
         try:
             meta = json.loads((self.layers / f"{hex_of(diff_id)}.json").read_text())
         except (OSError, ValueError):
             return 0
-        return int(meta.get("unpacked", 0)) + int(meta.get("blob", 0))
+        return int(meta.get("unpacked", 0))
+
+    def layer_sizes(self, record: dict[str, Any]) -> dict[str, int]:
+        """diff_id -> bytes of its blob plus, when unpacked, its files, for image ``record``."""
+        return {
+            diff_id: int(blob["size"]) + self.unpacked_size(diff_id)
+            for diff_id, blob in zip(record["diff_ids"], record["layer_blobs"], strict=True)
+        }
+
+    def unpacked(self, record: dict[str, Any]) -> bool:
+        """Whether every layer of image ``record`` is unpacked."""
+        return all(self.layer(d).is_dir() for d in record["diff_ids"])
 
     def put_layer(self, diff_id: str, unpacked: Path, meta: dict[str, Any]) -> None:
         """Move the layer unpacked at ``unpacked`` (under ``tmp/``) into place with ``meta``."""
@@ -177,14 +195,14 @@ class ImageStore:
         return self.refs / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
     def resolve(self, key: str) -> dict[str, Any] | None:
-        """The record of the image name key ``key`` resolves to, when it and all its layers
-        are cached; else ``None``."""
+        """The record of the image name key ``key`` resolves to, when it and all its blobs
+        are cached (its layers may not be unpacked yet); else ``None``."""
         try:
             manifest = json.loads(self.ref_file(key).read_text())["manifest"]
         except (OSError, ValueError, KeyError):
             return None
         record = self.record(manifest)
-        if record is None or not all(self.layer(d).is_dir() for d in record["diff_ids"]):
+        if record is None or not all(self.blob(b).is_file() for b in record["blobs"]):
             return None
         return record
 
@@ -222,7 +240,7 @@ class ImageStore:
                 users[diff_id] = users.get(diff_id, 0) + 1
         out = []
         for record, used in records:
-            sizes = {d: self.layer_size(d) for d in set(record["diff_ids"])}
+            sizes = self.layer_sizes(record)
             out.append(
                 ImageInfo(
                     manifest=record["manifest"],
@@ -230,6 +248,7 @@ class ImageStore:
                     size=sum(sizes.values()),
                     shared=sum(s for d, s in sizes.items() if users[d] > 1),
                     last_used=used,
+                    unpacked=self.unpacked(record),
                 )
             )
         return sorted(out, key=lambda i: i.last_used, reverse=True)
@@ -250,8 +269,10 @@ class ImageStore:
         now: float | None = None,
     ) -> PruneResult:
         """Remove images unused for ``older_than_s`` seconds, then the least recently used
-        ones until the cache holds at most ``keep_size`` bytes, then every layer, blob and name
-        no remaining image needs. With neither limit, only what no image needs is removed.
+        ones until the cache holds at most ``keep_size`` bytes (blobs and unpacked layers),
+        then every unpacked layer, blob and name no remaining image needs, whether the image
+        was only fetched or also unpacked. With neither limit, only what no image needs is
+        removed.
 
         A sandbox running an image that is pruned keeps working only as long as the kernel
         keeps the removed layer files it has open: prune when no sandbox runs.
@@ -272,24 +293,30 @@ class ImageStore:
             return self._collect(tuple(removed))
 
     def _size_of(self, images: list[ImageInfo]) -> int:
-        diff_ids = {d for i in images for d in (self.record(i.manifest) or {}).get("diff_ids", ())}
-        return sum(self.layer_size(d) for d in diff_ids)
+        sizes: dict[str, int] = {}
+        for image in images:
+            record = self.record(image.manifest)
+            sizes.update(self.layer_sizes(record) if record else {})
+        return sum(sizes.values())
 
     def _collect(self, removed: tuple[str, ...]) -> PruneResult:
         records = [r for r, _ in self._records()]
         needed_layers = {hex_of(d) for r in records for d in r["diff_ids"]}
         needed_blobs = {hex_of(b) for r in records for b in r["blobs"]}
-        freed = layers = 0
+        freed = layers = blobs = 0
         for meta in self.layers.glob("*.json") if self.layers.is_dir() else ():
             if meta.stem not in needed_layers:
-                freed += self.layer_size("sha256:" + meta.stem)
+                freed += self.unpacked_size("sha256:" + meta.stem)
                 remove_tree(self.layers / meta.stem)
                 meta.unlink(missing_ok=True)
                 layers += 1
         blob_dir = self.blobs / "sha256"
         for blob in blob_dir.iterdir() if blob_dir.is_dir() else ():
             if blob.name not in needed_blobs:
-                blob.unlink(missing_ok=True)
+                with suppress(OSError):
+                    freed += blob.stat().st_size
+                    blob.unlink()
+                    blobs += 1
         live = {r["manifest"] for r in records}
         for ref in self.refs.glob("*.json") if self.refs.is_dir() else ():
             try:
@@ -297,7 +324,7 @@ class ImageStore:
                     ref.unlink()
             except (OSError, ValueError, KeyError):
                 ref.unlink(missing_ok=True)
-        return PruneResult(removed, layers, freed)
+        return PruneResult(removed, layers, blobs, freed)
 
 
 def write_json(path: Path, data: Any, tmp: Path) -> None:

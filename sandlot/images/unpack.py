@@ -10,7 +10,9 @@ stack of them can be mounted as ``lowerdir``s:
   ``user.overlay.opaque=y`` on its directory, which overlayfs mounted with ``userxattr`` in a
   user namespace reads (Linux 5.11);
 * a hard link whose target is not in this layer is linked to (or copied from) the target in the
-  layers below, as docker and containers/storage resolve it;
+  layers below, as docker and containers/storage resolve it (the layers below are asked for
+  only then, topmost first: a layer unpacked in parallel with those below it waits, at such
+  a link, only for the layers down to the one that has its target);
 * symlinks are created as they are and never followed: an entry below a symlink, a ``..``
   component or an absolute name is refused (the layer could otherwise write outside its
   directory);
@@ -39,7 +41,7 @@ import stat
 import tarfile
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,14 +156,19 @@ def _gunzipped(raw: IO[bytes]) -> Iterator[bytes]:
         raise EOFError("the gzip stream ends before its end marker")
 
 
-def unpack_layer(blob: Path, diff_id: str, dest: Path, below: Sequence[Path]) -> UnpackStats:
+def unpack_layer(
+    blob: Path, diff_id: str, dest: Path, below: Callable[[], Iterable[Path]]
+) -> UnpackStats:
     """Unpack layer ``blob`` into the new directory ``dest``.
 
     Args:
         blob: the layer as stored (gzip, zstd or plain tar; told apart by magic bytes).
         diff_id: ``sha256:<hex>`` of the uncompressed tar, from the image config.
         dest: a directory that does not exist yet (the caller renames it into place).
-        below: the unpacked layers under this one, topmost first (for hard links into them).
+        below: returns the unpacked layers under this one, topmost first; called only when
+            a hard link's target is not in this layer, and iterated until the target is found
+            (an iterator that waits for each layer to be unpacked before yielding it waits
+            for no more layers than the link needs).
 
     Raises:
         ImageError: the tar is corrupt, its digest is not ``diff_id``, or an entry would write
@@ -202,7 +209,9 @@ def unpack_layer(blob: Path, diff_id: str, dest: Path, below: Sequence[Path]) ->
 
 
 class _LayerWriter:
-    def __init__(self, dest: Path, below: Sequence[Path], stats: UnpackStats, name: str) -> None:
+    def __init__(
+        self, dest: Path, below: Callable[[], Iterable[Path]], stats: UnpackStats, name: str
+    ) -> None:
         self.dest = dest
         self.below = below
         self.stats = stats
@@ -334,7 +343,7 @@ class _LayerWriter:
 
     def _hardlink(self, member: tarfile.TarInfo, path: str) -> None:
         target = self._relative(member.linkname)
-        for layer in (self.dest, *self.below):
+        for layer in self._link_sources():
             source = os.path.join(layer, target)
             if os.path.lexists(source) and not _is_whiteout(source):
                 break
@@ -352,6 +361,11 @@ class _LayerWriter:
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
                 raise
             shutil.copy2(source, path, follow_symlinks=False)
+
+    def _link_sources(self) -> Iterator[Path]:
+        """This layer, then the layers below (asked for only when this one lacks the target)."""
+        yield self.dest
+        yield from self.below()
 
     def _xattrs(self, member: tarfile.TarInfo, path: str) -> None:
         for key, value in member.pax_headers.items():

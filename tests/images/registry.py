@@ -7,15 +7,23 @@ user's CI would. Everything needed is in ``.ci/images-packages.sh``.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
+import json
+import os
+import platform
 import shutil
 import socket
 import subprocess
+import sys
+import tarfile
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,3 +210,85 @@ def tiny_image(registry: Registry, tmp: Path, payload: bytes | None = None) -> s
     context.mkdir()
     (context / "payload").write_bytes(payload if payload is not None else uuid.uuid4().bytes)
     return build_and_push(context, TINY, f"tiny-{uuid.uuid4().hex[:8]}:1", registry)
+
+
+Entry = tuple[str, bytes, str]
+"""A tar entry of :func:`push_layers`: name, type (``tarfile.REGTYPE``, ``DIRTYPE``,
+``LNKTYPE``...), and its content (a regular file) or link target (a link)."""
+
+
+def _tar(entries: Sequence[Entry]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, body in entries:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = kind, 0o755, 1_000_000
+            data = body.encode()
+            if kind == tarfile.REGTYPE:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                info.linkname = body
+                tar.addfile(info)
+    return raw.getvalue()
+
+
+def push_layers(registry: Registry, tmp: Path, layers: Sequence[Sequence[Entry]]) -> str:
+    """Push a new image made of ``layers`` (bottom first; no engine involved: an OCI layout
+    written here, copied by skopeo); return its reference. Small, so the tests that unpack
+    many times stay fast."""
+    layout = tmp / uuid.uuid4().hex
+    (layout / "blobs" / "sha256").mkdir(parents=True)
+
+    def blob(data: bytes, media_type: str) -> dict[str, object]:
+        digest = hashlib.sha256(data).hexdigest()
+        (layout / "blobs" / "sha256" / digest).write_bytes(data)
+        return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
+
+    tars = [_tar(entries) for entries in layers]
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]
+    config = {"architecture": arch, "os": "linux", "config": {},
+              "rootfs": {"type": "layers", "diff_ids": diff_ids}}  # fmt: skip
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": blob(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"),
+        "layers": [
+            blob(gzip.compress(t, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip")
+            for t in tars
+        ],
+    }
+    top = blob(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [top]}))
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    ref = f"{registry.host}/layers-{uuid.uuid4().hex[:8]}:1"
+    done = subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
+                           f"oci:{layout}", f"docker://{ref}"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"skopeo copy to {ref} failed: {done.stderr.strip()}")
+    return ref
+
+
+def concurrently(script: str, args: Sequence[str], one: Callable[[], None]) -> list[str]:
+    """Run ``script`` (Python, with ``args``) in 2 processes while ``one`` runs in 8 threads
+    of this one; the processes' standard outputs (each must exit 0)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
+                         env=env)
+        for _ in range(2)
+    ]  # fmt: skip
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    outputs = []
+    for process in processes:
+        out, _ = process.communicate()
+        if process.returncode != 0:
+            raise AssertionError(f"the process running the script exited {process.returncode}")
+        outputs.append(out)
+    return outputs

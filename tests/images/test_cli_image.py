@@ -40,9 +40,29 @@ def test_pull_list_prune(
     assert "2/2 images ready" in result.output
     listed = runner.invoke(cli, ["image", "list"])
     assert first in listed.output and second in listed.output
+    assert listed.output.count("unpacked") == 2 and "fetched" not in listed.output
     pruned = runner.invoke(cli, ["image", "prune", "--older-than", "0s"])
-    assert "2 images and 2 layers removed" in pruned.output, pruned.output
+    assert "2 images removed (2 unpacked layers, 6 blobs)" in pruned.output, pruned.output
     assert first not in runner.invoke(cli, ["image", "list"]).output
+
+
+def test_fetch_only_then_pull_unpacks(
+    registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "200")
+    ref = tiny_image(registry, tmp_path)
+    runner = CliRunner()
+    fetched = runner.invoke(cli, ["image", "pull", "--fetch-only", ref])
+    assert fetched.exit_code == 0 and "1/1 images fetched" in fetched.output, fetched.output
+    listed = runner.invoke(cli, ["image", "list"]).output
+    assert ref in listed and "fetched" in listed and "unpacked" not in listed
+    assert not any((tmp_path / "cache" / "layers").iterdir())
+    unpacked = runner.invoke(cli, ["image", "pull", ref])
+    assert "1/1 images ready" in unpacked.output and "1 layers unpacked" in unpacked.output
+    assert "unpacked" in runner.invoke(cli, ["image", "list"]).output
+    pruned = runner.invoke(cli, ["image", "prune", "--older-than", "0s"])
+    assert "1 images removed (1 unpacked layers, 3 blobs)" in pruned.output, pruned.output
 
 
 def test_a_failed_pull_is_reported_and_fails_the_command(

@@ -6,14 +6,14 @@ import base64
 import json
 import os
 import subprocess
-import sys
-import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from registry import (
     Registry,
     build_and_push,
+    concurrently,
     dropping_proxy,
     local_name,
     running_registry,
@@ -23,7 +23,7 @@ from registry import (
 from requirements import TEST_IMAGE, needs
 
 import sandlot
-import sandlot.images.pulling as pulling
+import sandlot.images.unpacking as unpacking
 from sandlot.images import ImageError, pull
 from sandlot.images.store import ImageStore
 
@@ -116,24 +116,11 @@ print(json.dumps(pull(sys.argv[1], ImageStore(__import__("pathlib").Path(sys.arg
 def test_concurrent_pulls_of_one_image_download_it_once(registry: Registry, tmp_path: Path) -> None:
     ref = tiny_image(registry, tmp_path)
     store = ImageStore(tmp_path / "cache")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    processes = [
-        subprocess.Popen([sys.executable, "-c", _PULL_IN_A_PROCESS, ref, str(store.root)],
-                         stdout=subprocess.PIPE, text=True, env=env)
-        for _ in range(2)
-    ]  # fmt: skip
     cached: list[bool] = []
-    threads = [
-        threading.Thread(target=lambda: cached.append(pull(ref, store).cached)) for _ in range(8)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for process in processes:
-        out, _ = process.communicate()
-        assert process.returncode == 0
-        cached.append(json.loads(out))
+    outputs = concurrently(
+        _PULL_IN_A_PROCESS, [ref, str(store.root)], lambda: cached.append(pull(ref, store).cached)
+    )
+    cached += [json.loads(out) for out in outputs]
     assert sorted(cached) == [False] + [True] * 9
 
 
@@ -142,21 +129,21 @@ def test_an_interrupted_pull_leaves_nothing_a_later_pull_uses(
 ) -> None:
     ref = tiny_image(registry, tmp_path, payload=b"x" * 100_000)
     store = ImageStore(tmp_path / "cache")
-    real = pulling.unpack_layer
+    real = unpacking.unpack_layer
 
-    def interrupted(blob: Path, diff_id: str, dest: Path, below: list[Path]) -> None:
+    def interrupted(blob: Path, diff_id: str, dest: Path, below: Callable[[], list[Path]]) -> None:
         real(blob, diff_id, dest, below)
         raise KeyboardInterrupt  # after the layer was written, before it was renamed into place
 
-    monkeypatch.setattr(pulling, "unpack_layer", interrupted)
+    monkeypatch.setattr(unpacking, "unpack_layer", interrupted)
     with pytest.raises(KeyboardInterrupt):
         pull(ref, store)
-    assert (
-        store.entries() == [] and not any(store.layers.iterdir()) and not any(store.tmp.iterdir())
-    )
-    monkeypatch.setattr(pulling, "unpack_layer", real)
+    (fetched,) = store.entries()  # the fetch completed: its blobs are used, no layer is
+    assert not fetched.unpacked
+    assert not any(store.layers.iterdir()) and not any(store.tmp.iterdir())
+    monkeypatch.setattr(unpacking, "unpack_layer", real)
     result = pull(ref, store)
-    assert not result.cached and result.layers_unpacked == 1
+    assert result.cached and result.layers_unpacked == 1
 
 
 def test_a_connection_dropped_mid_blob_is_retried(registry: Registry, tmp_path: Path) -> None:

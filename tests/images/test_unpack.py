@@ -43,7 +43,7 @@ def _layer(tmp: Path, name: str, entries: list[tuple], compress: bool = True) ->
 def _unpack(tmp: Path, name: str, entries: list[tuple], below: list[Path] | None = None) -> Path:
     blob, diff_id = _layer(tmp, name, entries)
     dest = tmp / name
-    unpack_layer(blob, diff_id, dest, below or [])
+    unpack_layer(blob, diff_id, dest, lambda: below or [])
     return dest
 
 
@@ -120,12 +120,12 @@ def test_entries_that_would_escape_or_forge_are_refused(
 def test_a_layer_that_is_not_its_diff_id_is_refused(tmp_path: Path) -> None:
     blob, _ = _layer(tmp_path, "l", [_entry("f", data=b"x")])
     with pytest.raises(ImageError, match="not the diff_id"):
-        unpack_layer(blob, "sha256:" + "1" * 64, tmp_path / "out", [])
+        unpack_layer(blob, "sha256:" + "1" * 64, tmp_path / "out", list)
 
 
 def test_plain_tar_and_trailing_bytes_are_hashed(tmp_path: Path) -> None:
     blob, diff_id = _layer(tmp_path, "plain", [_entry("f", data=b"x" * 5000)], compress=False)
-    unpack_layer(blob, diff_id, tmp_path / "out", [])
+    unpack_layer(blob, diff_id, tmp_path / "out", list)
     assert (tmp_path / "out/f").read_bytes() == b"x" * 5000
 
 
@@ -136,7 +136,7 @@ def test_gzip_of_several_members_with_padding_is_one_layer(tmp_path: Path) -> No
     blob.write_bytes(
         gzip.compress(tar_bytes[:70_000]) + gzip.compress(tar_bytes[70_000:]) + b"\0" * 9
     )
-    unpack_layer(blob, diff_id, tmp_path / "out", [])
+    unpack_layer(blob, diff_id, tmp_path / "out", list)
     assert (tmp_path / "out/f").read_bytes() == b"y" * 300_000
 
 
@@ -152,7 +152,7 @@ def test_a_corrupt_gzip_blob_is_refused(tmp_path: Path, damage: object, why: str
     blob, diff_id = _layer(tmp_path, "l", [_entry("f", data=os.urandom(200_000))])
     blob.write_bytes(damage(blob.read_bytes()))  # type: ignore[operator]
     with pytest.raises(ImageError, match=why):
-        unpack_layer(blob, diff_id, tmp_path / "out", [])
+        unpack_layer(blob, diff_id, tmp_path / "out", list)
 
 
 def test_a_refused_entry_before_megabytes_of_data_stops_the_unpack(tmp_path: Path) -> None:
