@@ -139,11 +139,13 @@ class LocalSandbox(Sandbox):
     its ``SANDLOT_EXEC_ID``), not the jail. ``close()`` kills the jail, and with it every
     process in it. If the init dies, the sandbox is dead (``SandboxDeadError``).
 
-    For ``image="host"`` without ``disk_mb``, the jail is forked by a zygote
-    (:mod:`sandlot.sandboxes.local.zygote`, ``LocalOptions.zygote``): a process per jail
-    shape and thread, itself jailed, that already paid for bwrap and the interpreter; the
+    For ``image="host"`` or a container image, without ``disk_mb``, the jail is forked by a
+    zygote (:mod:`sandlot.sandboxes.local.zygote`, ``LocalOptions.zygote``): a process per
+    jail shape and thread, itself jailed, that already paid for bwrap and the interpreter; the
     sandbox gets the same mounts and namespaces as from its own bwrap, in about a tenth of
-    the time. A zygote that dies takes its sandboxes with it (they raise
+    the time (for an image, the zygote's child mounts the image's overlay and pivots into it;
+    the init then runs on this machine's interpreter, loaded before the pivot, rather than the
+    image's ``python3``). A zygote that dies takes its sandboxes with it (they raise
     ``SandboxDeadError``) and is replaced on the next ``open``.
 
     Limits (``LocalOptions``, ``spec.memory_mb``), set by the init in each command's process:
