@@ -92,3 +92,19 @@ async def test_an_image_zygote_that_cannot_start_leaves_each_sandbox_its_own_bwr
                 assert "bwrap" in _cmdline(sb.init_pid)
                 assert (await sb.exec("pwd; cat /data/hl")).stdout.split() == ["/w-fallback", "one"]
     assert len([r for r in caplog.records if "own bwrap" in r.getMessage()]) == 1
+
+
+@pytest.mark.anyio
+async def test_commands_under_per_command_limits_run_in_a_zygote_made_image_sandbox(
+    layered: str, shared_store: ImageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Such a command is forked by the init, which then runs ``os.execvpe``: that imports a
+    module the first time, from the host's files, out of reach after the child's pivot."""
+    monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(shared_store.root))
+    async with sandlot.open(
+        "local", image=layered, memory_mb=1024, cpu_time_s=60, workdir="/usr/src/app"
+    ) as sb:
+        assert isinstance(sb, LocalSandbox) and sb.init_pid is not None
+        assert "bwrap" not in _cmdline(sb.init_pid)
+        r = await sb.exec("ulimit -v; ulimit -t; pwd")
+        assert r.stdout.split() == [str(1024 * 1024), "60", "/usr/src/app"], r

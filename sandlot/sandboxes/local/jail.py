@@ -378,10 +378,12 @@ def zygote_jail(
     covered = ["/tmp", "/run", JAIL_HOME, config.workdir]
     # Each child mounts its own /proc over this one (and covers it as _proc_argv does).
     argv = _system_argv(config, ["--proc", "/proc"], None)
-    argv += ["--dir", "/tmp", "--dir", JAIL_HOME, "--dir", config.workdir]
-    argv += ["--bind", str(config.sandboxes_dir), sandboxes_mount]
-    if config.layer_store is not None:
+    argv += ["--dir", "/tmp", "--dir", JAIL_HOME]
+    if config.layer_store is None:
+        argv += ["--dir", config.workdir]
+    else:  # each child makes the workdir in its image (the host's /usr may hold it here)
         argv += ["--ro-bind", str(config.layer_store), layers_mount]
+    argv += ["--bind", str(config.sandboxes_dir), sandboxes_mount]
     if config.environment is not None:
         argv += ["--dir", JAIL_OVERLAY]
         covered.append(JAIL_OVERLAY)

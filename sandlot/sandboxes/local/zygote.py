@@ -83,6 +83,10 @@ import gc
 import os
 import sys
 
+# os.execvpe (how the init runs a command under limits) imports warnings on its first call:
+# imported here, as an image's child has the host's files out of reach once it pivots.
+import warnings  # noqa: F401
+
 SANDBOXES = "/sandlot/.sandboxes"
 LOWER = "lower"
 KEEP = "/sandlot/.keep"
