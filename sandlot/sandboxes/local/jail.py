@@ -165,8 +165,8 @@ class JailConfig:
             sandbox's own writable ``upper``; the workdir is then an overlayfs of them,
             mounted on the sandbox's ``work`` directory by :func:`overlay_argv`.
         layer_store: only in the shape of a zygote of container images
-            (:mod:`sandlot.sandboxes.local.image_zygote`): the directory holding the image
-            cache's unpacked layers, bound read-only in the zygote.
+            (:func:`sandlot.sandboxes.local.zygote_client.image_request`): the directory
+            holding the image cache's unpacked layers, bound read-only in the zygote.
     """
 
     bwrap: str
