@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from registry import tools_missing
-from requirements import needs
+from registry import Registry, build_and_push, tools_missing
+from requirements import TEST_IMAGE, needs
 
 import sandlot
 from sandlot.images.store import ImageStore
@@ -108,3 +108,24 @@ async def test_commands_under_per_command_limits_run_in_a_zygote_made_image_sand
         assert "bwrap" not in _cmdline(sb.init_pid)
         r = await sb.exec("ulimit -v; ulimit -t; pwd")
         assert r.stdout.split() == [str(1024 * 1024), "60", "/usr/src/app"], r
+
+
+@pytest.mark.anyio
+async def test_the_jail_mounts_through_the_image_symlinks_inside_the_image(
+    registry: Registry, shared_store: ImageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child mounts before its pivot, with the host's root: an image's absolute link
+    followed there would lead out of the image."""
+    containerfile = (
+        f"FROM {TEST_IMAGE}\nRUN mkdir -p /var/tmp2 /srv/app && rm -rf /tmp /testbed && "
+        "ln -s /var/tmp2 /tmp && ln -s ../srv/app /testbed\n"
+    )
+    ref = build_and_push(tmp_path, containerfile, "links:1", registry)
+    monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(shared_store.root))
+    async with sandlot.open("local", image=ref) as sb, sandlot.open("local", image=ref) as other:
+        assert isinstance(sb, LocalSandbox) and sb.init_pid is not None and sb.host_dir
+        assert "bwrap" not in _cmdline(sb.init_pid)
+        r = await sb.exec("echo x > /tmp/f && readlink /tmp && pwd -P")
+        assert r.stdout.split() == ["/var/tmp2", "/srv/app"], r
+        assert (sb.host_dir / "tmp" / "f").read_text() == "x\n"  # the sandbox's own /tmp
+        assert (await other.exec("test -e /tmp/f || echo private")).stdout == "private\n"

@@ -95,6 +95,7 @@ _ROOTFS = "rootfs"
 _MOVED = ("/proc", "/dev", "/run")
 # pivot_root(2) has no glibc wrapper: its number per machine (asm/unistd_64.h, generic).
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+_MAX_SYMLINKS = 40  # as the kernel's path walk
 _HOME = "/sandlot/home"
 _OVERLAY = "/sandlot/overlay"
 
@@ -288,25 +289,37 @@ def _serve_sandbox(
 
 
 def _inside(root: str, path: str) -> str:
-    """``root + path``, each missing directory on the way made (mode 0755, as bwrap's
-    ``--dir``). A symlink on the way is refused: the image's own links name paths of the
-    image, which this process (its root still the host's) would resolve elsewhere.
+    """Where ``path`` (absolute, in the image) is under ``root``, its symlinks followed as
+    they would be with ``root`` as ``/`` (this process's own root is still the host's, where
+    an image's link would lead elsewhere); each missing directory on the way made (mode
+    0755, as bwrap's ``--dir``).
 
     Raises:
-        OSError: a symlink on the way, or a directory that cannot be made.
+        OSError: a directory cannot be made, or too many links (``ELOOP``).
     """
-    current = root
-    for part in path.strip("/").split("/"):
-        current += "/" + part
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    done: list[str] = []  # resolved, each a directory
+    links = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            done = done[:-1]
+            continue
+        current = "/".join([root, *done, part])
         try:
             os.mkdir(current, 0o755)
         except FileExistsError:
             if os.path.islink(current):
-                raise OSError(
-                    f"{current[len(root) :]} is a symbolic link in the image, where the zygote "
-                    "mounts; open such images with LocalOptions(zygote=False)"
-                ) from None
-    return current
+                links += 1
+                if links > _MAX_SYMLINKS:
+                    raise OSError(40, f"too many levels of symbolic links: {path}") from None
+                target = os.readlink(current)
+                if target.startswith("/"):
+                    done = []
+                parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+                continue
+        done.append(part)
+    return "/".join([root, *done])
 
 
 def _map_user(uid: int, gid: int) -> None:
