@@ -4,6 +4,10 @@ with ``IMAGES``): the same jail as their own bwrap makes, and that bwrap when th
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,3 +133,30 @@ async def test_the_jail_mounts_through_the_image_symlinks_inside_the_image(
         assert r.stdout.split() == ["/var/tmp2", "/srv/app"], r
         assert (sb.host_dir / "tmp" / "f").read_text() == "x\n"  # the sandbox's own /tmp
         assert (await other.exec("test -e /tmp/f || echo private")).stdout == "private\n"
+
+
+_AS_CALLER = """
+import anyio, sandlot, sys
+async def main():
+    async with sandlot.open("local", image=sys.argv[1]) as sb:
+        cmdline = open(f"/proc/{sb.init_pid}/cmdline", "rb").read()
+        r = await sb.exec("id -u; grep -c 'CapEff:.0000000000000000' /proc/self/status")
+        print("bwrap" in cmdline.decode(errors="replace"), *r.stdout.split())
+anyio.run(main)
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is missing")
+def test_an_image_zygote_runs_for_a_caller_that_is_not_root(
+    layered: str, shared_store: ImageStore, tmp_path: Path
+) -> None:
+    """bwrap drops the capabilities of a caller that is not root unless told to keep them;
+    uid 1000 in a user namespace of its own stands for such a caller."""
+    env = {**os.environ, "SANDLOT_IMAGE_CACHE": str(shared_store.root)}
+    env["SANDLOT_LOCAL_ROOT"] = str(tmp_path / "sandboxes")
+    done = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, "-c",
+         _AS_CALLER, layered],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.stdout.split() == ["False", "0", "1"], (done.stdout, done.stderr[-2000:])

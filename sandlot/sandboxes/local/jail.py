@@ -395,7 +395,13 @@ def zygote_jail(
         else:
             argv += ["--ro-bind", source, dest]
     argv += _masks_argv(config, None)
-    return ZygoteJail([*argv, *_namespaces_argv(config), "--chdir", "/"], kept)
+    # A zygote of images is root in a user namespace of its own, with every capability there
+    # (bwrap drops them for a caller that is not root unless told): its children mount
+    # overlays, and its sandboxes are root in that namespace, as with their own bwrap.
+    images = config.layer_store is not None
+    argv += _namespaces_argv(config, root_namespace=images)
+    argv += ["--cap-add", "ALL"] if images else []
+    return ZygoteJail([*argv, "--chdir", "/"], kept)
 
 
 INIT_FDS = ("/proc/1/fd", "/proc/1/task/1/fd")
@@ -491,13 +497,13 @@ def _masks_argv(config: JailConfig, empty: Path | None) -> list[str]:
     return argv
 
 
-def _namespaces_argv(config: JailConfig, native_overlay: bool = False) -> list[str]:
+def _namespaces_argv(config: JailConfig, root_namespace: bool = False) -> list[str]:
     argv = [] if config.layers else ["--remount-ro", "/"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not config.network:
         argv.append("--unshare-net")
     if config.user is not None:
         argv += ["--unshare-user", "--uid", str(config.user[0]), "--gid", str(config.user[1])]
-    elif native_overlay:  # root in the jail, as in overlay_argv's user namespace
+    elif root_namespace:  # root in the jail, as in overlay_argv's user namespace
         argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
     return [*argv, "--die-with-parent", "--new-session", "--as-pid-1"]
