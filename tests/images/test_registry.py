@@ -161,6 +161,10 @@ async def test_the_image_user_runs_the_commands(
     containerfile = f"FROM {TEST_IMAGE}\nRUN useradd -u 1234 -m alice\nUSER alice\n"
     ref = build_and_push(tmp_path, containerfile, "user:1", registry)
     monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(shared_store.root))
-    async with sandlot.open("local", image=ref) as sb:
-        r = await sb.exec("id -un; id -u; id -g; touch /usr/local/mine && echo wrote")
-        assert r.stdout.split() == ["alice", "1234", "1234", "wrote"], r
+    for zygote in (True, False):  # forked by a zygote (its own user namespace), or own bwrap
+        async with sandlot.open("local", image=ref, zygote=zygote) as sb:
+            r = await sb.exec(
+                "id -un; id -u; id -g; touch /usr/local/mine && echo wrote; "
+                "grep -c 'CapEff:.0000000000000000' /proc/self/status"
+            )
+            assert r.stdout.split() == ["alice", "1234", "1234", "wrote", "1"], (zygote, r)

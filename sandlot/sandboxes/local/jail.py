@@ -164,6 +164,9 @@ class JailConfig:
             filesystem directory): the snapshot's frozen workdir, read-only below the
             sandbox's own writable ``upper``; the workdir is then an overlayfs of them,
             mounted on the sandbox's ``work`` directory by :func:`overlay_argv`.
+        layer_store: only in the shape of a zygote of container images
+            (:func:`sandlot.sandboxes.local.zygote_client.image_request`): the directory
+            holding the image cache's unpacked layers, bound read-only in the zygote.
     """
 
     bwrap: str
@@ -178,6 +181,7 @@ class JailConfig:
     layers: tuple[Path, ...] = ()
     user: tuple[int, int] | None = None
     work_layers: tuple[Path, ...] = ()
+    layer_store: Path | None = None
 
 
 def _shown(name: str, rootfs: Path, host_view: str) -> bool:
@@ -260,7 +264,7 @@ def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     """
     empty = dirs.ensure(dirs.empty, 0o555)
     native = bool(config.layers) and bwrap_mounts_overlay(config)
-    argv = _system_argv(config, _proc_argv(empty), _overlay_dirs(dirs) if native else None)
+    argv = _system_argv(config, _proc_argv(empty), overlay_dirs(dirs) if native else None)
     argv += ["--bind", str(dirs.tmp), "/tmp", "--bind", str(dirs.home), JAIL_HOME]
     if config.layers:  # the workdir is the image's, in the writable root: nothing to copy
         argv += ["--dir", config.workdir]
@@ -309,7 +313,7 @@ def bwrap_mounts_overlay(config: JailConfig) -> bool:
     return bwrap_version(config.bwrap) >= (0, 9) and size < _OVERLAY_OPTIONS_MAX
 
 
-def _overlay_dirs(dirs: HostDirs) -> tuple[Path, Path]:
+def overlay_dirs(dirs: HostDirs) -> tuple[Path, Path]:
     """The sandbox's writable layer and overlayfs's work directory (created)."""
     return dirs.ensure(dirs.root / UPPER, 0o755), dirs.ensure(dirs.root / OVERLAY_WORK)
 
@@ -334,7 +338,7 @@ def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
         layers, target = config.work_layers, dirs.work
     base = os.path.commonpath([str(p.parent) for p in layers])
     lower = ":".join(os.path.relpath(p, base) for p in layers)
-    upper, work = _overlay_dirs(dirs)
+    upper, work = overlay_dirs(dirs)
     target.mkdir(exist_ok=True)
     unshare = [find_tool("unshare"), "--user", "--map-root-user", "--mount"]
     script = [find_tool("sh"), "-c", _MOUNT_SCRIPT, "sandlot-overlay", base, find_tool("mount")]
@@ -356,13 +360,16 @@ class ZygoteJail:
     kept: list[str]
 
 
-def zygote_jail(config: JailConfig, sandboxes_mount: str, keep: str) -> ZygoteJail:
+def zygote_jail(
+    config: JailConfig, sandboxes_mount: str, keep: str, layers_mount: str
+) -> ZygoteJail:
     """The jail of a zygote making sandboxes of shape ``config``.
 
     The same jail as :func:`jail_argv` but for each sandbox's own directories: empty mount
     points instead, ``config.sandboxes_dir`` bound at ``sandboxes_mount`` (each child binds its
-    own, then detaches it), read-only binds below those mount points set aside under ``keep``,
-    and every capability kept (the zygote mounts; its children drop them all).
+    own, then detaches it), ``config.layer_store`` (if any) read-only at ``layers_mount``,
+    read-only binds below those mount points set aside under ``keep``, and every capability
+    kept (the zygote mounts; its children drop them all).
 
     Raises:
         OSError: the image root cannot be listed.
@@ -371,7 +378,11 @@ def zygote_jail(config: JailConfig, sandboxes_mount: str, keep: str) -> ZygoteJa
     covered = ["/tmp", "/run", JAIL_HOME, config.workdir]
     # Each child mounts its own /proc over this one (and covers it as _proc_argv does).
     argv = _system_argv(config, ["--proc", "/proc"], None)
-    argv += ["--dir", "/tmp", "--dir", JAIL_HOME, "--dir", config.workdir]
+    argv += ["--dir", "/tmp", "--dir", JAIL_HOME]
+    if config.layer_store is None:
+        argv += ["--dir", config.workdir]
+    else:  # each child makes the workdir in its image (the host's /usr may hold it here)
+        argv += ["--ro-bind", str(config.layer_store), layers_mount]
     argv += ["--bind", str(config.sandboxes_dir), sandboxes_mount]
     if config.environment is not None:
         argv += ["--dir", JAIL_OVERLAY]
@@ -384,7 +395,13 @@ def zygote_jail(config: JailConfig, sandboxes_mount: str, keep: str) -> ZygoteJa
         else:
             argv += ["--ro-bind", source, dest]
     argv += _masks_argv(config, None)
-    return ZygoteJail([*argv, *_namespaces_argv(config), "--chdir", "/"], kept)
+    # A zygote of images is root in a user namespace of its own, with every capability there
+    # (bwrap drops them for a caller that is not root unless told): its children mount
+    # overlays, and its sandboxes are root in that namespace, as with their own bwrap.
+    images = config.layer_store is not None
+    argv += _namespaces_argv(config, root_namespace=images)
+    argv += ["--cap-add", "ALL"] if images else []
+    return ZygoteJail([*argv, "--chdir", "/"], kept)
 
 
 INIT_FDS = ("/proc/1/fd", "/proc/1/task/1/fd")
@@ -480,13 +497,13 @@ def _masks_argv(config: JailConfig, empty: Path | None) -> list[str]:
     return argv
 
 
-def _namespaces_argv(config: JailConfig, native_overlay: bool = False) -> list[str]:
+def _namespaces_argv(config: JailConfig, root_namespace: bool = False) -> list[str]:
     argv = [] if config.layers else ["--remount-ro", "/"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not config.network:
         argv.append("--unshare-net")
     if config.user is not None:
         argv += ["--unshare-user", "--uid", str(config.user[0]), "--gid", str(config.user[1])]
-    elif native_overlay:  # root in the jail, as in overlay_argv's user namespace
+    elif root_namespace:  # root in the jail, as in overlay_argv's user namespace
         argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
     return [*argv, "--die-with-parent", "--new-session", "--as-pid-1"]

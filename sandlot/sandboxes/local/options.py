@@ -96,11 +96,13 @@ class LocalOptions(BaseModel):
             read everything the calling user can read that is not masked, e.g. dataset files
             holding gold patches (a reward-hacking route), run logs, other tenants' container
             files under ``/var/lib/containers``, and any credential the mask list misses.
-        zygote: start ``image="host"`` jails (without ``disk_mb``) by forking them from a
-            zygote, one long-lived process per jail shape and thread that has already paid
-            for bwrap and the interpreter (:mod:`sandlot.sandboxes.local.zygote`): the same
-            jail, several times faster to open. ``False`` gives each sandbox its own bwrap, as
-            do hosts where a zygote cannot start (logged once).
+        zygote: start ``image="host"`` and container image jails (without ``disk_mb``) by
+            forking them from a zygote, one long-lived process per jail shape and thread that
+            has already paid for bwrap and the interpreter (:mod:`sandlot.sandboxes.local.zygote`;
+            one serves every image of a shape, its child mounting the image's layers): the
+            same jail, several times faster to open. ``False`` gives each sandbox its own
+            bwrap, as do hosts where a zygote cannot start (logged once) and root filesystem
+            directories.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -52,6 +52,7 @@ from sandlot.sandboxes.local.jail import (
     check_workdir,
     jail_argv,
     keyring_filter,
+    overlay_dirs,
 )
 from sandlot.sandboxes.local.limits import Limits, init_limits
 from sandlot.sandboxes.local.local_channel import LocalChannel
@@ -59,7 +60,13 @@ from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
 from sandlot.sandboxes.local.peer import InitDied
 from sandlot.sandboxes.local.process import Completed, run_command
 from sandlot.sandboxes.local.venv import OVERLAY_ENV, BuiltEnvironment, ensure_environment
-from sandlot.sandboxes.local.zygote_client import Zygote, acquire, fork_init, release
+from sandlot.sandboxes.local.zygote_client import (
+    Zygote,
+    acquire,
+    fork_init,
+    image_request,
+    release,
+)
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.transport import FILE_TIMEOUT_S, Reader, RunOutput, RunRequest, TreeCaps
 
@@ -132,11 +139,13 @@ class LocalSandbox(Sandbox):
     its ``SANDLOT_EXEC_ID``), not the jail. ``close()`` kills the jail, and with it every
     process in it. If the init dies, the sandbox is dead (``SandboxDeadError``).
 
-    For ``image="host"`` without ``disk_mb``, the jail is forked by a zygote
-    (:mod:`sandlot.sandboxes.local.zygote`, ``LocalOptions.zygote``): a process per jail
-    shape and thread, itself jailed, that already paid for bwrap and the interpreter; the
+    For ``image="host"`` or a container image, without ``disk_mb``, the jail is forked by a
+    zygote (:mod:`sandlot.sandboxes.local.zygote`, ``LocalOptions.zygote``): a process per
+    jail shape and thread, itself jailed, that already paid for bwrap and the interpreter; the
     sandbox gets the same mounts and namespaces as from its own bwrap, in about a tenth of
-    the time. A zygote that dies takes its sandboxes with it (they raise
+    the time (for an image, the zygote's child mounts the image's overlay and pivots into it;
+    the init then runs on this machine's interpreter, loaded before the pivot, rather than the
+    image's ``python3``). A zygote that dies takes its sandboxes with it (they raise
     ``SandboxDeadError``) and is replaced on the next ``open``.
 
     Limits (``LocalOptions``, ``spec.memory_mb``), set by the init in each command's process:
@@ -364,13 +373,13 @@ class LocalSandbox(Sandbox):
         """
         assert self._dirs is not None
         config = self._jail_config
-        # A zygote runs the code our interpreter compiled: only on the host image. A fork's
-        # workdir overlay is not part of the shape: the zygote's child finds it (freeze.LOWER).
-        if config and config.rootfs == Path("/") and self.options.zygote and not self.spec.disk_mb:
-            shape = dataclasses.replace(config, work_layers=())
-            zygote = await acquire(shape, python)
+        request = self._zygote_request(config) if config is not None else None
+        if request is not None:
+            # A zygote runs the code our interpreter compiled, also for an image (it pivots
+            # into the image's root once the code is loaded).
+            zygote = await acquire(request[0], init_interpreter(Path("/")))
             if zygote is not None:
-                await self._fork_init(shape, zygote)
+                await self._fork_init(request[0], zygote, request[1])
                 return
         try:
             jail = []
@@ -397,8 +406,30 @@ class LocalSandbox(Sandbox):
                 raise BackendUnavailableError(f"cannot start the sandbox: {exc}") from exc
             raise SandboxStartError(f"cannot start the sandbox: {exc}", retryable=True) from exc
 
-    async def _fork_init(self, config: JailConfig, zygote: Zygote) -> None:
-        """Have ``zygote`` fork this sandbox's jail and init.
+    def _zygote_request(self, config: JailConfig) -> tuple[JailConfig, tuple[bytes, ...]] | None:
+        """The zygote shape and request fields of this sandbox's jail, or ``None`` when it gets
+        its own bwrap (``zygote=False``, ``disk_mb``, a root filesystem directory, an image
+        whose layers a zygote cannot name). A fork's workdir overlay (host) is not part of the
+        shape: the zygote's child finds it (``freeze.LOWER``); an image fork's snapshot layer
+        is in the request."""
+        assert self._dirs is not None
+        if not self.options.zygote or self.spec.disk_mb:
+            return None
+        if config.rootfs == Path("/"):
+            return dataclasses.replace(config, work_layers=()), ()
+        if not config.layers:
+            return None
+        request = image_request(config)
+        if request is not None:
+            overlay_dirs(self._dirs)
+            self._dirs.ensure(config.rootfs)
+        return request
+
+    async def _fork_init(
+        self, config: JailConfig, zygote: Zygote, request: tuple[bytes, ...]
+    ) -> None:
+        """Have ``zygote`` fork this sandbox's jail and init (``request``: see
+        :func:`fork_init`).
 
         Raises:
             SandboxStartError: the zygote or the jail failed (``retryable``).
@@ -411,6 +442,7 @@ class LocalSandbox(Sandbox):
                 limits=self._limits,
                 cgroup_joins=[str(c.join_file) for c in self._cgroups],
                 prefix=self.id,
+                request=request,
             )
         except BaseException as exc:
             await release(config, zygote)

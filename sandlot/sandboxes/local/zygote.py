@@ -14,26 +14,30 @@ The zygote keeps one such child ready, its namespaces made, waiting for a sandbo
 request then costs a few mounts, and the fork of the next spare happens after the reply.
 
 This file is a standalone script (standard library only), run as
-``python -I -S -c LOADER FD OWN_NET WORKDIR OVERLAY MASKED FILTER KEPT...`` as PID 1 of a
-jail whose ``bwrap`` keeps its capabilities (it never runs a command itself), with the
+``python -I -S -c LOADER FD OWN_NET WORKDIR OVERLAY IMAGES MASKED FILTER KEPT...`` as PID 1 of
+a jail whose ``bwrap`` keeps its capabilities (it never runs a command itself), with the
 sandboxes' directory bound at :data:`SANDBOXES` and ``INIT`` (the init's code object) in its
-globals. ``OWN_NET`` (a network namespace per sandbox) and ``OVERLAY`` (bind
-``/sandlot/overlay``) are ``1`` or ``0``; ``MASKED`` the names of the ``/proc`` entries to
-cover, joined by commas (:data:`sandlot.sandboxes.local.jail.PROC_MASKED`); ``FILTER`` the
-seccomp filter in hex, empty for none (:func:`sandlot.sandboxes.local.jail.keyring_filter`);
-``KEPT[i]`` is where the read-only bind at ``KEEP/i`` goes once the child's own directories
-cover its parent (an environment under ``/tmp``; see
-:func:`sandlot.sandboxes.local.jail.zygote_jail`).
+globals. ``OWN_NET`` (a network namespace per sandbox), ``OVERLAY`` (bind
+``/sandlot/overlay``) and ``IMAGES`` (it makes sandboxes of container images, whose layers
+are bound at :data:`LAYERS`; see below) are ``1`` or ``0``; ``MASKED`` the names of the
+``/proc`` entries to cover, joined by commas (:data:`sandlot.sandboxes.local.jail.PROC_MASKED`);
+``FILTER`` the seccomp filter in hex, empty for none
+(:func:`sandlot.sandboxes.local.jail.keyring_filter`); ``KEPT[i]`` is where the read-only bind
+at ``KEEP/i`` goes once the child's own directories cover its parent (an environment under
+``/tmp``; see :func:`sandlot.sandboxes.local.jail.zygote_jail`).
 
 Protocol, over the ``AF_UNIX``/``SOCK_SEQPACKET`` socket at file descriptor ``FD`` (one packet
 per message, fields separated by NUL bytes):
 
 * zygote -> host: ``R`` once ready, or ``E message`` when it cannot make sandboxes here;
-* host -> zygote: ``N name limits`` with file descriptors attached (``SCM_RIGHTS``): the
-  init's end of the new sandbox's socket pair, then the ``cgroup.procs`` files (open for
-  writing) the sandbox joins. ``name`` is the sandbox's directory under :data:`SANDBOXES`,
-  ``limits`` the init's ``LIMITS``. The child speaks the init's protocol on that socket; when
-  it cannot be made it sends ``E message`` there instead and exits.
+* host -> zygote: ``N name limits`` (with ``IMAGES``: ``N name limits uid gid lower...``)
+  with file descriptors attached (``SCM_RIGHTS``): the init's end of the new sandbox's socket
+  pair, then the ``cgroup.procs`` files (open for writing) the sandbox joins. ``name`` is the
+  sandbox's directory under :data:`SANDBOXES`, ``limits`` the init's ``LIMITS``; ``uid`` and
+  ``gid`` the image's ``User`` (empty: root), each ``lower`` a layer of the image, topmost
+  first, relative to :data:`LAYERS` (a fork's snapshot layer lies under :data:`SANDBOXES`).
+  The child speaks the init's protocol on that socket; when it cannot be made it sends
+  ``E message`` there instead and exits.
 
 A spare child, before it is asked (``mount(2)``, ``unshare(2)``), makes itself undumpable
 (``init.prepare``), then:
@@ -59,6 +63,18 @@ Once asked, for sandbox ``name``:
    ``KEEP``, so no child sees another's files;
 6. drops every capability it holds, sets no new privileges, starts a new session, and runs
    the init.
+
+With ``IMAGES``, the zygote's own root is the host's (its interpreter runs the init's code,
+loaded once, in every child), and step 5 instead builds the sandbox's root as its own bwrap
+would (:func:`sandlot.sandboxes.local.jail.jail_argv`): an overlayfs of the image's layers
+under the sandbox's ``upper``, mounted on its ``rootfs`` directory; the ``/proc``, ``/dev``
+and ``/run`` of steps 2-3 moved into it; ``tmp`` and ``home`` bound on ``/tmp`` and
+``$HOME``; the workdir made; then ``pivot_root(2)`` into it and the old root detached, so
+the host's files, the layers and the other sandboxes are gone from the child's view. A
+non-root ``User`` then gets a user namespace of its own that maps it to root outside it (what
+``bwrap --unshare-user --uid`` does), and the bounding set is emptied again (a new user
+namespace fills it). The init's code needs nothing from the host's files after the pivot:
+its modules are loaded before the fork.
 """
 
 import _socket
@@ -67,9 +83,19 @@ import gc
 import os
 import sys
 
+# os.execvpe (how the init runs a command under limits) imports warnings on its first call:
+# imported here, as an image's child has the host's files out of reach once it pivots.
+import warnings  # noqa: F401
+
 SANDBOXES = "/sandlot/.sandboxes"
 LOWER = "lower"
 KEEP = "/sandlot/.keep"
+LAYERS = "/sandlot/.layers"
+_ROOTFS = "rootfs"
+_MOVED = ("/proc", "/dev", "/run")
+# pivot_root(2) has no glibc wrapper: its number per machine (asm/unistd_64.h, generic).
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+_MAX_SYMLINKS = 40  # as the kernel's path walk
 _HOME = "/sandlot/home"
 _OVERLAY = "/sandlot/overlay"
 
@@ -78,6 +104,8 @@ _CLONE_NEWUTS = 0x04000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+_PR_SET_DUMPABLE = 4
 _MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
@@ -87,6 +115,7 @@ _MS_NOATIME = 1024 | 2048  # and MS_NODIRATIME
 _MS_RELATIME = 1 << 21
 _ST_RELATIME = 4096
 _MS_BIND = 4096
+_MS_MOVE = 8192
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
@@ -100,9 +129,9 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 1
 
-# own network namespace, workdir, overlay, masked /proc entries, seccomp filter, kept (see the
-# module docstring)
-_Shape = tuple[bool, str, bool, frozenset[str], bytes, list[str]]
+# own network namespace, workdir, overlay, images, masked /proc entries, seccomp filter, kept
+# (see the module docstring)
+_Shape = tuple[bool, str, bool, bool, frozenset[str], bytes, list[str]]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -226,16 +255,20 @@ def _prepare(own_net: bool, masked: frozenset[str], program: bytes) -> None:
         _install_filter(program)
 
 
-def _serve_sandbox(
-    name: str, workdir: str, overlay: bool, kept: list[str], cgroups: list[int]
-) -> None:
-    """Steps 4 to 6 of the module docstring, up to running the init."""
+def _join(cgroups: list[int]) -> None:
     for fd in cgroups:
         try:
             os.write(fd, b"0")  # 0: the writer
         except OSError as exc:
             raise OSError(f"cannot put the sandbox's init in its cgroup: {exc}") from exc
         os.close(fd)
+
+
+def _serve_sandbox(
+    name: str, workdir: str, overlay: bool, kept: list[str], cgroups: list[int]
+) -> None:
+    """Steps 4 to 6 of the module docstring, up to running the init."""
+    _join(cgroups)
     own = f"{SANDBOXES}/{name}"
     _bind(f"{own}/tmp", "/tmp")
     _bind(f"{own}/home", _HOME)
@@ -253,6 +286,90 @@ def _serve_sandbox(
     os.chdir(workdir)
     _drop_capabilities()
     os.setsid()
+
+
+def _inside(root: str, path: str) -> str:
+    """Where ``path`` (absolute, in the image) is under ``root``, its symlinks followed as
+    they would be with ``root`` as ``/`` (this process's own root is still the host's, where
+    an image's link would lead elsewhere); each missing directory on the way made (mode
+    0755, as bwrap's ``--dir``).
+
+    Raises:
+        OSError: a directory cannot be made, or too many links (``ELOOP``).
+    """
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    done: list[str] = []  # resolved, each a directory
+    links = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            done = done[:-1]
+            continue
+        current = "/".join([root, *done, part])
+        try:
+            os.mkdir(current, 0o755)
+        except FileExistsError:
+            if os.path.islink(current):
+                links += 1
+                if links > _MAX_SYMLINKS:
+                    raise OSError(40, f"too many levels of symbolic links: {path}") from None
+                target = os.readlink(current)
+                if target.startswith("/"):
+                    done = []
+                parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+                continue
+        done.append(part)
+    return "/".join([root, *done])
+
+
+def _map_user(uid: int, gid: int) -> None:
+    """Run as ``uid``:``gid`` in a user namespace of our own where that id is who root is
+    outside it (``bwrap --unshare-user --uid --gid``); empty the bounding set the new
+    namespace filled, and stay undumpable."""
+    _check(_libc.unshare(_CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1"), ("gid_map", f"{gid} 0 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(line)
+    _empty_bounding_set()
+    _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+
+
+def _serve_image(name: str, workdir: str, request: list[bytes], cgroups: list[int]) -> None:
+    """Steps 4 to 6 of the module docstring with ``IMAGES``, up to running the init.
+    ``request``: the ``uid gid lower...`` fields of the ``N`` request."""
+    _join(cgroups)
+    own = f"{SANDBOXES}/{name}"
+    root = f"{own}/{_ROOTFS}"
+    uid, gid, lowers = request[0], request[1], b":".join(request[2:]).decode()
+    os.chdir(LAYERS)  # the lowers are named relative to it: mount options hold one page
+    options = f"userxattr,lowerdir={lowers},upperdir={own}/upper,workdir={own}/overlay-work"
+    _mount("overlay", root, "overlay", _MS_NOSUID | _MS_NODEV, options)
+    for path in _MOVED:
+        _mount(path, _inside(root, path), None, _MS_MOVE)
+    _bind(f"{own}/tmp", _inside(root, "/tmp"))
+    _bind(f"{own}/home", _inside(root, _HOME))
+    _inside(root, workdir)
+    os.chdir(root)
+    _check(_libc.syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", _MNT_DETACH), "umount the old root")
+    if uid:
+        _map_user(int(uid), int(gid))
+    os.chdir(workdir)
+    _drop_capabilities()
+    os.setsid()
+
+
+def _probe_images() -> None:
+    """Fail now, so that the host gives each sandbox its own bwrap, where this kernel does
+    not let us mount an overlayfs of the layers (or has no pivot_root number here).
+
+    Raises:
+        OSError: why.
+    """
+    if os.uname().machine not in _SYS_PIVOT_ROOT:
+        raise OSError(f"no pivot_root(2) number for {os.uname().machine}")
+    _mount("overlay", "/tmp", "overlay", _MS_RDONLY, f"userxattr,lowerdir={LAYERS}:/run")
+    _check(_libc.umount2(b"/tmp", _MNT_DETACH), "umount /tmp")
 
 
 def _refuse(fd: int, message: str) -> None:
@@ -281,7 +398,7 @@ gc.freeze()
 
 def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
     """A forked spare: prepare, say so on ``sock``, wait for a sandbox, serve it, exit."""
-    own_net, workdir, overlay, masked, program, kept = shape
+    own_net, workdir, overlay, images, masked, program, kept = shape
     try:
         wake_r = _INIT["prepare"]()[0]  # type: ignore[operator]  # replaces the zygote's pipe
         for fd in inherited:
@@ -307,7 +424,10 @@ def _spare(sock: _socket.socket, shape: _Shape, inherited: list[int]) -> None:
         os._exit(0)  # the zygote is gone
     fields = data.split(b"\0")
     try:
-        _serve_sandbox(os.fsdecode(fields[1]), workdir, overlay, kept, fds[1:])
+        if images:
+            _serve_image(os.fsdecode(fields[1]), workdir, fields[3:], fds[1:])
+        else:
+            _serve_sandbox(os.fsdecode(fields[1]), workdir, overlay, kept, fds[1:])
     except BaseException as exc:  # reported, whatever it is
         _refuse(fds[0], f"cannot set up the sandbox's jail: {exc}")
         os._exit(1)
@@ -406,6 +526,8 @@ def serve(fd: int, shape: _Shape) -> None:
     os.set_inheritable(fd, False)
     zygote = _Zygote(fd, shape)
     try:
+        if shape[3]:
+            _probe_images()
         zygote.ready_spare()
     except OSError as exc:
         _refuse(fd, str(exc))
@@ -441,6 +563,6 @@ def serve(fd: int, shape: _Shape) -> None:
 
 
 if __name__ == "__main__":
-    fd, own_net, workdir, overlay, masked, program, *kept = sys.argv[1:]
-    shape = (own_net == "1", workdir, overlay == "1", frozenset(masked.split(",")))
+    fd, own_net, workdir, overlay, images, masked, program, *kept = sys.argv[1:]
+    shape = (own_net == "1", workdir, overlay == "1", images == "1", frozenset(masked.split(",")))
     serve(int(fd), (*shape, bytes.fromhex(program), kept))

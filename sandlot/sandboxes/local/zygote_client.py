@@ -28,7 +28,7 @@ import struct
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
@@ -41,7 +41,14 @@ from sandlot.sandboxes.local.init_client import (
     check_ready,
     spawn,
 )
-from sandlot.sandboxes.local.jail import PROC_MASKED, JailConfig, keyring_filter, zygote_jail
+from sandlot.sandboxes.local.interpreter import interpreter_prefixes
+from sandlot.sandboxes.local.jail import (
+    _OVERLAY_OPTIONS_MAX,
+    PROC_MASKED,
+    JailConfig,
+    keyring_filter,
+    zygote_jail,
+)
 from sandlot.sandboxes.local.peer import InitDied, Peer
 
 log = logging.getLogger("sandlot.sandboxes.local")
@@ -51,9 +58,11 @@ IDLE_ZYGOTES = 4
 beyond that are stopped."""
 
 _SOURCE = (Path(__file__).parent / "zygote.py").read_text().partition('"""\n\n')[2]
-# zygote.SANDBOXES and zygote.KEEP (that file is not imported here)
+# zygote.SANDBOXES, zygote.KEEP and zygote.LAYERS (that file is not imported here)
 _SANDBOXES = "/sandlot/.sandboxes"
 _KEEP = "/sandlot/.keep"
+_LAYERS = "/sandlot/.layers"
+_SANDBOXES_FROM_LAYERS = os.path.relpath(_SANDBOXES, _LAYERS)  # a child names lowers from there
 _LOADER = "import marshal;INIT,CODE=marshal.loads(open(0,'rb',closefd=False).read());exec(CODE)"
 _READY_BUDGET_S = 30.0
 _REAP_BUDGET_S = 5.0
@@ -151,10 +160,12 @@ class Zygote:
             OSError: bwrap could not be spawned.
         """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        jail = zygote_jail(config, _SANDBOXES, _KEEP)
+        jail = zygote_jail(config, _SANDBOXES, _KEEP, _LAYERS)
         own_net, overlay = not config.network, config.environment is not None
+        images = config.layer_store is not None
         argv = [*jail.argv, "--", python, "-I", "-S", "-c", _LOADER, str(theirs.fileno())]
-        argv += ["01"[own_net], config.workdir, "01"[overlay], ",".join(sorted(PROC_MASKED))]
+        argv += ["01"[own_net], config.workdir, "01"[overlay], "01"[images]]
+        argv += [",".join(sorted(PROC_MASKED))]
         argv += [(keyring_filter() or b"").hex(), *jail.kept]
         # Unnamed (O_TMPFILE): nothing to remove when a zygote dies with its thread.
         log_file = tempfile.TemporaryFile(dir=config.sandboxes_dir)  # noqa: SIM115 (closed below)
@@ -290,6 +301,42 @@ async def release(config: JailConfig, zygote: Zygote) -> None:
         await stopped.stop()
 
 
+def image_request(config: JailConfig) -> tuple[JailConfig, tuple[bytes, ...]] | None:
+    """The zygote shape and the ``uid gid lower...`` fields of the request (see the zygote's
+    protocol) of the sandbox of a container image jailed by ``config`` (``config.layers``
+    set); ``None`` when a zygote cannot make it (a layer neither in the image cache's layer
+    directory nor a snapshot's ``upper`` among the sandboxes, or mount options beyond a page).
+
+    One zygote serves every image of a shape (workdir, network, ...): it runs this machine's
+    interpreter on the host's files, and its child mounts the image named in the request, so
+    the first sandbox of a newly pulled image finds a zygote too.
+    """
+    assert config.sandboxes_dir is not None and config.layers
+    store = config.layers[-1].parent
+    lowers: list[str] = []
+    for layer in config.layers:
+        if layer.parent == store:
+            lowers.append(layer.name)
+        elif layer.parent.parent == config.sandboxes_dir:  # a snapshot's frozen layer
+            lowers.append(f"{_SANDBOXES_FROM_LAYERS}/{layer.parent.name}/{layer.name}")
+        else:
+            return None
+    # upperdir and workdir: under the sandbox's directory, named by its id (a uuid).
+    if sum(len(lower) + 1 for lower in lowers) + 2 * (len(_SANDBOXES) + 64) > _OVERLAY_OPTIONS_MAX:
+        return None
+    shape = replace(
+        config,
+        rootfs=Path("/"),
+        host_view="minimal",
+        readonly=interpreter_prefixes(),
+        layers=(),
+        user=None,
+        layer_store=store,
+    )
+    ids = [b"", b""] if config.user is None else [str(i).encode() for i in config.user]
+    return shape, (*ids, *(lower.encode() for lower in lowers))
+
+
 async def fork_init(
     zygote: Zygote,
     *,
@@ -297,6 +344,7 @@ async def fork_init(
     limits: str,
     cgroup_joins: list[str],
     prefix: str,
+    request: tuple[bytes, ...] = (),
 ) -> InitProcess:
     """Have ``zygote`` fork the init of a sandbox whose directory is ``name`` (under the
     sandboxes' directory), in its cgroups, and return it once ready.
@@ -308,6 +356,7 @@ async def fork_init(
         cgroup_joins: host paths of the files of the sandbox's cgroups the init writes ``0``
             to, before it runs anything, to join them (see ``Cgroup.join_file``).
         prefix: command ids' prefix (see :class:`InitProcess`).
+        request: the request's further fields (:func:`image_request`'s for an image).
 
     Raises:
         InitDied: the zygote is gone, or a cgroup, the jail or the init failed (the message
@@ -322,7 +371,7 @@ async def fork_init(
         try:
             for path in cgroup_joins:
                 fds.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-            await zygote.fork([os.fsencode(name), limits.encode()], fds)
+            await zygote.fork([os.fsencode(name), limits.encode(), *request], fds)
         except OSError as exc:
             raise InitDied(f"cannot put the sandbox's init in its cgroup: {exc}") from exc
         finally:
