@@ -209,9 +209,7 @@ async def test_no_request_lasts_as_long_as_the_command(
 ) -> None:
     # Shrunk scale of "a command longer than 300 s": every request is cut after 0.5 s, yet a
     # 2 s command completes, because a command is a detached job polled with short requests.
-    import sandlot.sandboxes.vefaas.sandbox as module
-
-    monkeypatch.setattr(module, "_QUICK_S", 0.5)
+    monkeypatch.setattr(VefaasSandbox, "job_call_s", 0.5)
     async with make(fake) as sb:
         r = await sb.exec("sleep 2; echo done", timeout=400)
         assert (r.exit_code, r.stdout) == (0, "done\n")
@@ -449,7 +447,7 @@ def short_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data-plane requests give up 0.8 s after they began (0.3 s limit + 0.5 s margin)."""
     import sandlot.sandboxes.vefaas.sandbox as module
 
-    monkeypatch.setattr(module, "_QUICK_S", 0.3)
+    monkeypatch.setattr(VefaasSandbox, "job_call_s", 0.3)
     monkeypatch.setattr(
         module, "SwerexClient", functools.partial(module.SwerexClient, margin_s=0.5)
     )

@@ -1,0 +1,169 @@
+"""A data plane that is a SWE-ReX server (swe-rex 1.4.0) in the sandbox, for any backend.
+
+A backend whose platform only creates and kills instances (veFaaS) starts a SWE-ReX server in
+each and reaches it through :class:`sandlot.runtimes.swerex.SwerexClient`: commands run as
+polled jobs (:mod:`sandlot.sandboxes.polled_jobs`) over ``/execute``, files move through
+``/upload`` (bytes in) and ``base64`` over ``/execute`` (bytes out). :class:`SwerexPlane` is
+that half of such a backend; the backend adds the control plane (create, kill, status).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandlot.errors import SandboxFileError
+from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
+from sandlot.sandboxes.backoff import poll
+from sandlot.sandboxes.polled_jobs import JOBS_DIR, PolledJobs
+from sandlot.sandboxes.transport import FILE_TIMEOUT_S
+
+log = logging.getLogger("sandlot.sandboxes")
+T = TypeVar("T")
+
+MiB = 1024 * 1024
+_PROBE_S = 5.0  # timeout of one /is_alive of the liveness probe
+
+
+class SwerexPlaneOptions(BaseModel):
+    """Options of a SWE-ReX data plane (a backend's options extend them).
+
+    Attributes:
+        max_output_bytes: bytes of stdout and of stderr kept per exec (rest dropped,
+            ``truncated=True``).
+        stop_grace_s: seconds between SIGTERM and SIGKILL for a timed-out command.
+        request_retries: data-plane retries after a connection failure or a 5xx answer.
+        server_restart_s: seconds the SWE-ReX server of a running instance may refuse
+            requests (a restart) before the sandbox is declared dead.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_output_bytes: int = Field(default=10 * MiB, gt=0)
+    stop_grace_s: float = Field(default=1.0, ge=0)
+    request_retries: int = Field(default=3, ge=0)
+    server_restart_s: float = Field(default=10.0, ge=0)
+
+
+class SwerexPlane(PolledJobs):
+    """The data-plane half of a backend: set ``_client`` once the server is reachable.
+
+    ``_probe`` (the backend's) should end with :meth:`_server_gone`, which also records whether
+    the server answered (:meth:`_data` then tries a failed call once more).
+    """
+
+    options: SwerexPlaneOptions
+    staging_dir: str = JOBS_DIR
+    _client: SwerexClient | None = None
+    _server_answered = False  # the last probe reached the SWE-ReX server
+
+    @property
+    def job_cap(self) -> int:  # type: ignore[override]
+        return self.options.max_output_bytes
+
+    @property
+    def job_grace_s(self) -> float:  # type: ignore[override]
+        return self.options.stop_grace_s
+
+    @property
+    def _data_client(self) -> SwerexClient:
+        assert self._client is not None, "sandbox not started"
+        return self._client
+
+    async def _close_client(self) -> None:
+        """Close the data-plane client; a failure is logged (the instance is killed anyway)."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.aclose()
+            except Exception as exc:
+                log.warning("sandbox %s: closing the data-plane client failed: %s", self.id, exc)
+
+    async def _server_gone(self) -> str | None:
+        """Why the SWE-ReX server is dead, else ``None`` (it answered, or that cannot be told).
+
+        ``GET /is_alive`` (``_PROBE_S`` per try, 0.1 s doubling up to 1 s between tries) while
+        the server refuses, for up to ``server_restart_s``: a server that comes back (a
+        restart) is alive, one that still refuses then is dead. Refusing is the gateway's 502
+        (the answer of a reverse proxy whose upstream refuses the connection), or a refused
+        connection when the route is the server itself; a 503, 504 or timeout is the gateway's
+        own trouble and tells nothing.
+        """
+        self._server_answered, client = False, self._client
+        if client is None:
+            return None
+        refusal = ""
+
+        async def ask() -> bool | None:
+            nonlocal refusal
+            try:
+                answer = await client.client.get("/is_alive", timeout=_PROBE_S)
+            except httpx.ConnectError as exc:
+                refusal = f"{type(exc).__name__}: {exc}"
+                return None
+            except httpx.HTTPError:
+                return False
+            if answer.status_code == 502:
+                refusal = f"HTTP 502: {answer.text[:200]}"
+                return None
+            self._server_answered = answer.status_code == 200
+            return self._server_answered
+
+        with anyio.move_on_after(self.options.server_restart_s):
+            await poll(ask, first_s=0.1, max_s=1.0)
+            return None
+        return (
+            f"the SWE-ReX server of {self.backend_id} has refused requests for "
+            f"server_restart_s={self.options.server_restart_s:g} s ({refusal}) although the "
+            "platform says the instance is running"
+        )
+
+    async def _data(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """A data-plane call (every one sandlot makes is idempotent: see
+        :mod:`.polled_jobs`). When it fails for good, one liveness probe (``_probe``): a dead
+        instance or server becomes ``SandboxDeadError``; a server that answered the probe (it
+        restarted, or the gateway recovered) gets the call once more; otherwise the error
+        propagates (retryable for 5xx / unreachable)."""
+        try:
+            return await fn(*args, **kwargs)
+        except (SwerexUnavailableError, SwerexHTTPError) as exc:
+            dead = await self._gone()
+            if dead is not None:
+                raise dead from exc
+            if not self._server_answered:
+                raise
+            log.warning("sandbox %s: the SWE-ReX server answers again after: %s", self.id, exc)
+        return await fn(*args, **kwargs)
+
+    async def _execute(self, argv: list[str], timeout: float, *, probe: bool = True) -> str:
+        client = self._data_client
+        if not probe:
+            return (await client.execute(argv, timeout=timeout)).stdout
+        return (await self._data(client.execute, argv, timeout=timeout)).stdout
+
+    async def _upload(self, path: str, data: bytes) -> None:
+        await self._data(self._data_client.write_bytes, path, data, timeout=FILE_TIMEOUT_S)
+
+    async def _get_bytes(self, path: str, max_bytes: int) -> bytes:
+        """The file's bytes, ``base64`` through ``/execute``."""
+        try:
+            return await self._data(self._data_client.read_bytes, path, timeout=FILE_TIMEOUT_S)
+        except FileNotFoundError as exc:
+            raise SandboxFileError(f"read_file {path}: {exc}") from exc
+
+    async def _put_bytes(self, path: str, data: bytes) -> None:
+        """Uploaded beside (``/upload``), then moved in place by a command that creates the
+        parents and refuses a directory."""
+        staging = f"{JOBS_DIR}/upload-{uuid.uuid4().hex}"
+        await self._upload(staging, data)
+        script = (
+            '[ -d "$1" ] && { echo "is a directory" >&2; rm -f -- "$0"; exit 1; }; '
+            'mkdir -p -- "$(dirname -- "$1")" && cat -- "$0" >"$1"; rc=$?; rm -f -- "$0"; exit $rc'
+        )
+        await self._run_checked("write_file", path, ["/bin/sh", "-c", script, staging, path])
