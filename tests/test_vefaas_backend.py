@@ -25,9 +25,9 @@ if (_REASON := vefaas_fake_unavailable()) is not None:
     missing(_REASON)
 
 # The backend needs httpx: imported once the check above has passed.
+from sandlot.sandboxes.reaper import SandboxReaper
 from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
 from sandlot.sandboxes.vefaas.control import SandboxInfo
-from sandlot.sandboxes.vefaas.reaper import VefaasReaper
 
 pytestmark = pytest.mark.anyio
 FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=3)
@@ -223,7 +223,7 @@ async def test_gc_finds_and_kills_by_run_id(
     monkeypatch.setenv("SANDLOT_RUN_ID", "other-run")
     other = make(fake)
     await other.start()
-    reaper = VefaasReaper(**fake.options())
+    reaper = SandboxReaper(VefaasSandbox, **fake.options())
     assert {s.run_id for s in await reaper.list_sandboxes()} == {"run-vefaas-test", "other-run"}
     report = await reap(reaper, run_id="run-vefaas-test")
     assert [s.id for s in report.killed] == [mine.sandbox_id]
@@ -275,7 +275,7 @@ async def test_an_unreachable_control_plane_is_a_retryable_sandbox_error(
         with pytest.raises(SandboxStartError, match="NewConnectionError") as info:
             await sb.start()
         assert info.value.retryable
-        reaper = VefaasReaper(**fake.options())
+        reaper = SandboxReaper(VefaasSandbox, **fake.options())
         with pytest.raises(SandboxError, match="ListSandboxes") as listing:
             await reaper.list_sandboxes()
         assert listing.value.retryable
@@ -400,7 +400,7 @@ async def _bare_instances(fake: FakeVefaas, n: int, run_id: str) -> list[str]:
 async def test_gc_reads_every_page_up_to_the_reported_total(fake: FakeVefaas) -> None:
     ids = await _bare_instances(fake, 8, "run-paged")
     fake.page_cap = 3  # the service returns fewer rows than PageSize asks for
-    reaper = VefaasReaper(**fake.options())
+    reaper = SandboxReaper(VefaasSandbox, **fake.options())
     assert sorted(s.id for s in await reaper.list_sandboxes("run-paged")) == sorted(ids)
     report = await reap(reaper, run_id="run-paged")
     assert len(report.killed) == 8 and not report.failed and not fake.leaked()
@@ -410,7 +410,7 @@ async def test_gc_counts_a_sandbox_that_expired_after_listing_as_killed(
     fake: FakeVefaas,
 ) -> None:
     (sandbox_id,) = await _bare_instances(fake, 1, "run-expiring")
-    reaper = VefaasReaper(**fake.options())
+    reaper = SandboxReaper(VefaasSandbox, **fake.options())
     (listed,) = await reaper.list_sandboxes("run-expiring")
     fake.expire(fake.instances[sandbox_id])
     await reaper.kill(listed)  # 404: already gone, which is what gc wanted
@@ -421,7 +421,7 @@ async def test_gc_needs_no_function_route(
 ) -> None:
     await _bare_instances(fake, 1, "run-no-route")
     options = {k: v for k, v in fake.options().items() if k != "function_route"}
-    reaper = VefaasReaper(**options)
+    reaper = SandboxReaper(VefaasSandbox, **options)
     report = await reap(reaper, run_id="run-no-route")
     assert len(report.killed) == 1 and not fake.leaked()
 
@@ -508,7 +508,7 @@ async def test_recovery_and_gc_kill_only_their_own_when_the_service_ignores_filt
     async with quick(fake) as sb:
         assert (await sb.exec("echo ok")).stdout == "ok\n"
     assert [i.id for i in fake.leaked()] == bystanders, "killed another run's, or leaked ours"
-    reaper = VefaasReaper(**fake.options())
+    reaper = SandboxReaper(VefaasSandbox, **fake.options())
     assert await reaper.list_sandboxes("run-vefaas-test") == []
     assert len(await reaper.list_sandboxes("another-run")) == 3
 
@@ -555,7 +555,7 @@ async def test_temporary_credentials_carry_their_session_token(
     monkeypatch.setenv("VOLCE_SESSION_TOKEN", STS_TOKEN)
     async with make(fake, **sts) as sb:
         assert (await sb.exec("echo ok")).stdout == "ok\n"
-        reaper = VefaasReaper(**{**fake.options(), **sts})
+        reaper = SandboxReaper(VefaasSandbox, **{**fake.options(), **sts})
         assert [s.id for s in await reaper.list_sandboxes("run-vefaas-test")] == [sb.sandbox_id]
     monkeypatch.delenv("VOLCE_SESSION_TOKEN")
     async with make(fake, **sts, session_token=STS_TOKEN) as sb:

@@ -1,7 +1,9 @@
 """Finding and killing sandboxes that runs left behind (``sandlot gc``).
 
 Every remote backend labels its sandboxes (:mod:`sandlot.sandboxes.labels`). A :class:`Reaper`
-lists the sandboxes of one backend that carry the ``sandlot.run_id`` label and kills one;
+lists the sandboxes of one backend that carry the ``sandlot.run_id`` label and kills one (a
+backend's ``Sandbox`` class that implements the transport's listing primitives gets
+:class:`SandboxReaper`);
 :func:`select` filters them (``run_id``, minimum age, ``sandlot.owner``) and
 :func:`kill_selected` kills a selection concurrently, each kill guarded so one failure never
 stops the others; :func:`reap` does the three. :func:`reap_leaked` kills exactly the sandboxes
@@ -18,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+from pydantic import ValidationError
 
-from sandlot.errors import BackendNotFoundError
+from sandlot.errors import BackendNotFoundError, SandboxError
+from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.leaks import Leak
 
@@ -28,8 +32,8 @@ log = logging.getLogger("sandlot.sandboxes.gc")
 _REAPERS = {
     "docker": "sandlot.sandboxes.docker.reaper:DockerReaper",
     "local": "sandlot.sandboxes.local.reaper:LocalReaper",
-    "modal": "sandlot.sandboxes.modal.reaper:ModalReaper",
-    "vefaas": "sandlot.sandboxes.vefaas.reaper:VefaasReaper",
+    "modal": "sandlot.sandboxes.modal:ModalSandbox",
+    "vefaas": "sandlot.sandboxes.vefaas:VefaasSandbox",
 }
 _KILL_CONCURRENCY = 16
 _KILL_ATTEMPTS = 2
@@ -86,6 +90,41 @@ class Reaper(Protocol):
         ...
 
 
+class SandboxReaper:
+    """The reaper of a backend whose ``Sandbox`` class implements the transport's listing
+    primitives (``_reaper_context``, ``_list_labelled``, ``_kill_listed``).
+
+    The labels of every listed row are checked here: a platform that ignores the filter must
+    not make gc kill another run's sandboxes.
+
+    Args:
+        sandbox_cls: the backend's ``Sandbox`` class.
+        **options: fields of its options model (credentials, app, functions...).
+
+    Raises:
+        SandboxError: ``options`` do not fit the options model.
+        BackendUnavailableError: SDK or credentials missing.
+    """
+
+    def __init__(self, sandbox_cls: type[Sandbox], **options: Any) -> None:
+        self.backend = sandbox_cls.name
+        self._cls = sandbox_cls
+        try:
+            validated = sandbox_cls.Options(**options)
+        except ValidationError as exc:
+            raise SandboxError(f"gc options of backend {self.backend}: {exc}") from exc
+        self._context = sandbox_cls._reaper_context(validated)
+
+    async def list_sandboxes(self, run_id: str | None = None) -> list[RemoteSandbox]:
+        """Live sandboxes with a ``sandlot.run_id`` label (= ``run_id`` if given)."""
+        listed = await self._cls._list_labelled(self._context, run_id)
+        return [sb for sb in listed if RUN_ID in sb.labels and run_id in (None, sb.run_id)]
+
+    async def kill(self, sandbox: RemoteSandbox) -> None:
+        """Destroy ``sandbox``; an already gone sandbox is not an error."""
+        await self._cls._kill_listed(self._context, sandbox)
+
+
 @dataclass
 class GcReport:
     """What :func:`reap` found and did.
@@ -116,6 +155,8 @@ def get_reaper(backend: str, **options: Any) -> Reaper:
         )
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
+    if issubclass(cls, Sandbox):
+        return SandboxReaper(cls, **options)
     reaper: Reaper = cls(**options)
     return reaper
 

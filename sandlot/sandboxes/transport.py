@@ -28,7 +28,7 @@ import shlex
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, ClassVar, TypeVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -37,6 +37,9 @@ from sandlot.errors import SandboxFileError
 from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.capped import CappedOutput, clip_tail, with_note
 from sandlot.sandboxes.remote_shell import tar_create_argv, tar_extract_argv
+
+if TYPE_CHECKING:
+    from sandlot.sandboxes.reaper import RemoteSandbox
 
 T = TypeVar("T")
 
@@ -141,6 +144,28 @@ class Transport(abc.ABC):
         """The platform's id of the sandbox (Modal ``sb-...``, a container id) once created,
         else ``None`` (also where the platform has none); named when a destroy fails."""
         return None
+
+    @classmethod
+    def _reaper_context(cls, options: Any) -> Any:
+        """What listing and killing (``sandlot gc``) need, e.g. a control-plane client, made
+        once from the backend's ``options``; ``sandlot.sandboxes.reaper.SandboxReaper`` passes
+        it to the two methods below. Override the three to give a backend a reaper.
+
+        Raises:
+            BackendUnavailableError: SDK or credentials missing.
+        """
+        raise NotImplementedError(f"{cls.__name__} cannot list its sandboxes")
+
+    @classmethod
+    async def _list_labelled(cls, context: Any, run_id: str | None) -> list[RemoteSandbox]:
+        """The platform's live sandboxes labelled ``sandlot.run_id`` (= ``run_id`` if given;
+        the caller checks the labels of every row again)."""
+        raise NotImplementedError
+
+    @classmethod
+    async def _kill_listed(cls, context: Any, sandbox: RemoteSandbox) -> None:
+        """Destroy a sandbox :meth:`_list_labelled` returned; one already gone is fine."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     async def _start(self) -> None:

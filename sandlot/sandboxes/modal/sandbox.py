@@ -42,11 +42,12 @@ from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.images import backend_image
-from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
 from sandlot.sandboxes.modal.modal_channel import ModalChannel
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.network import public_cidrs
+from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.transport import RunOutput, RunRequest
 
@@ -120,6 +121,44 @@ class ModalSandbox(Sandbox):
     def backend_id(self) -> str | None:
         """Modal's id of the sandbox (``sb-...``) once created, else ``None``."""
         return None if self._sb is None else str(self._sb.object_id)
+
+    # ----------------------------------------------------------------- sandlot gc
+
+    @classmethod
+    def _reaper_context(cls, options: ModalOptions) -> tuple[ModuleType, str]:
+        """The SDK and the App the sandboxes were created in.
+
+        Raises:
+            BackendUnavailableError: ``modal`` missing or no credentials.
+        """
+        sdk = cls.sdk()
+        check_credentials()
+        return sdk, options.app_name
+
+    @classmethod
+    async def _list_labelled(
+        cls, context: tuple[ModuleType, str], run_id: str | None
+    ) -> list[RemoteSandbox]:
+        """``Sandbox.list(app_id=, tags=)`` of the App (``App.lookup``: no App, no sandboxes):
+        running sandboxes, tags matched server side, read with ``get_tags``."""
+        modal, app_name = context
+        try:
+            app = await modal.App.lookup.aio(app_name)
+        except modal.exception.NotFoundError:
+            return []
+        found = []
+        async for sb in modal.Sandbox.list.aio(
+            app_id=app.app_id, tags={RUN_ID: run_id} if run_id else None
+        ):
+            found.append(
+                RemoteSandbox("modal", sb.object_id, await sb.get_tags.aio(), "running", sb)
+            )
+        return found
+
+    @classmethod
+    async def _kill_listed(cls, context: object, sandbox: RemoteSandbox) -> None:
+        """``terminate`` (a no-op on Modal's side if it already finished)."""
+        await sandbox.handle.terminate.aio()
 
     # ----------------------------------------------------------------- lifecycle
 

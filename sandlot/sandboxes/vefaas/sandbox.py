@@ -25,10 +25,11 @@ from sandlot.runtimes.swerex import SwerexClient
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import OWNER, RUN_ID, SANDBOX_ID, sandbox_labels
+from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.swerex_plane import SwerexPlane
 from sandlot.sandboxes.vefaas.bootstrap import bootstrap_command
-from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, pick_target
+from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, function_ids, pick_target
 from sandlot.sandboxes.vefaas.control import (
     GONE,
     RUNNING,
@@ -98,6 +99,45 @@ class VefaasSandbox(SwerexPlane):
     def backend_id(self) -> str | None:
         """veFaaS's id of the instance once created, else ``None``."""
         return self._sandbox_id
+
+    # ----------------------------------------------------------------- sandlot gc
+
+    @classmethod
+    def _reaper_context(cls, options: VefaasOptions) -> tuple[ControlPlane, list[str]]:
+        """The control plane and every function id of ``VEFAAS_FUNCTION_ID`` / the
+        ``function_id`` option (no route is needed).
+
+        Raises:
+            BackendUnavailableError: SDK, credentials or function ids missing.
+        """
+        functions = sorted(set(function_ids(options)))
+        return ControlPlane(credentials(options), options), functions
+
+    @classmethod
+    async def _list_labelled(
+        cls, context: tuple[ControlPlane, list[str]], run_id: str | None
+    ) -> list[RemoteSandbox]:
+        """``ListSandboxes`` of every function, filtered by ``Metadata`` when ``run_id`` is
+        given (every page up to the reported total), less those on their way out."""
+        control, found = context[0], []
+        for function_id in context[1]:
+            rows = await control.list(function_id, {RUN_ID: run_id} if run_id else None)
+            found += [
+                RemoteSandbox("vefaas", row.id, row.metadata, row.status, (control, function_id))
+                for row in rows
+                if row.status not in GONE
+            ]
+        return found
+
+    @classmethod
+    async def _kill_listed(cls, context: object, sandbox: RemoteSandbox) -> None:
+        """``KillSandbox``; one that expired since the listing counts as killed (404).
+
+        Raises:
+            SandboxError: the control plane refused or could not be reached.
+        """
+        control, function_id = sandbox.handle
+        await control.kill(function_id, sandbox.id)
 
     # ----------------------------------------------------------------- lifecycle
 
