@@ -112,6 +112,15 @@ def _stub(monkeypatch: pytest.MonkeyPatch, *, can_ask: bool) -> StubReaper:
     return stub
 
 
+def test_an_option_the_backend_lacks_is_reported_not_a_traceback() -> None:
+    # VefaasOptions forbids unknown fields: the pydantic ValidationError used to escape gc.
+    result = CliRunner().invoke(
+        cli, ["gc", "--backend", "vefaas", "--run-id", "r", "--option", "no_such=1"]
+    )
+    assert result.exit_code == 1 and "no_such" in result.output, result.output
+    assert not isinstance(result.exception, ValueError), result.exception
+
+
 def test_other_owners_sandboxes_are_left_alone_unless_any_owner(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
