@@ -383,9 +383,7 @@ def test_a_terminated_grpc_stream_is_retryable() -> None:
 async def test_exec_without_timeout_ends_when_the_worker_is_lost_silently(
     fake: FakeModal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sandlot.sandboxes.modal.sandbox as module
-
-    monkeypatch.setattr(module, "_LIFETIME_MARGIN_S", 0.5)
+    monkeypatch.setattr(FakeModalSandbox, "lifetime_margin_s", 0.5)
     async with make(SandboxSpec(image="python:3.12", timeout_s=2)) as sb:
         fake.freeze(fake.sandboxes[0])
         with anyio.fail_after(10), pytest.raises(SandboxDeadError):

@@ -16,37 +16,30 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from sandlot.errors import SandboxFileError
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.polled_jobs import JOBS_DIR, PolledJobs
-from sandlot.sandboxes.transport import FILE_TIMEOUT_S
+from sandlot.sandboxes.transport import FILE_TIMEOUT_S, ExecOptions
 
 log = logging.getLogger("sandlot.sandboxes")
 T = TypeVar("T")
 
-MiB = 1024 * 1024
 _PROBE_S = 5.0  # timeout of one /is_alive of the liveness probe
 
 
-class SwerexPlaneOptions(BaseModel):
-    """Options of a SWE-ReX data plane (a backend's options extend them).
+class SwerexPlaneOptions(ExecOptions):
+    """Options of a SWE-ReX data plane (a backend's options extend them), with
+    :class:`~sandlot.sandboxes.transport.ExecOptions`'s.
 
     Attributes:
-        max_output_bytes: bytes of stdout and of stderr kept per exec (rest dropped,
-            ``truncated=True``).
-        stop_grace_s: seconds between SIGTERM and SIGKILL for a timed-out command.
         request_retries: data-plane retries after a connection failure or a 5xx answer.
         server_restart_s: seconds the SWE-ReX server of a running instance may refuse
             requests (a restart) before the sandbox is declared dead.
     """
 
-    model_config = ConfigDict(extra="forbid")
-
-    max_output_bytes: int = Field(default=10 * MiB, gt=0)
-    stop_grace_s: float = Field(default=1.0, ge=0)
     request_retries: int = Field(default=3, ge=0)
     server_restart_s: float = Field(default=10.0, ge=0)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import anyio
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.errors import SandboxFileError
 from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
@@ -126,6 +126,23 @@ class RunOutput:
             duration_s=duration_s,
             truncated=bool(self.stdout_dropped or self.stderr_dropped),
         )
+
+
+class ExecOptions(BaseModel):
+    """Options of a backend's ``_run`` that its options model extends (where it runs commands
+    through a shared half: :mod:`sandlot.sandboxes.streamed_exec`,
+    :mod:`sandlot.sandboxes.swerex_plane`).
+
+    Attributes:
+        max_output_bytes: bytes of stdout and of stderr kept per exec; the rest is dropped and
+            the result says ``truncated=True``.
+        stop_grace_s: seconds a timed-out or cancelled command gets between SIGTERM and SIGKILL.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_output_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    stop_grace_s: float = Field(default=1.0, ge=0)
 
 
 class Transport(abc.ABC):

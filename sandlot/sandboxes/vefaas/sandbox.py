@@ -35,7 +35,6 @@ from sandlot.sandboxes.vefaas.control import (
     RUNNING,
     ControlPlane,
     ControlPlaneError,
-    SandboxInfo,
 )
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
@@ -175,11 +174,11 @@ class VefaasSandbox(SwerexPlane):
             if not (isinstance(cause, ControlPlaneError) and cause.ambiguous):
                 raise
             self._unanswered_create = True  # if cancelled meanwhile, _close looks for it
-            lost = await self._find_lost_create()
+            lost = await self._find_lost_create(self.options.create_settle_s, _LOOK_MORE_S)
             if lost is None:
                 raise  # it never took effect: the next attempt creates again
-            log.info("sandbox %s: adopting %s of an unanswered create", self.id, lost.id)
-            self._sandbox_id, self._unanswered_create = lost.id, False
+            log.info("sandbox %s: adopting %s of an unanswered create", self.id, lost)
+            self._sandbox_id, self._unanswered_create = lost, False
         assert self._sandbox_id is not None
         self._client = SwerexClient(
             target.route,
@@ -251,8 +250,10 @@ class VefaasSandbox(SwerexPlane):
         if self._sandbox_id is not None:
             await self._kill(self._sandbox_id)
             self._sandbox_id = None
-        elif self._unanswered_create and (lost := await self._find_lost_create()) is not None:
-            await self._kill(lost.id)
+        elif self._unanswered_create:
+            lost = await self._find_lost_create(self.options.create_settle_s, _LOOK_MORE_S)
+            if lost is not None:
+                await self._kill(lost)
         self._unanswered_create = False
 
     async def _kill(self, sandbox_id: str) -> None:
@@ -272,48 +273,20 @@ class VefaasSandbox(SwerexPlane):
                 retryable=exc.retryable,
             ) from exc
 
-    def _is_mine(self, row: SandboxInfo) -> bool:
-        return row.status not in GONE and all(
-            row.metadata.get(k) == self._labels.get(k) for k in _OWN_LABELS
-        )
-
-    async def _find_lost_create(self) -> SandboxInfo | None:
-        """The instance a CreateSandbox whose answer was lost made, or ``None`` if it made none.
-
-        The service may act on a create after the client gave up on it, so ``ListSandboxes``
-        (filtered by the ``sandlot.sandbox_id`` label) is asked again and again (0.1 s, doubling
-        up to 2 s) until a live instance appears whose own labels (``sandlot.sandbox_id``,
-        ``sandlot.run_id``, ``sandlot.owner``) are this sandbox's, or until a listing begun
-        ``create_settle_s`` after now finds none (the create never took effect). The labels of
-        every row are checked here, whatever the server's filter did. One create makes at most
-        one instance, so the first found ends the search.
-
-        Raises:
-            SandboxError: no listing succeeded for ``_LOOK_MORE_S`` after ``create_settle_s``;
-                the message says how ``sandlot gc`` removes the instance.
-        """
+    async def _find_created(self) -> str | None:
+        """``ListSandboxes`` filtered by the ``sandlot.sandbox_id`` label; the live instance
+        whose own labels (``sandlot.sandbox_id``, ``sandlot.run_id``, ``sandlot.owner``) are
+        this sandbox's, checked on every row whatever the server's filter did."""
         assert self._control is not None and self._target is not None
-        control, function_id = self._control, self._target.function_id
-        settled = time.monotonic() + self.options.create_settle_s
-        problems: list[Exception] = []
-
-        async def look() -> list[SandboxInfo] | None:
-            began = time.monotonic()
-            try:
-                rows = await control.list(function_id, {SANDBOX_ID: self.id})
-            except SandboxError as exc:
-                problems.append(exc)
-                return None
-            mine = [row for row in rows if self._is_mine(row)]
-            return mine if mine or began >= settled else None
-
-        with anyio.move_on_after(self.options.create_settle_s + _LOOK_MORE_S):
-            found = await poll(look, first_s=0.1, max_s=2.0)
-            return found[0] if found else None
-        raise SandboxError(
-            f"sandbox {self.id}: a CreateSandbox went unanswered and its instance could not be "
-            f"looked for ({problems[-1] if problems else 'no listing answered'}); "
-            "`sandlot gc --backend vefaas --run-id <run id>` removes it"
+        rows = await self._control.list(self._target.function_id, {SANDBOX_ID: self.id})
+        return next(
+            (
+                row.id
+                for row in rows
+                if row.status not in GONE
+                and all(row.metadata.get(k) == self._labels.get(k) for k in _OWN_LABELS)
+            ),
+            None,
         )
 
     async def _probe(self) -> str | None:
