@@ -344,10 +344,9 @@ def test_error_codes_are_classified_by_name_not_status() -> None:
 async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sandlot.sandboxes.vefaas.sandbox as module
-    from sandlot.sandboxes.vefaas.bootstrap import DEFAULT_BOOTSTRAP
+    from sandlot.sandboxes.swerex_bootstrap import DEFAULT_BOOTSTRAP
 
-    monkeypatch.setattr(module, "_DESCRIBE_FIRST_S", 0.05)
+    monkeypatch.setattr(VefaasSandbox, "status_first_s", 0.05)
     fake.inject("DescribeSandbox", "429", "error_body", "timeout", "500", "refused")
     # The server comes up 2 s late, so the wait describes the instance several times.
     async with quick(fake, bootstrap="sleep 2; " + DEFAULT_BOOTSTRAP) as sb:
@@ -360,10 +359,9 @@ async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
 async def test_describes_while_waiting_back_off(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sandlot.sandboxes.vefaas.sandbox as module
-    from sandlot.sandboxes.vefaas.bootstrap import DEFAULT_BOOTSTRAP
+    from sandlot.sandboxes.swerex_bootstrap import DEFAULT_BOOTSTRAP
 
-    monkeypatch.setattr(module, "_DESCRIBE_FIRST_S", 0.1)
+    monkeypatch.setattr(VefaasSandbox, "status_first_s", 0.1)
     async with make(fake, bootstrap="sleep 2.5; " + DEFAULT_BOOTSTRAP):
         pass
     # Every 0.1 s would be ~25 describes; growing by 1.5x from 0.1 s it is at most 8.

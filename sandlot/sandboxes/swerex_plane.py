@@ -10,6 +10,7 @@ that half of such a backend; the backend adds the control plane (create, kill, s
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,16 +19,19 @@ import anyio
 import httpx
 from pydantic import Field
 
-from sandlot.errors import SandboxFileError
+from sandlot.errors import SandboxFileError, SandboxStartError
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.polled_jobs import JOBS_DIR, PolledJobs
+from sandlot.sandboxes.swerex_bootstrap import bootstrap_command
 from sandlot.sandboxes.transport import FILE_TIMEOUT_S, ExecOptions
 
 log = logging.getLogger("sandlot.sandboxes")
 T = TypeVar("T")
 
 _PROBE_S = 5.0  # timeout of one /is_alive of the liveness probe
+_READY_POLL_MAX_S = 0.25
+_STATUS_MAX_S = 30.0
 
 
 class SwerexPlaneOptions(ExecOptions):
@@ -38,10 +42,28 @@ class SwerexPlaneOptions(ExecOptions):
         request_retries: data-plane retries after a connection failure or a 5xx answer.
         server_restart_s: seconds the SWE-ReX server of a running instance may refuse
             requests (a restart) before the sandbox is declared dead.
+        port: port of the SWE-ReX server in the instance.
+        bootstrap: the instance's start command, a template with ``{workdir}``, ``{port}`` and
+            ``{token}``; it must end by ``exec``-ing a SWE-ReX server (PID 1). ``None`` uses
+            :data:`sandlot.sandboxes.swerex_bootstrap.DEFAULT_BOOTSTRAP`.
+        ready_timeout_s: seconds to wait for the SWE-ReX server to answer after creation.
+        swerex_python: path, inside the instance, of a Python interpreter that already has
+            ``swe-rex`` (pre-staged in the image or on a mounted volume); the default bootstrap
+            then starts the server with it and installs nothing. ``None``: the image's
+            ``swerex-remote`` / ``python3``.
+        swerex_find_links: a directory in the instance or an ``http(s)`` URL holding the wheels
+            of ``swe-rex`` and its dependencies (``pip download swe-rex==1.4.0 -d DIR``); when
+            the image lacks swe-rex the bootstrap installs from there with ``--no-index``, so
+            the platform needs no PyPI egress. ``None``: install from PyPI.
     """
 
     request_retries: int = Field(default=3, ge=0)
     server_restart_s: float = Field(default=10.0, ge=0)
+    port: int = Field(default=8000, gt=0, lt=65536)
+    bootstrap: str | None = None
+    ready_timeout_s: float = Field(default=300.0, gt=0)
+    swerex_python: str | None = None
+    swerex_find_links: str | None = None
 
 
 class SwerexPlane(PolledJobs):
@@ -55,6 +77,8 @@ class SwerexPlane(PolledJobs):
     staging_dir: str = JOBS_DIR
     _client: SwerexClient | None = None
     _server_answered = False  # the last probe reached the SWE-ReX server
+    status_first_s: float = 2.0
+    """Seconds into :meth:`_wait_server` of its first status check."""
 
     @property
     def job_cap(self) -> int:  # type: ignore[override]
@@ -77,6 +101,54 @@ class SwerexPlane(PolledJobs):
                 await client.aclose()
             except Exception as exc:
                 log.warning("sandbox %s: closing the data-plane client failed: %s", self.id, exc)
+
+    def _server_command(self, workdir: str, token: str) -> str:
+        """The instance's start command (:mod:`sandlot.sandboxes.swerex_bootstrap`)."""
+        o = self.options
+        return bootstrap_command(
+            o.bootstrap,
+            workdir=workdir,
+            port=o.port,
+            token=token,
+            python=o.swerex_python,
+            find_links=o.swerex_find_links,
+        )
+
+    async def _wait_server(self, failed: Callable[[], Awaitable[None]]) -> None:
+        """Poll ``/is_alive`` until the server answers (the STARTING slot is held meanwhile).
+
+        Now and then (``status_first_s``, then x1.5 up to 30 s: the platform's status API is
+        rate limited, and the server's answer is what ends the wait) ``failed()`` asks the
+        control plane whether the instance failed; it raises ``SandboxStartError`` if so, and
+        returns when the instance is still coming up or its status could not be read.
+
+        Raises:
+            SandboxStartError: ``failed()``'s, or no answer within ``ready_timeout_s``
+                (retryable).
+        """
+        client, limit = self._data_client, self.options.ready_timeout_s
+        interval = self.status_first_s
+        next_status = time.monotonic() + interval
+
+        async def ready() -> bool | None:
+            nonlocal interval, next_status
+            if await client.is_alive(timeout=min(10.0, limit)):
+                return True
+            if time.monotonic() >= next_status:
+                interval = min(interval * 1.5, _STATUS_MAX_S)
+                next_status = time.monotonic() + interval
+                await failed()
+            return None
+
+        with anyio.move_on_after(limit):
+            await poll(ready, first_s=0.02, max_s=_READY_POLL_MAX_S, factor=1.25)
+            return
+        raise SandboxStartError(
+            f"sandbox {self.id}: the SWE-ReX server of instance {self.backend_id} did not "
+            f"answer within ready_timeout_s={limit:g} s (does the bootstrap command start it? "
+            "does the image reach PyPI if it must install swe-rex?)",
+            retryable=True,
+        )
 
     async def _server_gone(self) -> str | None:
         """Why the SWE-ReX server is dead, else ``None`` (it answered, or that cannot be told).

@@ -2,7 +2,7 @@
 
 Control plane: the veFaaS service package of the Volcengine SDK (``volcenginesdk-vefaas``
 5.0.54, see :mod:`sandlot.sandboxes.vefaas.control`). Data plane: the instance runs a SWE-ReX
-server (swe-rex 1.4.0, started by :mod:`sandlot.sandboxes.vefaas.bootstrap`), reached at the
+server (swe-rex 1.4.0, started by :mod:`sandlot.sandboxes.swerex_bootstrap`), reached at the
 function's HTTP route with the header ``x-faas-instance-name: <sandbox id>`` and the server's
 ``X-API-Key`` (:mod:`sandlot.sandboxes.swerex_plane`: polled jobs, ``/upload``, ``base64``
 over ``/execute``). Sources: the veFaaS sandbox API docs
@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from typing import ClassVar
 
-import anyio
 from pydantic import BaseModel
 
 from sandlot.errors import SandboxError, SandboxStartError
 from sandlot.runtimes.swerex import SwerexClient
-from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import OWNER, RUN_ID, SANDBOX_ID, sandbox_labels
 from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.swerex_plane import SwerexPlane
-from sandlot.sandboxes.vefaas.bootstrap import bootstrap_command
 from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, function_ids, pick_target
 from sandlot.sandboxes.vefaas.control import (
     GONE,
@@ -41,12 +37,6 @@ from sandlot.sandboxes.vefaas.options import VefaasOptions
 log = logging.getLogger("sandlot.sandboxes.vefaas")
 
 INSTANCE_HEADER = "x-faas-instance-name"
-_READY_POLL_MAX_S = 0.25
-# While waiting for the server: is the instance still coming up? First after 2 s, then ever
-# more rarely (x1.5, at most 30 s): DescribeSandbox is rate limited per account, and the
-# readiness probe (the data plane) is what ends the wait.
-_DESCRIBE_FIRST_S = 2.0
-_DESCRIBE_MAX_S = 30.0
 # Labels that make a listed instance this sandbox's: checked on every row, whatever the
 # service's filter did.
 _OWN_LABELS = (SANDBOX_ID, RUN_ID, OWNER)
@@ -153,14 +143,7 @@ class VefaasSandbox(SwerexPlane):
             function_id=target.function_id,
             image=backend_image(spec.image, "vefaas", opts.image_overrides),
             port=opts.port,
-            command=bootstrap_command(
-                opts.bootstrap,
-                workdir=spec.workdir,
-                port=opts.port,
-                token=token,
-                python=opts.swerex_python,
-                find_links=opts.swerex_find_links,
-            ),
+            command=self._server_command(spec.workdir, token),
             env=spec.env,
             metadata=self._labels,
             timeout_s=spec.timeout_s,
@@ -186,53 +169,27 @@ class VefaasSandbox(SwerexPlane):
             headers={INSTANCE_HEADER: self._sandbox_id},
             retries=opts.request_retries,
         )
-        await self._wait_ready()
+        await self._wait_server(self._failed)
 
     def _record(self, sandbox_id: str) -> None:
         self._sandbox_id = sandbox_id
 
-    async def _wait_ready(self) -> None:
-        """Poll ``/is_alive`` until the server answers; the STARTING slot is held meanwhile.
-
-        Now and then (2 s, then x1.5 up to 30 s) ``DescribeSandbox`` tells whether the instance
-        failed; a describe that fails (throttled, unreachable, not yet known) tells nothing and
-        the wait goes on: only ``ready_timeout_s`` or a failed instance ends it.
-        """
-        assert self._client is not None and self._control is not None and self._target
-        client, control, function_id = self._client, self._control, self._target.function_id
-        interval, next_describe = _DESCRIBE_FIRST_S, time.monotonic() + _DESCRIBE_FIRST_S
-
-        async def ready() -> bool | None:
-            nonlocal interval, next_describe
-            if await client.is_alive(timeout=min(10.0, self.options.ready_timeout_s)):
-                return True
-            if time.monotonic() < next_describe:
-                return None
-            interval = min(interval * 1.5, _DESCRIBE_MAX_S)
-            next_describe = time.monotonic() + interval
-            try:
-                info = await control.describe(function_id, self._id)
-            except ControlPlaneError as exc:
-                log.debug("sandbox %s: DescribeSandbox while waiting: %s", self.id, exc)
-                return None
-            if info.status in ("", "Creating", "Pending", RUNNING):
-                return None
+    async def _failed(self) -> None:
+        """Raise ``SandboxStartError`` when ``DescribeSandbox`` says the instance failed; a
+        describe that fails (throttled, unreachable, not yet known) tells nothing."""
+        assert self._control is not None and self._target is not None
+        try:
+            info = await self._control.describe(self._target.function_id, self._id)
+        except ControlPlaneError as exc:
+            log.debug("sandbox %s: DescribeSandbox while waiting: %s", self.id, exc)
+            return
+        if info.status not in ("", "Creating", "Pending", RUNNING):
             raise SandboxStartError(
                 f"sandbox {self.id}: veFaaS instance {self._id} is {info.status}"
                 + (f" ({info.error_code})" if info.error_code else "")
                 + (f": {info.error}" if info.error else ""),
                 retryable=info.failure_retryable,
             )
-
-        with anyio.move_on_after(self.options.ready_timeout_s):
-            await poll(ready, first_s=0.02, max_s=_READY_POLL_MAX_S, factor=1.25)
-            return
-        raise SandboxStartError(
-            f"sandbox {self.id}: the SWE-ReX server of instance {self._id} did not answer "
-            f"within ready_timeout_s={self.options.ready_timeout_s:g} s (does the bootstrap "
-            "command start it? does the image reach PyPI if it must install swe-rex?)",
-            retryable=True,
-        )
 
     @property
     def _id(self) -> str:
