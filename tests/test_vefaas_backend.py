@@ -15,7 +15,13 @@ from fakes.fake_vefaas import FUNCTION_ID, FakeVefaas
 from fakes.shared import vefaas_fake_unavailable
 from requirements import missing
 
-from sandlot import BackendUnavailableError, SandboxError, SandboxSpec, SandboxStartError
+from sandlot import (
+    BackendUnavailableError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxSpec,
+    SandboxStartError,
+)
 from sandlot.result import ExecResult
 from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.limits import StartLimits
@@ -583,3 +589,21 @@ async def test_a_data_call_that_is_never_answered_is_cut_and_retried(
         with anyio.fail_after(30):  # a hang guard, not a timing assertion
             assert (await sb.exec("echo ok")).stdout == "ok\n"
         assert fake.gateway_blackholes == 0
+
+
+async def test_a_close_while_a_command_runs_ends_it_as_dead(fake: FakeVefaas) -> None:
+    sb = make(fake)
+    await sb.start()
+    ended: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            await sb.exec("sleep 3", timeout=10)
+        except SandboxDeadError as exc:
+            ended.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await anyio.sleep(0.5)
+        await sb.close()
+    assert len(ended) == 1 and not fake.leaked()

@@ -19,7 +19,7 @@ import anyio
 import httpx
 from pydantic import Field
 
-from sandlot.errors import SandboxFileError, SandboxStartError
+from sandlot.errors import SandboxDeadError, SandboxFileError, SandboxStartError
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.polled_jobs import JOBS_DIR, PolledJobs
@@ -90,7 +90,8 @@ class SwerexPlane(PolledJobs):
 
     @property
     def _data_client(self) -> SwerexClient:
-        assert self._client is not None, "sandbox not started"
+        if self._client is None:  # closed while a command ran
+            raise SandboxDeadError(f"sandbox {self.id} is closed")
         return self._client
 
     async def _close_client(self) -> None:
@@ -184,7 +185,7 @@ class SwerexPlane(PolledJobs):
             await poll(ask, first_s=0.1, max_s=1.0)
             return None
         return (
-            f"the SWE-ReX server of {self.backend_id} has refused requests for "
+            f"the SWE-ReX server of instance {self.backend_id} has refused requests for "
             f"server_restart_s={self.options.server_restart_s:g} s ({refusal}) although the "
             "platform says the instance is running"
         )
