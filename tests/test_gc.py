@@ -134,7 +134,32 @@ def test_gc_serves_a_registered_backend_through_the_reaper_its_class_names(
     [reaper] = ListedReaper.made
     assert reaper.killed == ["t1"] and reaper.options == {"zone": "eu"}
     result = runner.invoke(cli, ["gc", "--backend", "no-reaper", "--all"])
-    assert result.exit_code == 1 and "names no reaper" in result.output
+    assert result.exit_code == 1 and "has no reaper" in result.output
+
+
+def test_gc_serves_a_registered_backend_through_its_listing_primitives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    platform = StubReaper([sb("r1", time.time(), "p1"), sb("r2", time.time(), "p2")], set())
+
+    class Listing(Sandbox):
+        name = "listing"
+
+        @classmethod
+        def _reaper_context(cls, options: object) -> StubReaper:
+            return platform
+
+        @classmethod
+        async def _list_labelled(cls, context: StubReaper, run_id: str | None) -> list:
+            return await context.list_sandboxes(None)  # ignores the filter: gc checks again
+
+        @classmethod
+        async def _kill_listed(cls, context: StubReaper, sandbox: RemoteSandbox) -> None:
+            await context.kill(sandbox)
+
+    monkeypatch.setitem(registry._registered, "listing", Listing)
+    result = CliRunner().invoke(cli, ["gc", "--backend", "listing", "--run-id", "r1"])
+    assert result.exit_code == 0 and platform.killed == ["p1"], result.output
 
 
 def _stub(monkeypatch: pytest.MonkeyPatch, *, can_ask: bool) -> StubReaper:
@@ -146,6 +171,15 @@ def _stub(monkeypatch: pytest.MonkeyPatch, *, can_ask: bool) -> StubReaper:
     monkeypatch.setattr(gc_cmd, "get_reaper", lambda name, **kw: stub)
     monkeypatch.setattr(gc_cmd, "_can_ask", lambda: can_ask)
     return stub
+
+
+def test_an_option_the_backend_lacks_is_reported_not_a_traceback() -> None:
+    # VefaasOptions forbids unknown fields: the pydantic ValidationError used to escape gc.
+    result = CliRunner().invoke(
+        cli, ["gc", "--backend", "vefaas", "--run-id", "r", "--option", "no_such=1"]
+    )
+    assert result.exit_code == 1 and "no_such" in result.output, result.output
+    assert not isinstance(result.exception, ValueError), result.exception
 
 
 def test_other_owners_sandboxes_are_left_alone_unless_any_owner(

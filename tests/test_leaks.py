@@ -26,8 +26,7 @@ from sandlot.sandboxes.labels import SANDBOX_ID
 from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.local import LocalOptions, LocalSandbox
 from sandlot.sandboxes.modal import ModalOptions
-from sandlot.sandboxes.modal.reaper import ModalReaper
-from sandlot.sandboxes.reaper import RemoteSandbox, reap_leaked
+from sandlot.sandboxes.reaper import RemoteSandbox, SandboxReaper, reap_leaked
 
 pytestmark = [pytest.mark.anyio, needs(bwrap_missing)]
 RUN = "run-leak-test"
@@ -51,7 +50,9 @@ def fake(monkeypatch: pytest.MonkeyPatch, state: Path) -> Iterator[FakeModal]:
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
     f = FakeModal()
     monkeypatch.setattr(FakeModalSandbox, "fake", f)
-    monkeypatch.setattr(gc_cmd, "get_reaper", lambda name, **kw: ModalReaper(sdk=f, **kw))
+    monkeypatch.setattr(
+        gc_cmd, "get_reaper", lambda name, **kw: SandboxReaper(FakeModalSandbox, **kw)
+    )
     yield f
     f.close()
 

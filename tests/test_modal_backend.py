@@ -29,8 +29,7 @@ from sandlot import (
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.modal import ModalOptions
-from sandlot.sandboxes.modal.reaper import ModalReaper
-from sandlot.sandboxes.reaper import reap
+from sandlot.sandboxes.reaper import SandboxReaper, reap
 
 pytestmark = [pytest.mark.anyio, needs(bwrap_missing)]
 FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=4)
@@ -305,7 +304,7 @@ async def test_gc_finds_and_kills_by_run_id(
     monkeypatch.setenv("SANDLOT_RUN_ID", "other-run")
     other = make()
     await other.start()
-    reaper = ModalReaper(sdk=fake)  # type: ignore[arg-type]
+    reaper = SandboxReaper(FakeModalSandbox)
     listed = await reaper.list_sandboxes()
     assert {s.run_id for s in listed} == {"run-modal-test", "other-run"}
     report = await reap(reaper, run_id="run-modal-test", dry_run=True)
@@ -384,9 +383,7 @@ def test_a_terminated_grpc_stream_is_retryable() -> None:
 async def test_exec_without_timeout_ends_when_the_worker_is_lost_silently(
     fake: FakeModal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sandlot.sandboxes.modal.sandbox as module
-
-    monkeypatch.setattr(module, "_LIFETIME_MARGIN_S", 0.5)
+    monkeypatch.setattr(FakeModalSandbox, "lifetime_margin_s", 0.5)
     async with make(SandboxSpec(image="python:3.12", timeout_s=2)) as sb:
         fake.freeze(fake.sandboxes[0])
         with anyio.fail_after(10), pytest.raises(SandboxDeadError):

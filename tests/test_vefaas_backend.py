@@ -15,7 +15,13 @@ from fakes.fake_vefaas import FUNCTION_ID, FakeVefaas
 from fakes.shared import vefaas_fake_unavailable
 from requirements import missing
 
-from sandlot import BackendUnavailableError, SandboxError, SandboxSpec, SandboxStartError
+from sandlot import (
+    BackendUnavailableError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxSpec,
+    SandboxStartError,
+)
 from sandlot.result import ExecResult
 from sandlot.sandboxes import leaks
 from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
@@ -26,9 +32,9 @@ if (_REASON := vefaas_fake_unavailable()) is not None:
     missing(_REASON)
 
 # The backend needs httpx: imported once the check above has passed.
+from sandlot.sandboxes.reaper import SandboxReaper
 from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
 from sandlot.sandboxes.vefaas.control import SandboxInfo
-from sandlot.sandboxes.vefaas.reaper import VefaasReaper
 
 pytestmark = pytest.mark.anyio
 FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=3)
@@ -221,9 +227,7 @@ async def test_no_request_lasts_as_long_as_the_command(
 ) -> None:
     # Shrunk scale of "a command longer than 300 s": every request is cut after 0.5 s, yet a
     # 2 s command completes, because a command is a detached job polled with short requests.
-    import sandlot.sandboxes.vefaas.sandbox as module
-
-    monkeypatch.setattr(module, "_QUICK_S", 0.5)
+    monkeypatch.setattr(VefaasSandbox, "job_call_s", 0.5)
     async with make(fake) as sb:
         r = await sb.exec("sleep 2; echo done", timeout=400)
         assert (r.exit_code, r.stdout) == (0, "done\n")
@@ -237,7 +241,7 @@ async def test_gc_finds_and_kills_by_run_id(
     monkeypatch.setenv("SANDLOT_RUN_ID", "other-run")
     other = make(fake)
     await other.start()
-    reaper = VefaasReaper(**fake.options())
+    reaper = SandboxReaper(VefaasSandbox, **fake.options())
     assert {s.run_id for s in await reaper.list_sandboxes()} == {"run-vefaas-test", "other-run"}
     report = await reap(reaper, run_id="run-vefaas-test")
     assert [s.id for s in report.killed] == [mine.sandbox_id]
@@ -289,7 +293,7 @@ async def test_an_unreachable_control_plane_is_a_retryable_sandbox_error(
         with pytest.raises(SandboxStartError, match="NewConnectionError") as info:
             await sb.start()
         assert info.value.retryable
-        reaper = VefaasReaper(**fake.options())
+        reaper = SandboxReaper(VefaasSandbox, **fake.options())
         with pytest.raises(SandboxError, match="ListSandboxes") as listing:
             await reaper.list_sandboxes()
         assert listing.value.retryable
@@ -358,10 +362,9 @@ def test_error_codes_are_classified_by_name_not_status() -> None:
 async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sandlot.sandboxes.vefaas.sandbox as module
-    from sandlot.sandboxes.vefaas.bootstrap import DEFAULT_BOOTSTRAP
+    from sandlot.sandboxes.swerex_bootstrap import DEFAULT_BOOTSTRAP
 
-    monkeypatch.setattr(module, "_DESCRIBE_FIRST_S", 0.05)
+    monkeypatch.setattr(VefaasSandbox, "status_first_s", 0.05)
     fake.inject("DescribeSandbox", "429", "error_body", "timeout", "500", "refused")
     # The server comes up 2 s late, so the wait describes the instance several times.
     async with quick(fake, bootstrap="sleep 2; " + DEFAULT_BOOTSTRAP) as sb:
@@ -374,10 +377,9 @@ async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
 async def test_describes_while_waiting_back_off(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sandlot.sandboxes.vefaas.sandbox as module
-    from sandlot.sandboxes.vefaas.bootstrap import DEFAULT_BOOTSTRAP
+    from sandlot.sandboxes.swerex_bootstrap import DEFAULT_BOOTSTRAP
 
-    monkeypatch.setattr(module, "_DESCRIBE_FIRST_S", 0.1)
+    monkeypatch.setattr(VefaasSandbox, "status_first_s", 0.1)
     async with make(fake, bootstrap="sleep 2.5; " + DEFAULT_BOOTSTRAP):
         pass
     # Every 0.1 s would be ~25 describes; growing by 1.5x from 0.1 s it is at most 8.
@@ -414,7 +416,7 @@ async def _bare_instances(fake: FakeVefaas, n: int, run_id: str) -> list[str]:
 async def test_gc_reads_every_page_up_to_the_reported_total(fake: FakeVefaas) -> None:
     ids = await _bare_instances(fake, 8, "run-paged")
     fake.page_cap = 3  # the service returns fewer rows than PageSize asks for
-    reaper = VefaasReaper(**fake.options())
+    reaper = SandboxReaper(VefaasSandbox, **fake.options())
     assert sorted(s.id for s in await reaper.list_sandboxes("run-paged")) == sorted(ids)
     report = await reap(reaper, run_id="run-paged")
     assert len(report.killed) == 8 and not report.failed and not fake.leaked()
@@ -424,7 +426,7 @@ async def test_gc_counts_a_sandbox_that_expired_after_listing_as_killed(
     fake: FakeVefaas,
 ) -> None:
     (sandbox_id,) = await _bare_instances(fake, 1, "run-expiring")
-    reaper = VefaasReaper(**fake.options())
+    reaper = SandboxReaper(VefaasSandbox, **fake.options())
     (listed,) = await reaper.list_sandboxes("run-expiring")
     fake.expire(fake.instances[sandbox_id])
     await reaper.kill(listed)  # 404: already gone, which is what gc wanted
@@ -435,7 +437,7 @@ async def test_gc_needs_no_function_route(
 ) -> None:
     await _bare_instances(fake, 1, "run-no-route")
     options = {k: v for k, v in fake.options().items() if k != "function_route"}
-    reaper = VefaasReaper(**options)
+    reaper = SandboxReaper(VefaasSandbox, **options)
     report = await reap(reaper, run_id="run-no-route")
     assert len(report.killed) == 1 and not fake.leaked()
 
@@ -461,7 +463,7 @@ def short_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data-plane requests give up 0.8 s after they began (0.3 s limit + 0.5 s margin)."""
     import sandlot.sandboxes.vefaas.sandbox as module
 
-    monkeypatch.setattr(module, "_QUICK_S", 0.3)
+    monkeypatch.setattr(VefaasSandbox, "job_call_s", 0.3)
     monkeypatch.setattr(
         module, "SwerexClient", functools.partial(module.SwerexClient, margin_s=0.5)
     )
@@ -522,7 +524,7 @@ async def test_recovery_and_gc_kill_only_their_own_when_the_service_ignores_filt
     async with quick(fake) as sb:
         assert (await sb.exec("echo ok")).stdout == "ok\n"
     assert [i.id for i in fake.leaked()] == bystanders, "killed another run's, or leaked ours"
-    reaper = VefaasReaper(**fake.options())
+    reaper = SandboxReaper(VefaasSandbox, **fake.options())
     assert await reaper.list_sandboxes("run-vefaas-test") == []
     assert len(await reaper.list_sandboxes("another-run")) == 3
 
@@ -569,7 +571,7 @@ async def test_temporary_credentials_carry_their_session_token(
     monkeypatch.setenv("VOLCE_SESSION_TOKEN", STS_TOKEN)
     async with make(fake, **sts) as sb:
         assert (await sb.exec("echo ok")).stdout == "ok\n"
-        reaper = VefaasReaper(**{**fake.options(), **sts})
+        reaper = SandboxReaper(VefaasSandbox, **{**fake.options(), **sts})
         assert [s.id for s in await reaper.list_sandboxes("run-vefaas-test")] == [sb.sandbox_id]
     monkeypatch.delenv("VOLCE_SESSION_TOKEN")
     async with make(fake, **sts, session_token=STS_TOKEN) as sb:
@@ -599,3 +601,21 @@ async def test_a_data_call_that_is_never_answered_is_cut_and_retried(
         with anyio.fail_after(30):  # a hang guard, not a timing assertion
             assert (await sb.exec("echo ok")).stdout == "ok\n"
         assert fake.gateway_blackholes == 0
+
+
+async def test_a_close_while_a_command_runs_ends_it_as_dead(fake: FakeVefaas) -> None:
+    sb = make(fake)
+    await sb.start()
+    ended: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            await sb.exec("sleep 3", timeout=10)
+        except SandboxDeadError as exc:
+            ended.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await anyio.sleep(0.5)
+        await sb.close()
+    assert len(ended) == 1 and not fake.leaked()

@@ -46,7 +46,7 @@ from sandlot.sandboxes.archive import (
     check_read_size,
     extract_archive,
 )
-from sandlot.sandboxes.backoff import retry
+from sandlot.sandboxes.backoff import poll, retry
 from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import run_id
@@ -120,8 +120,9 @@ class Sandbox(Transport):
     """The values of ``spec.network`` the backend enforces; ``start`` refuses the others (a
     backend that cannot keep ``"internet"`` away from the host must not run it as ``True``)."""
     reaper: ClassVar[str | None] = None
-    """``"module:Class"`` of the backend's :class:`~sandlot.sandboxes.reaper.Reaper`, imported
-    only by ``sandlot gc``; ``None``: gc cannot list the backend's sandboxes."""
+    """``"module:Class"`` of the backend's own :class:`~sandlot.sandboxes.reaper.Reaper`,
+    imported only by ``sandlot gc``; ``None``: gc lists and kills through the transport's
+    ``_list_labelled``/``_kill_listed`` where the backend implements them."""
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         spec = spec or SandboxSpec()
@@ -441,6 +442,45 @@ class Sandbox(Transport):
                 return None
             self._dead = reason
         return self._mark_dead(self._dead)
+
+    async def _find_created(self) -> str | None:
+        """One look for the sandbox that a create whose answer was lost made (by its labels or
+        name): its platform id, else ``None``. Raise ``SandboxError`` when the look failed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot look for a lost create")
+
+    async def _find_lost_create(self, settle_s: float, more_s: float) -> str | None:
+        """The platform id of the sandbox an unanswered create made, or ``None`` if it made
+        none.
+
+        The platform may act on a create after the client gave up on it, so
+        :meth:`_find_created` is asked again and again (0.1 s, doubling up to 2 s) until it
+        finds one, or until a look begun ``settle_s`` seconds after now finds none (the create
+        never took effect). One create makes at most one sandbox: the first found ends it.
+
+        Raises:
+            SandboxError: no look succeeded for ``more_s`` seconds after ``settle_s``; the
+                message says how ``sandlot gc`` removes the sandbox.
+        """
+        settled = time.monotonic() + settle_s
+        problems: list[Exception] = []
+
+        async def look() -> list[str] | None:
+            began = time.monotonic()
+            try:
+                found = await self._find_created()
+            except SandboxError as exc:
+                problems.append(exc)
+                return None
+            return [found] if found else [] if began >= settled else None
+
+        with anyio.move_on_after(settle_s + more_s):
+            found = await poll(look, first_s=0.1, max_s=2.0)
+            return found[0] if found else None
+        raise SandboxError(
+            f"sandbox {self.id}: a create went unanswered and its sandbox could not be looked "
+            f"for ({problems[-1] if problems else 'no listing answered'}); "
+            f"`sandlot gc --backend {self.name} --run-id <run id>` removes it"
+        )
 
     async def _bounded(
         self,

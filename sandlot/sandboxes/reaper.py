@@ -1,7 +1,9 @@
 """Finding and killing sandboxes that runs left behind (``sandlot gc``).
 
 Every remote backend labels its sandboxes (:mod:`sandlot.sandboxes.labels`). A :class:`Reaper`
-lists the sandboxes of one backend that carry the ``sandlot.run_id`` label and kills one;
+lists the sandboxes of one backend that carry the ``sandlot.run_id`` label and kills one (a
+backend's ``Sandbox`` class that implements the transport's listing primitives gets
+:class:`SandboxReaper`);
 :func:`select` filters them (``run_id``, minimum age, ``sandlot.owner``) and
 :func:`kill_selected` kills a selection concurrently, each kill guarded so one failure never
 stops the others; :func:`reap` does the three. :func:`reap_leaked` kills exactly the sandboxes
@@ -18,11 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+from pydantic import ValidationError
 
-from sandlot.errors import BackendNotFoundError
+from sandlot.errors import BackendNotFoundError, SandboxError
+from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.leaks import Leak
 from sandlot.sandboxes.registry import get_backend
+from sandlot.sandboxes.transport import Transport
 
 log = logging.getLogger("sandlot.sandboxes.gc")
 
@@ -81,6 +86,41 @@ class Reaper(Protocol):
         ...
 
 
+class SandboxReaper:
+    """The reaper of a backend whose ``Sandbox`` class implements the transport's listing
+    primitives (``_reaper_context``, ``_list_labelled``, ``_kill_listed``).
+
+    The labels of every listed row are checked here: a platform that ignores the filter must
+    not make gc kill another run's sandboxes.
+
+    Args:
+        sandbox_cls: the backend's ``Sandbox`` class.
+        **options: fields of its options model (credentials, app, functions...).
+
+    Raises:
+        SandboxError: ``options`` do not fit the options model.
+        BackendUnavailableError: SDK or credentials missing.
+    """
+
+    def __init__(self, sandbox_cls: type[Sandbox], **options: Any) -> None:
+        self.backend = sandbox_cls.name
+        self._cls = sandbox_cls
+        try:
+            validated = sandbox_cls.Options(**options)
+        except ValidationError as exc:
+            raise SandboxError(f"gc options of backend {self.backend}: {exc}") from exc
+        self._context = sandbox_cls._reaper_context(validated)
+
+    async def list_sandboxes(self, run_id: str | None = None) -> list[RemoteSandbox]:
+        """Live sandboxes with a ``sandlot.run_id`` label (= ``run_id`` if given)."""
+        listed = await self._cls._list_labelled(self._context, run_id)
+        return [sb for sb in listed if RUN_ID in sb.labels and run_id in (None, sb.run_id)]
+
+    async def kill(self, sandbox: RemoteSandbox) -> None:
+        """Destroy ``sandbox``; an already gone sandbox is not an error."""
+        await self._cls._kill_listed(self._context, sandbox)
+
+
 @dataclass
 class GcReport:
     """What :func:`reap` found and did.
@@ -97,23 +137,26 @@ class GcReport:
 
 
 def get_reaper(backend: str, **options: Any) -> Reaper:
-    """The reaper of ``backend`` (any registered backend whose class names one in its
-    ``reaper`` attribute), built with ``options``.
+    """The reaper of ``backend``, any registered backend, built with ``options``: the class its
+    ``reaper`` attribute names, else a :class:`SandboxReaper` over its listing primitives.
 
     Raises:
-        BackendNotFoundError: no backend has that name, or it names no reaper.
+        BackendNotFoundError: no backend has that name, or it has neither.
         BackendUnavailableError: its SDK is missing or it has no credentials.
+        SandboxError: ``options`` do not fit its options model.
     """
-    target = get_backend(backend).reaper
-    if target is None:
-        raise BackendNotFoundError(
-            f"backend {backend!r} names no reaper (its class's `reaper` attribute), so "
-            "sandlot gc cannot list its sandboxes; see docs/backends.md"
-        )
-    module, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    reaper: Reaper = cls(**options)
-    return reaper
+    cls = get_backend(backend)
+    if cls.reaper is not None:
+        module, _, attr = cls.reaper.partition(":")
+        reaper: Reaper = getattr(importlib.import_module(module), attr)(**options)
+        return reaper
+    if cls._list_labelled.__func__ is not Transport._list_labelled.__func__:  # type: ignore[attr-defined]
+        return SandboxReaper(cls, **options)
+    raise BackendNotFoundError(
+        f"backend {backend!r} has no reaper (neither a `reaper` class nor the listing "
+        "primitives `_list_labelled`/`_kill_listed`), so sandlot gc cannot list its "
+        "sandboxes; see docs/backends.md"
+    )
 
 
 def select(

@@ -28,15 +28,18 @@ import shlex
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, ClassVar, Literal, TypeVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import anyio
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.errors import SandboxFileError
 from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.capped import CappedOutput, clip_tail, with_note
 from sandlot.sandboxes.remote_shell import tar_create_argv, tar_extract_argv
+
+if TYPE_CHECKING:
+    from sandlot.sandboxes.reaper import RemoteSandbox
 
 T = TypeVar("T")
 
@@ -125,6 +128,23 @@ class RunOutput:
         )
 
 
+class ExecOptions(BaseModel):
+    """Options of a backend's ``_run`` that its options model extends (where it runs commands
+    through a shared half: :mod:`sandlot.sandboxes.streamed_exec`,
+    :mod:`sandlot.sandboxes.swerex_plane`).
+
+    Attributes:
+        max_output_bytes: bytes of stdout and of stderr kept per exec; the rest is dropped and
+            the result says ``truncated=True``.
+        stop_grace_s: seconds a timed-out or cancelled command gets between SIGTERM and SIGKILL.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_output_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    stop_grace_s: float = Field(default=1.0, ge=0)
+
+
 class Transport(abc.ABC):
     """The primitives a backend implements (see the module docstring). Paths are absolute and
     normalised, in the sandbox's view; ``Sandbox`` checks the lifecycle before each call."""
@@ -145,6 +165,28 @@ class Transport(abc.ABC):
         """The platform's id of the sandbox (Modal ``sb-...``, a container id) once created,
         else ``None`` (also where the platform has none); named when a destroy fails."""
         return None
+
+    @classmethod
+    def _reaper_context(cls, options: Any) -> Any:
+        """What listing and killing (``sandlot gc``) need, e.g. a control-plane client, made
+        once from the backend's ``options``; ``sandlot.sandboxes.reaper.SandboxReaper`` passes
+        it to the two methods below. Override the three to give a backend a reaper.
+
+        Raises:
+            BackendUnavailableError: SDK or credentials missing.
+        """
+        raise NotImplementedError(f"{cls.__name__} cannot list its sandboxes")
+
+    @classmethod
+    async def _list_labelled(cls, context: Any, run_id: str | None) -> list[RemoteSandbox]:
+        """The platform's live sandboxes labelled ``sandlot.run_id`` (= ``run_id`` if given;
+        the caller checks the labels of every row again)."""
+        raise NotImplementedError
+
+    @classmethod
+    async def _kill_listed(cls, context: Any, sandbox: RemoteSandbox) -> None:
+        """Destroy a sandbox :meth:`_list_labelled` returned; one already gone is fine."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     async def _start(self) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-MiB = 1024 * 1024
+from sandlot.sandboxes.transport import ExecOptions
 
 
-class ModalOptions(BaseModel):
-    """Options of the ``modal`` backend.
+class ModalOptions(ExecOptions):
+    """Options of the ``modal`` backend, with :class:`~sandlot.sandboxes.transport.ExecOptions`'s
+    (``max_output_bytes``, ``stop_grace_s``).
 
     Attributes:
         app_name: Modal App the sandboxes belong to (looked up, created if missing).
@@ -20,9 +21,6 @@ class ModalOptions(BaseModel):
             built-in table (see :mod:`sandlot.sandboxes.images`).
         create_timeout_s: seconds one ``Sandbox.create`` call may take before the attempt is
             abandoned (and the sandbox, if it appears, terminated by name).
-        max_output_bytes: bytes of stdout and of stderr kept per exec; the rest is dropped and
-            the result says ``truncated=True``.
-        stop_grace_s: seconds a timed-out or cancelled command gets between SIGTERM and SIGKILL.
         control_timeout_s: seconds one control call (``poll``, ``terminate``,
             ``filesystem.read_bytes``/``write_bytes``) may take; the SDK itself waits as long as
             its transport does (155 s measured against an unresponsive API). A terminate cut
@@ -34,14 +32,10 @@ class ModalOptions(BaseModel):
             what a crashed run left (``sandlot gc`` cannot list Modal images).
     """
 
-    model_config = ConfigDict(extra="forbid")
-
     app_name: str = "sandlot"
     registry_secret: str | None = None
     idle_timeout_s: int | None = Field(default=None, gt=0)
     image_overrides: dict[str, str] = Field(default_factory=dict)
     create_timeout_s: float = Field(default=300.0, gt=0)
-    max_output_bytes: int = Field(default=10 * MiB, gt=0)
-    stop_grace_s: float = Field(default=1.0, ge=0)
     control_timeout_s: float = Field(default=20.0, gt=0)
     snapshot_ttl_s: int | None = Field(default=30 * 24 * 3600, gt=0)  # the SDK's default

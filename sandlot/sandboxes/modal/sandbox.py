@@ -24,10 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import posixpath
-import shlex
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, ClassVar, Literal, TypeVar
@@ -35,44 +32,28 @@ from typing import Any, ClassVar, Literal, TypeVar
 import anyio
 from pydantic import BaseModel
 
-from sandlot.errors import SandboxDeadError, SandboxError, SandboxFileError, SandboxStartError
-from sandlot.runtimes.channel_session import ChannelSession
-from sandlot.runtimes.session import BashSession, SessionConfig
+from sandlot.errors import SandboxError, SandboxFileError, SandboxStartError
 from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.base import Sandbox
-from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.images import backend_image
-from sandlot.sandboxes.labels import sandbox_labels
-from sandlot.sandboxes.modal.modal_channel import ModalChannel
+from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.network import public_cidrs
+from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.transport import RunOutput, RunRequest
+from sandlot.sandboxes.streamed_exec import StreamedExec
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 T = TypeVar("T")
 
 # Modal's own exec timeout, a backstop behind ours in case this process dies mid-command.
 _BACKSTOP_MARGIN_S = 30
-_KILL_BUDGET_S = 15.0
-# Modal reports an exec that hit its own timeout with return code -1.
-_MODAL_EXEC_TIMEOUT_CODE = -1
 # Create failures no retry can fix (the image's or the account's, not the service's).
 _PERMANENT_CREATE = ("AuthError", "NotFoundError", "InvalidError")
 _PERMANENT_CREATE_WORDS = ("not found", "unknown", "denied", "unauthorized", "invalid", "no such")
-# An exec without a timeout still ends this long after the sandbox's lifetime: a worker that
-# died without closing the output stream must not hang the caller forever.
-_LIFETIME_MARGIN_S = 30.0
-# stdin goes down in pieces, each drained: Modal buffers at most 16 MiB between drains
-# (TASK_COMMAND_ROUTER_MAX_BUFFER_SIZE in modal/io_streams.py; 2 MiB through the server).
-_STDIN_CHUNK = 1024 * 1024
-# Commands longer than this go through a file: the whole argv may total 64 KiB, and the exec
-# wrapper takes ~1 KiB of it.
-_ARGV_COMMAND_BYTES = 60 * 1024
 
 
-class ModalSandbox(Sandbox):
+class ModalSandbox(StreamedExec):
     """A Modal Sandbox kept alive by a small PID 1; commands run in it with ``Sandbox.exec``.
 
     Args:
@@ -93,12 +74,16 @@ class ModalSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "modal"
-    reaper: ClassVar[str | None] = "sandlot.sandboxes.modal.reaper:ModalReaper"
     Options: ClassVar[type[ModalOptions]] = ModalOptions
     network_modes: ClassVar[tuple[bool | str, ...]] = (False, True, "internet")
     options: ModalOptions
     supports_snapshot: ClassVar[bool] = True  # Sandbox.snapshot_filesystem, an Image
     snapshot_scope: ClassVar[Literal["node", "global"]] = "global"  # an image id, any node
+    # Modal reports an exec that hit its own timeout with return code -1.
+    platform_timeout_code: ClassVar[int | None] = -1
+    # The whole argv may total 64 KiB (ARG_MAX_BYTES in modal/sandbox/_common.py), and the
+    # exec wrapper takes ~1 KiB of it.
+    argv_command_bytes: ClassVar[int | None] = 60 * 1024
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         super().__init__(spec, options)
@@ -122,6 +107,44 @@ class ModalSandbox(Sandbox):
     def backend_id(self) -> str | None:
         """Modal's id of the sandbox (``sb-...``) once created, else ``None``."""
         return None if self._sb is None else str(self._sb.object_id)
+
+    # ----------------------------------------------------------------- sandlot gc
+
+    @classmethod
+    def _reaper_context(cls, options: ModalOptions) -> tuple[ModuleType, str]:
+        """The SDK and the App the sandboxes were created in.
+
+        Raises:
+            BackendUnavailableError: ``modal`` missing or no credentials.
+        """
+        sdk = cls.sdk()
+        check_credentials()
+        return sdk, options.app_name
+
+    @classmethod
+    async def _list_labelled(
+        cls, context: tuple[ModuleType, str], run_id: str | None
+    ) -> list[RemoteSandbox]:
+        """``Sandbox.list(app_id=, tags=)`` of the App (``App.lookup``: no App, no sandboxes):
+        running sandboxes, tags matched server side, read with ``get_tags``."""
+        modal, app_name = context
+        try:
+            app = await modal.App.lookup.aio(app_name)
+        except modal.exception.NotFoundError:
+            return []
+        found = []
+        async for sb in modal.Sandbox.list.aio(
+            app_id=app.app_id, tags={RUN_ID: run_id} if run_id else None
+        ):
+            found.append(
+                RemoteSandbox("modal", sb.object_id, await sb.get_tags.aio(), "running", sb)
+            )
+        return found
+
+    @classmethod
+    async def _kill_listed(cls, context: object, sandbox: RemoteSandbox) -> None:
+        """``terminate`` (a no-op on Modal's side if it already finished)."""
+        await sandbox.handle.terminate.aio()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -284,139 +307,14 @@ class ModalSandbox(Sandbox):
 
     # ----------------------------------------------------------------- commands
 
-    async def _run(self, run: RunRequest) -> RunOutput:
-        """Run ``command`` with ``Sandbox.exec`` under :mod:`sandlot.sandboxes.remote_shell`'s
-        wrapper (see :meth:`Transport._run`).
-
-        stdout and stderr are read concurrently. At ``timeout`` (or on cancellation) every
-        process of the command is killed (SIGTERM, ``stop_grace_s``, SIGKILL) by a second exec;
-        Modal's own exec timeout is set ``30 s`` later as a backstop. ``timeout=None`` still
-        ends 30 s after the sandbox's lifetime (``spec.timeout_s``) with ``SandboxDeadError``:
-        a worker that died without ending the output stream must not hang the caller.
-
-        Raises:
-            SandboxDeadError: the sandbox finished (terminated, lifetime over, crashed).
-            SandboxError: Modal failed, the output stream included; ``retryable`` for transient
-                faults. Never an ``ExceptionGroup``.
-        """
-        marker = uuid.uuid4().hex
-        argv = remote_shell.exec_argv(await self._fit_argv(run.command, marker), run.cwd)
-        env = {**run.env, remote_shell.EXEC_MARKER_ENV: marker}
-        timeout, out = run.timeout, CappedOutput(self.options.max_output_bytes)
+    async def _spawn(self, argv: list[str], env: dict[str, str], timeout: float | None) -> Any:
+        """``Sandbox.exec``; Modal's own exec timeout is set 30 s after ``timeout`` (plus
+        ``stop_grace_s``), a backstop behind ours in case this process dies mid-command."""
         backstop = None
         if timeout is not None:
             backstop = math.ceil(timeout + self.options.stop_grace_s) + _BACKSTOP_MARGIN_S
-        limit = timeout
-        if limit is None:
-            limit = max(0.0, self._ends_at - time.monotonic()) + _LIFETIME_MARGIN_S
-        launched = False
-
-        async def body() -> int:
-            nonlocal launched
-            proc = await self._call("exec", self._exec, argv, backstop, env)
-            launched = True
-            return await self._drive(proc, run.stdin, out)
-
-        async def stop() -> None:
-            if launched:
-                await self._kill(marker)
-
-        code = await self._bounded(limit, body, stop)
-        if code is None and timeout is None:
-            raise await self._gone() or SandboxDeadError(
-                f"sandbox {self.id} ({self.backend_id}): a command without a timeout outlived "
-                f"the sandbox's lifetime ({self.spec.timeout_s:g} s) by {_LIFETIME_MARGIN_S:g} s"
-            )
-        if code is not None and (code == _MODAL_EXEC_TIMEOUT_CODE or code >= 128):
-            dead = await self._gone()
-            if dead is not None:
-                raise dead
-        return RunOutput.of(None if code == _MODAL_EXEC_TIMEOUT_CODE else code, out)
-
-    async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
-        """A session whose ``bash`` is an exec with open stdin (:class:`ModalChannel`)."""
-        cwd = posixpath.join(self.spec.workdir, config.cwd or "")
-
-        async def open_channel() -> ModalChannel:
-            self._check_usable()
-            return await self._call(
-                "starting a shell", lambda: ModalChannel.start(self._sb, cwd=cwd, run=self.exec)
-            )
-
-        return ChannelSession(name, config, open_channel, self.is_alive)
-
-    async def _fit_argv(self, command: str, marker: str) -> str:
-        """``command``, or, when it is too long for Modal's 64 KiB argv limit
-        (``ARG_MAX_BYTES`` in ``modal/sandbox/_common.py``), a short command that sources it from
-        a file written through the filesystem API (and removes the file)."""
-        if len(command.encode()) <= _ARGV_COMMAND_BYTES:
-            return command
-        path = f"/tmp/sandlot-cmd-{marker}"
-        await self._put_bytes(path, command.encode())
-        quoted = shlex.quote(path)
-        # Opened, unlinked, then sourced: nothing is left behind whatever the command does.
-        return f"exec 9<{quoted} && rm -f -- {quoted} && . /dev/fd/9"
-
-    async def _exec(
-        self, argv: list[str], backstop: int | None = None, env: dict[str, str] | None = None
-    ) -> Any:
-        return await self._sb.exec.aio(*argv, timeout=backstop, env=env, text=False)
-
-    async def _drive(self, proc: Any, stdin: bytes | None, out: CappedOutput) -> int:
-        """Feed ``stdin`` (then EOF), read stdout and stderr to their ends concurrently into
-        ``out``, and wait; the exit status.
-
-        Raises:
-            SandboxDeadError / SandboxError: a call or a stream failed (a dead sandbox first,
-                else the first failure; raised as such, not inside an ``ExceptionGroup``).
-        """
-        await self._call("exec stdin", self._feed, proc, stdin)
-        failures: list[SandboxError] = []
-
-        async def read(what: str, stream: Any, buf: CappedBuffer) -> None:
-            try:
-                await self._call(what, self._pump, stream, buf)
-            except SandboxError as exc:
-                failures.append(exc)
-                tg.cancel_scope.cancel()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read, "exec stdout", proc.stdout, out.stdout)
-            tg.start_soon(read, "exec stderr", proc.stderr, out.stderr)
-        if failures:
-            raise next((e for e in failures if isinstance(e, SandboxDeadError)), failures[0])
-        return int(await self._call("exec wait", proc.wait.aio))
-
-    @staticmethod
-    async def _feed(proc: Any, data: bytes | None) -> None:
-        view = memoryview(data or b"")
-        for start in range(0, len(view), _STDIN_CHUNK):
-            proc.stdin.write(view[start : start + _STDIN_CHUNK])
-            await proc.stdin.drain.aio()
-        proc.stdin.write_eof()
-        await proc.stdin.drain.aio()
-
-    @staticmethod
-    async def _pump(stream: Any, buf: CappedBuffer) -> None:
-        async for chunk in stream:
-            buf.feed(chunk if isinstance(chunk, bytes) else chunk.encode())
-
-    async def _run_quiet(self, argv: list[str]) -> int:
-        """Run ``argv`` to completion, output discarded; its exit status."""
-        return await self._drive(await self._call("exec", self._exec, argv), None, CappedOutput(0))
-
-    async def _kill(self, marker: str) -> None:
-        """Kill the processes carrying ``marker`` (SIGTERM, ``stop_grace_s``, SIGKILL) with a
-        second exec, within 15 s more; a failure is logged, not raised."""
-        grace = self.options.stop_grace_s
-        with anyio.move_on_after(grace + _KILL_BUDGET_S):
-            try:
-                await self._run_quiet(remote_shell.kill_argv(marker, grace))
-                return
-            except SandboxError as exc:
-                log.warning("sandbox %s: could not kill exec %s: %s", self.id, marker, exc)
-                return
-        log.warning("sandbox %s: exec %s may still be running", self.id, marker)
+        proc = await self._sb.exec.aio(*argv, timeout=backstop, env=env or None, text=False)
+        return _ModalProcess(proc)
 
     # ----------------------------------------------------------------- files
 
@@ -429,3 +327,21 @@ class ModalSandbox(Sandbox):
         """``Sandbox.filesystem.write_bytes``, which creates the parents."""
         write = self._sb.filesystem.write_bytes.aio
         await self._call(f"write_file {path}", write, data, path, control=True)
+
+
+class _ModalProcess:
+    """A ``ContainerProcess`` as a :class:`~sandlot.sandboxes.streamed_exec.Process`."""
+
+    def __init__(self, proc: Any) -> None:
+        self._proc, self.stdout, self.stderr = proc, proc.stdout, proc.stderr
+
+    async def send(self, data: bytes) -> None:
+        self._proc.stdin.write(data)
+        await self._proc.stdin.drain.aio()
+
+    async def send_eof(self) -> None:
+        self._proc.stdin.write_eof()
+        await self._proc.stdin.drain.aio()
+
+    async def wait(self) -> int:
+        return int(await self._proc.wait.aio())

@@ -38,8 +38,6 @@ import ast
 import functools
 import json
 import math
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -49,6 +47,7 @@ import anyio
 from sandlot._optional import require
 from sandlot.errors import SandboxError, SandboxStartError
 from sandlot.sandboxes.backoff import retry
+from sandlot.sandboxes.pacer import Pacer
 from sandlot.sandboxes.vefaas.config import Credentials
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
@@ -113,28 +112,7 @@ class ControlPlaneError(SandboxError):
         return self.status == 404 or "notfound" in self.code.lower().replace(".", "")
 
 
-class _Pacer:
-    """Spaces the status reads of the whole process ``interval_s`` apart, first come first go.
-
-    Each caller reserves the next free instant under a thread lock and sleeps until it, so the
-    pacer serves every event loop and thread of the process (Ray workers may run several).
-    """
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self._next = 0.0
-        self._lock = threading.Lock()
-
-    async def wait(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            at = max(now, self._next)
-            self._next = at + self.interval_s
-        if at > now:
-            await anyio.sleep(at - now)
-
-
-STATUS_PACER = _Pacer(_STATUS_READ_INTERVAL_S)
+STATUS_PACER = Pacer(_STATUS_READ_INTERVAL_S)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
-"""The command a veFaaS instance starts with: prepare the workdir, then become a SWE-ReX server.
+"""The command an instance starts with: prepare the workdir, then become a SWE-ReX server.
 
-It must ``exec`` the server so that the server is PID 1 and receives the SIGTERM of
-``KillSandbox``: a server started under ``curl ... | bash`` or any wrapper that stays alive keeps
-the sandbox in ``Terminating`` until the platform's grace period ends (uni-agent PR #94).
+For the backends whose data plane is a SWE-ReX server (:mod:`sandlot.sandboxes.swerex_plane`).
+It must ``exec`` the server so that the server is PID 1 and receives the platform's SIGTERM
+(veFaaS's ``KillSandbox``): a server started under ``curl ... | bash`` or any wrapper that stays
+alive keeps the sandbox in ``Terminating`` until the platform's grace period ends (uni-agent
+PR #94).
 
 How the server gets there, first match wins:
 
-1. ``swerex_python`` (option): a pre-staged interpreter with swe-rex (``{python} -m
+1. ``swerex_python`` (``SwerexPlaneOptions``): a pre-staged interpreter with swe-rex (``{python} -m
    swerex.server``); nothing is installed;
 2. the image's ``swerex-remote``, or ``python3`` that imports ``swerex.server``;
 3. ``pip install swe-rex==1.4.0`` into ``python3``: from ``swerex_find_links`` (a wheelhouse
@@ -14,7 +16,7 @@ How the server gets there, first match wins:
 
 Sandlot cannot upload the wheels itself: the data plane *is* the SWE-ReX server, which does not
 run yet, and the control plane carries no files (see ``docs/cloud-backends.md``).
-The port is ``$SANDLOT_SWEREX_PORT`` when the platform sets it, else ``VefaasOptions.port``.
+The port is ``$SANDLOT_SWEREX_PORT`` when the platform sets it, else ``SwerexPlaneOptions.port``.
 The token goes as ``--auth-token=TOKEN``: a random token may begin with ``-``, which argparse
 would take for an option after a separate ``--auth-token``.
 """
@@ -58,8 +60,8 @@ def bootstrap_command(
         workdir: the sandbox's working directory.
         port: the server's port when the platform sets no ``SANDLOT_SWEREX_PORT``.
         token: the server's API key.
-        python: ``VefaasOptions.swerex_python`` (``""`` when unset).
-        find_links: ``VefaasOptions.swerex_find_links`` (``""`` when unset).
+        python: ``SwerexPlaneOptions.swerex_python`` (``""`` when unset).
+        find_links: ``SwerexPlaneOptions.swerex_find_links`` (``""`` when unset).
     """
     return (template or DEFAULT_BOOTSTRAP).format(
         workdir=shlex.quote(workdir),
