@@ -70,10 +70,10 @@ def listed() -> list[dict[str, object]]:
 async def test_an_unanswered_terminate_is_logged_counted_listed_and_collected_by_gc(
     fake: FakeModal, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sb = FakeModalSandbox(
-        SandboxSpec(image="python:3.12"), ModalOptions(app_name="rl", control_timeout_s=0.05)
-    )
+    sb = FakeModalSandbox(SandboxSpec(image="python:3.12"), ModalOptions(app_name="rl"))
     await sb.start()
+    # Cut only the unanswered terminates short: a loaded machine must not trip the start.
+    sb.options = sb.options.model_copy(update={"control_timeout_s": 0.05})
     modal_id = sb.backend_id
     before = leaks.leaked_sandboxes("modal")
     fake.unanswered.add("Sandbox.terminate")

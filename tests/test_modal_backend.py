@@ -225,14 +225,21 @@ async def test_terminate_failing_for_good_does_not_raise_from_close(
     assert len(fake.calls_of("Sandbox.terminate")) == 8
 
 
+def cut_control_calls(sb: FakeModalSandbox) -> None:
+    """Cut the control calls of a started ``sb`` at 0.1 s: only the calls a test leaves
+    unanswered get the short bound, so a loaded machine cannot trip its start."""
+    sb.options = sb.options.model_copy(update={"control_timeout_s": 0.1})
+
+
 async def test_a_terminate_that_never_answers_is_cut_retried_and_reported(
     fake: FakeModal, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Against an unresponsive API the SDK waits as long as its transport (155 s measured):
     each terminate is cut at control_timeout_s, close retries it within its budget, and the
     last failure is logged with the way to remove the sandbox."""
-    sb = make(control_timeout_s=0.1)
+    sb = make()
     await sb.start()
+    cut_control_calls(sb)
     fake.unanswered.add("Sandbox.terminate")
     with anyio.fail_after(30):  # 8 attempts x 0.1 s + the backoff, far below close's budget
         await sb.close()
@@ -242,7 +249,8 @@ async def test_a_terminate_that_never_answers_is_cut_retried_and_reported(
 
 
 async def test_file_calls_and_polls_that_never_answer_are_cut(fake: FakeModal) -> None:
-    async with make(control_timeout_s=0.1) as sb:
+    async with make() as sb:
+        cut_control_calls(sb)
         fake.unanswered |= {"filesystem.read_bytes", "filesystem.write_bytes", "Sandbox.poll"}
         with anyio.fail_after(30):
             with pytest.raises(SandboxError, match="did not answer") as read:
@@ -452,7 +460,8 @@ async def test_snapshot_is_a_filesystem_image_that_forks_are_created_from(fake: 
 async def test_a_snapshot_that_never_answers_is_cut_at_the_control_timeout(
     fake: FakeModal,
 ) -> None:
-    async with make(control_timeout_s=0.1) as sb:
+    async with make() as sb:
+        cut_control_calls(sb)
         fake.unanswered.add("Sandbox.snapshot_filesystem")
         with anyio.fail_after(30), pytest.raises(SandboxError, match="did not answer") as info:
             await sb.snapshot()
@@ -464,12 +473,13 @@ async def test_a_snapshot_that_never_answers_is_cut_at_the_control_timeout(
 async def test_deleting_an_image_gone_already_or_unanswered_does_not_raise(
     fake: FakeModal, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with make(control_timeout_s=0.1) as sb:
+    async with make() as sb:
         gone, stuck = await sb.snapshot(), await sb.snapshot()
     await FakeModalSandbox._delete_snapshot(str(gone.handle), gone.options)
     await gone.delete()  # removed from outside already: fine, nothing logged
     assert "failed" not in caplog.text
     fake.unanswered.add("experimental.image_delete")
+    stuck.options = stuck.options.model_copy(update={"control_timeout_s": 0.1})
     with anyio.fail_after(30):
         await stuck.delete()
     assert f"removing snapshot {stuck.handle} (modal) failed" in caplog.text
