@@ -264,6 +264,19 @@ def _join(cgroups: list[int]) -> None:
         os.close(fd)
 
 
+def _shares_user_with_host_root() -> bool:
+    """Whether our uid 0 is the host's root: ``False`` in the user namespace bwrap makes for
+    a caller who is not root, where uid 0 is that caller outside."""
+    with open("/proc/self/uid_map") as f:
+        return any(line.split()[:2] == ["0", "0"] for line in f)
+
+
+# RLIMIT_NPROC counts the processes of a uid per user namespace (Linux 5.14, ucounts), and
+# holds for every uid but the host's root: where uid 0 is someone else, every sandbox of this
+# zygote would share one count, so each gets a user namespace of its own (see _map_user).
+_OWN_USER_NAMESPACE = not _shares_user_with_host_root()
+
+
 def _serve_sandbox(
     name: str, workdir: str, overlay: bool, kept: list[str], cgroups: list[int]
 ) -> None:
@@ -284,6 +297,8 @@ def _serve_sandbox(
         _check(_libc.umount2(f"{KEEP}/{i}".encode(), _MNT_DETACH), f"umount {KEEP}/{i}")
     _check(_libc.umount2(SANDBOXES.encode(), _MNT_DETACH), f"umount {SANDBOXES}")
     os.chdir(workdir)
+    if _OWN_USER_NAMESPACE:
+        _map_user(0, 0)
     _drop_capabilities()
     os.setsid()
 
@@ -352,8 +367,8 @@ def _serve_image(name: str, workdir: str, request: list[bytes], cgroups: list[in
     os.chdir(root)
     _check(_libc.syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", _MNT_DETACH), "umount the old root")
-    if uid:
-        _map_user(int(uid), int(gid))
+    if uid or _OWN_USER_NAMESPACE:
+        _map_user(int(uid or 0), int(gid or 0))
     os.chdir(workdir)
     _drop_capabilities()
     os.setsid()
