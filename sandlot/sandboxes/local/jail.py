@@ -27,7 +27,8 @@ binding ``/`` itself, leaves room to create new mount points such as the default
   the ``hidden_paths`` (credential stores of the host user's home) are covered by an empty
   read-only directory or ``/dev/null``, and so is the host directory holding all sandboxes
   when it would be visible;
-* new PID, IPC, UTS (and, unless the spec allows network, network) namespaces; all capabilities
+* new PID, IPC, UTS (and, unless the spec allows network, network) namespaces, and for a
+  caller who is not root a user namespace where the caller is uid 0; all capabilities
   dropped; the seccomp filter :func:`keyring_filter`; a new session (no TIOCSTI into our
   terminal); killed when ``bwrap`` dies.
 

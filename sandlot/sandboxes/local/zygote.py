@@ -61,7 +61,10 @@ Once asked, for sandbox ``name``:
    symlink :data:`LOWER` to the snapshot's workdir, the workdir is instead an overlayfs of
    that under its own ``upper``; binds back ``KEPT``, then detaches :data:`SANDBOXES` and
    ``KEEP``, so no child sees another's files;
-6. drops every capability it holds, sets no new privileges, starts a new session, and runs
+6. where the zygote's uid 0 is not the host's root (a caller who is not root: bwrap gave the
+   zygote a user namespace), enters a user namespace of its own, root in it too, so that
+   ``RLIMIT_NPROC`` counts each sandbox's processes apart rather than all of the zygote's;
+   drops every capability it holds, sets no new privileges, starts a new session, and runs
    the init.
 
 With ``IMAGES``, the zygote's own root is the host's (its interpreter runs the init's code,
@@ -71,10 +74,11 @@ under the sandbox's ``upper``, mounted on its ``rootfs`` directory; the ``/proc`
 and ``/run`` of steps 2-3 moved into it; ``tmp`` and ``home`` bound on ``/tmp`` and
 ``$HOME``; the workdir made; then ``pivot_root(2)`` into it and the old root detached, so
 the host's files, the layers and the other sandboxes are gone from the child's view. A
-non-root ``User`` then gets a user namespace of its own that maps it to root outside it (what
-``bwrap --unshare-user --uid`` does), and the bounding set is emptied again (a new user
-namespace fills it). The init's code needs nothing from the host's files after the pivot:
-its modules are loaded before the fork.
+non-root ``User`` (or, as in step 6, root for a caller who is not root) then gets a user
+namespace of its own that maps it to root outside it (what ``bwrap --unshare-user --uid``
+does), and the bounding set is emptied again (a new user namespace fills it). The init's
+code needs nothing from the host's files after the pivot: its modules are loaded before the
+fork.
 """
 
 import _socket
