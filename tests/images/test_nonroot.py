@@ -78,9 +78,13 @@ def _reachable(paths: list[Path], views: Path) -> list[str]:
         view.mkdir(mode=0o755)
         view.chmod(0o755)
         for child in sorted(children):
-            (view / child).mkdir() if (parent / child).is_dir() else (view / child).touch()
-            commands.append(f"mount --rbind {shlex.quote(str(parent / child))} {view / child}")
-        commands.append(f"mount --rbind {view} {shlex.quote(str(parent))}")
+            source, target = parent / child, view / child
+            if source.is_dir():
+                target.mkdir()
+            else:
+                target.touch()
+            commands.append(shlex.join(["mount", "--rbind", str(source), str(target)]))
+        commands.append(shlex.join(["mount", "--rbind", str(view), str(parent)]))
     return commands
 
 
