@@ -36,7 +36,13 @@ from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
 from sandlot.sandboxes.local.freeze import SNAPSHOT_PREFIX, UPPER, WORK, freeze, thaw
-from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, remove_tree, sandboxes_dir
+from sandlot.sandboxes.local.hostdirs import (
+    HostDirs,
+    copy_tree,
+    foreign_dir,
+    remove_tree,
+    sandboxes_dir,
+)
 from sandlot.sandboxes.local.init_client import InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
     init_interpreter,
@@ -283,6 +289,11 @@ class LocalSandbox(Sandbox):
         parent = sandboxes_dir(opts.root_dir)
         try:
             parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SandboxStartError(f"cannot create the sandboxes' directory: {exc}") from exc
+        if problem := foreign_dir(parent):
+            raise SandboxStartError(problem)
+        try:
             dirs = HostDirs(parent / self.id)
             dirs.create(spec.disk_mb)
         except OSError as exc:
