@@ -22,7 +22,8 @@ class SandboxSpec(BaseModel):
         env: environment variables set for every command.
         workdir: absolute path of the private writable working directory (the default cwd).
         cpu: CPU limit in cores, or ``None``. ``local``: a CFS quota on the sandbox's cpu
-            cgroup when the host gives us a writable one (ignored otherwise).
+            cgroup when the host gives us a writable one (otherwise not enforced: a warning is
+            logged once per process).
         memory_mb: memory limit in MiB, or ``None`` for the backend default.
         disk_mb: disk budget in MiB for everything the sandbox writes, or ``None`` for none.
             ``local``: a size-limited tmpfs holding the sandbox's writable directories (needs

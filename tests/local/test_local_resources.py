@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 from local_helpers import needs_bwrap, needs_cpu_cgroup, needs_mount, open_local
+
+from sandlot.sandboxes.local import cgroup
 
 pytestmark = pytest.mark.anyio
 
@@ -45,3 +50,21 @@ async def test_cpu_limit_caps_a_busy_loop() -> None:
 def _seconds(text: str) -> float:
     minutes, _, seconds = text.partition("m")
     return int(minutes) * 60 + float(seconds.rstrip("s"))
+
+
+@needs_bwrap
+async def test_a_cpu_limit_without_a_cpu_cgroup_is_said_not_to_hold(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def only_pids(controller: str) -> Path | None:  # as for a user without delegation
+        return None
+
+    monkeypatch.setattr(cgroup, "parent_dir", only_pids)
+    cgroup._warn_cpu_not_limited.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="sandlot.sandboxes.local"):
+        for _ in range(2):
+            async with open_local(cpu=0.5) as sb:
+                assert sb.cgroups == []
+                assert (await sb.exec("echo runs")).stdout == "runs\n"
+    said = [r.getMessage() for r in caplog.records if "spec.cpu is NOT enforced" in r.getMessage()]
+    assert len(said) == 1 and "Delegate=yes" in said[0], said

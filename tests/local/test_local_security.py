@@ -27,8 +27,9 @@ from local_helpers import (
     wait_until_some_process_has,
 )
 
-from sandlot import BackendUnavailableError, SandboxFileError
+from sandlot import BackendUnavailableError, SandboxError, SandboxFileError, SandboxStartError
 from sandlot.sandboxes.local import LocalSandbox
+from sandlot.sandboxes.local.reaper import LocalReaper
 
 pytestmark = pytest.mark.anyio
 
@@ -632,3 +633,30 @@ async def test_isolation_none_warns_once_per_sandbox(caplog: pytest.LogCaptureFi
             await sb.exec("true")
     warnings = [r for r in caplog.records if "NOTHING IS ISOLATED" in r.getMessage()]
     assert len(warnings) == 2
+
+
+@pytest.mark.parametrize("plant", ["another user's", "a symlink", "writable by all"])
+async def test_a_sandboxes_directory_planted_by_someone_else_is_refused(
+    plant: str, tmp_path: Path
+) -> None:
+    # As another user of the machine could do first at the guessable default,
+    # $TMPDIR/sandlot-local-<uid>.
+    planted = tmp_path / "sandlot-local"
+    if plant == "a symlink":
+        (tmp_path / "theirs").mkdir()
+        planted.symlink_to(tmp_path / "theirs")
+    else:
+        planted.mkdir(mode=0o700)
+        if plant == "writable by all":
+            planted.chmod(0o777)
+        elif os.geteuid() == 0:
+            os.chown(planted, 65534, 65534)
+        else:
+            pytest.skip("making a directory of another user needs root")
+    with pytest.raises(SandboxStartError, match="sandboxes' directory") as caught:
+        async with open_local(root_dir=str(planted)):
+            pass
+    assert "root_dir" in str(caught.value)
+    with pytest.raises(SandboxError, match="sandboxes' directory"):
+        await LocalReaper(str(planted)).list_sandboxes()
+    assert [p.name for p in planted.iterdir()] == []

@@ -11,7 +11,8 @@ is how ``sandlot gc --backend local`` finds those of crashed callers.
 Supported: the cgroup v1 ``pids``/``cpu`` hierarchies, or a cgroup v2 directory whose
 ``cgroup.subtree_control`` already enables the controller (a delegated subtree; one cgroup then
 carries both). Anything else, or a directory we may not write, means no cgroup for that
-controller: :meth:`Cgroup.create` returns ``None``.
+controller: :meth:`Cgroup.create` returns ``None``, and a ``spec.cpu`` that gets no cgroup is
+logged once per process as a warning (it is not enforced).
 """
 
 from __future__ import annotations
@@ -124,7 +125,22 @@ def create_cgroups(name: str, max_pids: int | None, cpus: float | None) -> list[
         cgroup = Cgroup.create(parent / name, settings)
         if cgroup is not None:
             created.append(cgroup)
+    if cpus is not None and not any(c.path.parent == cpu for c in created):
+        _warn_cpu_not_limited()
     return created
+
+
+@functools.cache
+def _warn_cpu_not_limited() -> None:
+    """Say once per process that ``spec.cpu`` is not enforced here, and what would."""
+    log.warning(
+        "spec.cpu is NOT enforced for local sandboxes in this process: no cpu cgroup we may "
+        "write here (uid %d). A user who is not root needs a delegated cgroup v2 subtree with "
+        "the cpu controller enabled in its cgroup.subtree_control (e.g. run under "
+        "`systemd-run --user --scope -p Delegate=yes`); memory_mb (RLIMIT_AS), cpu_time_s "
+        "and max_processes (RLIMIT_NPROC) hold without one.",
+        os.getuid(),
+    )
 
 
 class Cgroup:

@@ -33,6 +33,31 @@ def sandboxes_dir(configured: str | None) -> Path:
     return Path(tempfile.gettempdir()) / f"sandlot-local-{os.getuid()}"
 
 
+def foreign_dir(path: Path) -> str | None:
+    """Why the directory holding every sandbox, ``path``, cannot be trusted, or ``None``.
+
+    The default one lies in the shared temporary directory under a name anyone can guess: a
+    directory (or symlink) made there first by another user would let that user read our
+    sandboxes' files and swap them for symlinks that our own writes and removals then follow.
+    So it must be a real directory, ours, that nobody else may write to.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot inspect the sandboxes' directory {path}: {exc}"
+    fix = "remove it, or set LocalOptions.root_dir ($SANDLOT_LOCAL_ROOT) to a directory of yours"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the sandboxes' directory {path} is not a directory (a symlink?): {fix}"
+    if st.st_uid != os.geteuid():
+        return (
+            f"the sandboxes' directory {path} belongs to uid {st.st_uid}, not to you "
+            f"(uid {os.geteuid()}), who could read and replace your sandboxes' files: {fix}"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"the sandboxes' directory {path} is writable by others (mode {st.st_mode:o}): {fix}"
+    return None
+
+
 @dataclass(frozen=True)
 class HostDirs:
     """The host directories of one sandbox, all inside ``root``.

@@ -27,7 +27,8 @@ binding ``/`` itself, leaves room to create new mount points such as the default
   the ``hidden_paths`` (credential stores of the host user's home) are covered by an empty
   read-only directory or ``/dev/null``, and so is the host directory holding all sandboxes
   when it would be visible;
-* new PID, IPC, UTS (and, unless the spec allows network, network) namespaces; all capabilities
+* new PID, IPC, UTS (and, unless the spec allows network, network) namespaces, and for a
+  caller who is not root a user namespace where the caller is uid 0; all capabilities
   dropped; the seccomp filter :func:`keyring_filter`; a new session (no TIOCSTI into our
   terminal); killed when ``bwrap`` dies.
 
@@ -277,7 +278,17 @@ def jail_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
         argv += ["--bind", str(dirs.ensure(dirs.overlay)), JAIL_OVERLAY]
     mounted_before = (config.layers and not native) or config.work_layers
     prefix = overlay_argv(config, dirs) if mounted_before else []
-    return [*prefix, *argv, *_namespaces_argv(config, native), "--cap-drop", "ALL"]
+    # overlay_argv's user namespace already makes the caller root; a caller who is not root
+    # otherwise gets bwrap's own namespace, where it keeps its uid: root there, as the zygote's.
+    root_namespace = native or (not mounted_before and not caller_is_root())
+    return [*prefix, *argv, *_namespaces_argv(config, root_namespace), "--cap-drop", "ALL"]
+
+
+def caller_is_root() -> bool:
+    """Whether this process runs as real root. Otherwise bwrap (not setuid) runs every jail
+    in a user namespace of its own, where it drops every capability unless told
+    (``--cap-add``), and the jail's root is the caller outside it."""
+    return os.geteuid() == 0
 
 
 _MOUNT_SCRIPT = (
@@ -395,12 +406,13 @@ def zygote_jail(
         else:
             argv += ["--ro-bind", source, dest]
     argv += _masks_argv(config, None)
-    # A zygote of images is root in a user namespace of its own, with every capability there
-    # (bwrap drops them for a caller that is not root unless told): its children mount
-    # overlays, and its sandboxes are root in that namespace, as with their own bwrap.
-    images = config.layer_store is not None
-    argv += _namespaces_argv(config, root_namespace=images)
-    argv += ["--cap-add", "ALL"] if images else []
+    # A zygote of images, or of any jail for a caller who is not root, is root in a user
+    # namespace of its own, with every capability there (bwrap drops them for a caller that
+    # is not root unless told): its children enter namespaces and mount, and its sandboxes
+    # are root in that namespace, as with their own bwrap.
+    own_namespace = config.layer_store is not None or not caller_is_root()
+    argv += _namespaces_argv(config, root_namespace=own_namespace)
+    argv += ["--cap-add", "ALL"] if own_namespace else []
     return ZygoteJail([*argv, "--chdir", "/"], kept)
 
 

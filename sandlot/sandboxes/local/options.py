@@ -78,7 +78,9 @@ class LocalOptions(BaseModel):
         pids_cgroup: put each sandbox in its own pids cgroup when the host allows it (cgroup v1
             ``pids`` hierarchy or a cgroup v2 subtree with ``pids`` delegated, writable by us).
         root_dir: host directory holding the per-sandbox directories; ``None`` uses
-            ``$SANDLOT_LOCAL_ROOT``, else the system temporary directory.
+            ``$SANDLOT_LOCAL_ROOT``, else ``sandlot-local-<uid>`` in the system temporary
+            directory. It must be a directory of the caller's that no one else may write to
+            (else ``SandboxStartError``): another user could otherwise have made it first.
         hidden_paths: host paths replaced by an empty read-only directory (or ``/dev/null`` for a
             file) inside ``image="host"`` jails with ``host_view="full"``; a leading ``~/``
             means the invoking user's home (see :func:`home_paths`).

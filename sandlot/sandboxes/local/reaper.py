@@ -19,9 +19,16 @@ from pathlib import Path
 
 import anyio
 
+from sandlot.errors import SandboxError
 from sandlot.sandboxes.labels import RUN_ID
 from sandlot.sandboxes.local.cgroup import sandbox_cgroups
-from sandlot.sandboxes.local.hostdirs import LABELS_FILE, remove_tree, sandboxes_dir, unmount
+from sandlot.sandboxes.local.hostdirs import (
+    LABELS_FILE,
+    foreign_dir,
+    remove_tree,
+    sandboxes_dir,
+    unmount,
+)
 from sandlot.sandboxes.reaper import RemoteSandbox
 
 
@@ -83,6 +90,8 @@ class LocalReaper:
         found: list[RemoteSandbox] = []
         if not self.root.is_dir():
             return found
+        if problem := foreign_dir(self.root):
+            raise SandboxError(f"sandlot gc --backend local: {problem}")
         for entry in sorted(self.root.iterdir()):
             if not entry.is_dir() or not entry.name.startswith("sandlot-"):
                 continue

@@ -36,7 +36,13 @@ from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import sandbox_labels
 from sandlot.sandboxes.local.cgroup import Cgroup, create_cgroups
 from sandlot.sandboxes.local.freeze import SNAPSHOT_PREFIX, UPPER, WORK, freeze, thaw
-from sandlot.sandboxes.local.hostdirs import HostDirs, copy_tree, remove_tree, sandboxes_dir
+from sandlot.sandboxes.local.hostdirs import (
+    HostDirs,
+    copy_tree,
+    foreign_dir,
+    remove_tree,
+    sandboxes_dir,
+)
 from sandlot.sandboxes.local.init_client import InitProcess, SpawnFailed
 from sandlot.sandboxes.local.interpreter import (
     init_interpreter,
@@ -154,14 +160,17 @@ class LocalSandbox(Sandbox):
     ``RLIMIT_AS`` (``memory_mb``: virtual address space per process, not total memory;
     runtimes that reserve large address ranges such as the JVM or Go need headroom) and
     ``RLIMIT_NPROC`` (``max_processes``), soft and hard so commands cannot raise them. The
-    kernel does not enforce ``RLIMIT_NPROC`` for real root, and for other users it counts all
-    their processes on the host. The process cap that does hold, also for root, is the
-    sandbox's pids cgroup (``pids.max = max_processes``), which the init joins first, created
-    when the host has a writable pids cgroup (``pids_cgroup``). ``spec.cpu`` becomes a CFS
-    quota of that many cores on the sandbox's cpu cgroup when the host gives us a writable one
-    (ignored otherwise). ``spec.disk_mb`` makes the sandbox's host directory (workdir, ``/tmp``,
-    ``$HOME``, pip overlay) a tmpfs of that size, which needs root or CAP_SYS_ADMIN (the start
-    fails otherwise); without it, disk use is bounded only per file (``max_file_size_mb``).
+    kernel does not enforce ``RLIMIT_NPROC`` for real root; for a caller who is not root,
+    every sandbox is a user namespace of its own, in which (Linux 5.14 and later) it counts
+    the sandbox's processes (older kernels count all the caller's processes on the host). The
+    process cap that holds also for root is the sandbox's pids cgroup (``pids.max =
+    max_processes``), which the init joins first, created when the host has a writable pids
+    cgroup (``pids_cgroup``). ``spec.cpu`` becomes a CFS quota of that many cores on the
+    sandbox's cpu cgroup when the host gives us a writable one (otherwise it is not enforced,
+    which a warning says once per process). ``spec.disk_mb`` makes the sandbox's host
+    directory (workdir, ``/tmp``, ``$HOME``, pip overlay) a tmpfs of that size, which needs
+    root or CAP_SYS_ADMIN (the start fails otherwise); without it, disk use is bounded only
+    per file (``max_file_size_mb``).
     ``spec.timeout_s`` is the sandbox's lifetime: commands are cut at it and the sandbox then
     raises ``SandboxDeadError``. A caller killed with ``kill -9`` leaves the sandbox's
     directory and cgroups (the jail dies with it): ``sandlot gc --backend local`` removes them
@@ -280,6 +289,11 @@ class LocalSandbox(Sandbox):
         parent = sandboxes_dir(opts.root_dir)
         try:
             parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SandboxStartError(f"cannot create the sandboxes' directory: {exc}") from exc
+        if problem := foreign_dir(parent):
+            raise SandboxStartError(problem)
+        try:
             dirs = HostDirs(parent / self.id)
             dirs.create(spec.disk_mb)
         except OSError as exc:

@@ -61,7 +61,10 @@ Once asked, for sandbox ``name``:
    symlink :data:`LOWER` to the snapshot's workdir, the workdir is instead an overlayfs of
    that under its own ``upper``; binds back ``KEPT``, then detaches :data:`SANDBOXES` and
    ``KEEP``, so no child sees another's files;
-6. drops every capability it holds, sets no new privileges, starts a new session, and runs
+6. where the zygote's uid 0 is not the host's root (a caller who is not root: bwrap gave the
+   zygote a user namespace), enters a user namespace of its own, root in it too, so that
+   ``RLIMIT_NPROC`` counts each sandbox's processes apart rather than all of the zygote's;
+   drops every capability it holds, sets no new privileges, starts a new session, and runs
    the init.
 
 With ``IMAGES``, the zygote's own root is the host's (its interpreter runs the init's code,
@@ -71,10 +74,11 @@ under the sandbox's ``upper``, mounted on its ``rootfs`` directory; the ``/proc`
 and ``/run`` of steps 2-3 moved into it; ``tmp`` and ``home`` bound on ``/tmp`` and
 ``$HOME``; the workdir made; then ``pivot_root(2)`` into it and the old root detached, so
 the host's files, the layers and the other sandboxes are gone from the child's view. A
-non-root ``User`` then gets a user namespace of its own that maps it to root outside it (what
-``bwrap --unshare-user --uid`` does), and the bounding set is emptied again (a new user
-namespace fills it). The init's code needs nothing from the host's files after the pivot:
-its modules are loaded before the fork.
+non-root ``User`` (or, as in step 6, root for a caller who is not root) then gets a user
+namespace of its own that maps it to root outside it (what ``bwrap --unshare-user --uid``
+does), and the bounding set is emptied again (a new user namespace fills it). The init's
+code needs nothing from the host's files after the pivot: its modules are loaded before the
+fork.
 """
 
 import _socket
@@ -264,6 +268,19 @@ def _join(cgroups: list[int]) -> None:
         os.close(fd)
 
 
+def _shares_user_with_host_root() -> bool:
+    """Whether our uid 0 is the host's root: ``False`` in the user namespace bwrap makes for
+    a caller who is not root, where uid 0 is that caller outside."""
+    with open("/proc/self/uid_map") as f:
+        return any(line.split()[:2] == ["0", "0"] for line in f)
+
+
+# RLIMIT_NPROC counts the processes of a uid per user namespace (Linux 5.14, ucounts), and
+# holds for every uid but the host's root: where uid 0 is someone else, every sandbox of this
+# zygote would share one count, so each gets a user namespace of its own (see _map_user).
+_OWN_USER_NAMESPACE = not _shares_user_with_host_root()
+
+
 def _serve_sandbox(
     name: str, workdir: str, overlay: bool, kept: list[str], cgroups: list[int]
 ) -> None:
@@ -284,6 +301,8 @@ def _serve_sandbox(
         _check(_libc.umount2(f"{KEEP}/{i}".encode(), _MNT_DETACH), f"umount {KEEP}/{i}")
     _check(_libc.umount2(SANDBOXES.encode(), _MNT_DETACH), f"umount {SANDBOXES}")
     os.chdir(workdir)
+    if _OWN_USER_NAMESPACE:
+        _map_user(0, 0)
     _drop_capabilities()
     os.setsid()
 
@@ -352,8 +371,8 @@ def _serve_image(name: str, workdir: str, request: list[bytes], cgroups: list[in
     os.chdir(root)
     _check(_libc.syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", _MNT_DETACH), "umount the old root")
-    if uid:
-        _map_user(int(uid), int(gid))
+    if uid or _OWN_USER_NAMESPACE:
+        _map_user(int(uid or 0), int(gid or 0))
     os.chdir(workdir)
     _drop_capabilities()
     os.setsid()
