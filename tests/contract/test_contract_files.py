@@ -33,8 +33,8 @@ async def test_every_byte_value_round_trips(sandbox: Sandbox) -> None:
 
 async def test_megabytes_round_trip(sandbox: Sandbox) -> None:
     data = os.urandom(3 * 1024 * 1024 + 17)
-    await sandbox.write_file("/tmp/big.bin", data)
-    assert await sandbox.read_file("/tmp/big.bin") == data
+    await sandbox.write_file(_in_workdir(sandbox, "big.bin"), data)
+    assert await sandbox.read_file(_in_workdir(sandbox, "big.bin")) == data
 
 
 async def test_write_creates_parents_and_overwrites(sandbox: Sandbox) -> None:
@@ -209,13 +209,14 @@ async def test_downloading_a_link_gives_what_it_leads_to_in_the_sandbox(
 
 async def test_read_file_is_capped(sandbox: Sandbox) -> None:
     # Sparse: 65 MiB that take no disk in the sandbox, above the 64 MiB default cap.
-    r = await sandbox.exec("truncate -s 65M /tmp/bomb && printf 0123456789 > /tmp/ten")
+    bomb, ten = _in_workdir(sandbox, "bomb"), _in_workdir(sandbox, "ten")
+    r = await sandbox.exec("truncate -s 65M bomb && printf 0123456789 > ten")  # in the workdir
     assert r.ok, r.stderr
     with pytest.raises(DownloadLimitError, match="max_bytes"):
-        await sandbox.read_file("/tmp/bomb")
-    with pytest.raises(DownloadLimitError, match="/tmp/ten"):
-        await sandbox.read_file("/tmp/ten", max_bytes=9)
-    assert await sandbox.read_file("/tmp/ten", max_bytes=10) == b"0123456789"
+        await sandbox.read_file(bomb)
+    with pytest.raises(DownloadLimitError, match=ten):
+        await sandbox.read_file(ten, max_bytes=9)
+    assert await sandbox.read_file(ten, max_bytes=10) == b"0123456789"
 
 
 async def test_download_refuses_sparse_bombs_before_writing(
