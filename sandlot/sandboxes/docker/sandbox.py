@@ -8,6 +8,7 @@ only when a sandbox starts.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import posixpath
@@ -33,7 +34,7 @@ from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import file_archive, read_single_file
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedOutput
-from sandlot.sandboxes.docker.commit import commit, remove
+from sandlot.sandboxes.docker.commit import commit, force_remove, list_snapshots, remove
 from sandlot.sandboxes.docker.docker_channel import DockerChannel
 from sandlot.sandboxes.docker.engine import (
     api_error,
@@ -46,7 +47,8 @@ from sandlot.sandboxes.docker.engine import (
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
 from sandlot.sandboxes.docker.stream import Attached, pump
-from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
+from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.transport import Reader, RunOutput, RunRequest, TreeCaps
 
@@ -106,7 +108,6 @@ class DockerSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "docker"
-    reaper: ClassVar[str | None] = "sandlot.sandboxes.docker.reaper:DockerReaper"
     enforces_disk_mb: ClassVar[bool] = True
     supports_snapshot: ClassVar[bool] = True  # a committed image (docker/commit.py)
     Options: ClassVar[type[DockerOptions]] = DockerOptions
@@ -124,6 +125,39 @@ class DockerSandbox(Sandbox):
         return self._container_id
 
     backend_id = container_id  # the id leak reports and `sandlot gc --leaked` match
+
+    # ----------------------------------------------------------------- sandlot gc
+
+    @classmethod
+    def _reaper_context(cls, options: DockerOptions) -> APIClient:
+        """The engine's client (SDK 7.1 ``APIClient``: ``containers(all=True, filters=)``,
+        ``remove_container(force=True, v=True)``, ``images``, ``remove_image(force=True)``,
+        https://docker-py.readthedocs.io/en/7.1.0/api.html).
+
+        Raises:
+            BackendUnavailableError: the ``docker`` SDK is not installed.
+            EngineUnreachableError: the engine does not answer.
+        """
+        return get_client(options.base_url).api
+
+    @classmethod
+    async def _list_labelled(cls, context: APIClient, run_id: str | None) -> list[RemoteSandbox]:
+        """Containers (running or not) labelled ``sandlot.run_id`` (= ``run_id`` if given),
+        then snapshot images (state ``"snapshot"``)."""
+        label = f"{RUN_ID}={run_id}" if run_id else RUN_ID
+        rows = await run_blocking(lambda: context.containers(all=True, filters={"label": label}))
+        images = await run_blocking(list_snapshots, context, run_id)
+        return [
+            RemoteSandbox("docker", row["Id"], row.get("Labels") or {}, row.get("State", ""))
+            for row in rows
+        ] + [RemoteSandbox("docker", i["Id"], i.get("Labels") or {}, "snapshot") for i in images]
+
+    @classmethod
+    async def _kill_listed(cls, context: APIClient, sandbox: RemoteSandbox) -> None:
+        """Force-remove the container and its anonymous volumes, or the snapshot image (and the
+        containers using it); gone already is fine."""
+        remover = force_remove if sandbox.state == "snapshot" else _remove_container
+        await run_blocking(remover, context, sandbox.id)
 
     # ----------------------------------------------------------------- engine calls
 
@@ -309,13 +343,7 @@ class DockerSandbox(Sandbox):
 
     async def _close(self) -> None:
         if self._api is not None and self._container_id is not None:
-            await run_blocking(self._remove)
-
-    def _remove(self) -> None:
-        try:
-            self._client.remove_container(self._container_id, force=True, v=True)
-        except sdk().errors.NotFound:
-            pass  # removed from outside already
+            await run_blocking(_remove_container, self._api, self._container_id)
 
     # ----------------------------------------------------------------- commands
 
@@ -528,6 +556,12 @@ class DockerSandbox(Sandbox):
                 put_archive(self._client, self._cid, parent, archive)
 
         await self._call(what, put, path=target)
+
+
+def _remove_container(api: APIClient, container: str) -> None:
+    """Force-remove ``container`` and its anonymous volumes; removed already is fine."""
+    with contextlib.suppress(sdk().errors.NotFound):
+        api.remove_container(container, force=True, v=True)
 
 
 def put_archive(api: APIClient, container: str, path: str, data: IO[bytes]) -> None:
