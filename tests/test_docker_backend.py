@@ -37,7 +37,7 @@ from sandlot.errors import (
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
-from sandlot.sandboxes.docker.stream import Attached, AttachedProcess
+from sandlot.sandboxes.docker.stream import AttachedProcess
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.status_tail import StatusTail
 from sandlot.sandboxes.streamed_exec import _feed, _pump
@@ -158,7 +158,7 @@ async def _pump_canned(stream: bytes, secret: bytes = b"s3cret") -> tuple[int | 
     response = SimpleNamespace(raw=SimpleNamespace(_fp=SimpleNamespace(fp=reader)))
     reader.raw._response = response  # type: ignore[attr-defined]
     out = CappedOutput(cap=16)
-    proc = AttachedProcess(Attached(reader.raw), _no_inspect)
+    proc = AttachedProcess(reader.raw, _no_inspect)
     tail = StatusTail(out.stdout, secret)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:

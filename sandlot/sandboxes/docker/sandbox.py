@@ -40,7 +40,7 @@ from sandlot.sandboxes.docker.engine import (
     unreachable,
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
-from sandlot.sandboxes.docker.stream import Attached, AttachedProcess
+from sandlot.sandboxes.docker.stream import AttachedProcess
 from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
 from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.spec import SandboxSpec
@@ -342,13 +342,13 @@ class DockerSandbox(StreamedExec):
         exec (docs/docker.md). ``timeout``: the engine has no backstop of its own; PID 1 ends
         every process at the sandbox's lifetime."""
 
-        def start() -> tuple[str, Attached]:
+        def start() -> Process:
             api = self._client
             exec_id = str(api.exec_create(self._cid, argv, stdin=True, environment=env)["Id"])
-            return exec_id, Attached(api.exec_start(exec_id, socket=True))
+            status = functools.partial(self._inspect_exec, exec_id)
+            return AttachedProcess(api.exec_start(exec_id, socket=True), status)
 
-        exec_id, attached = await run_blocking(start)
-        return AttachedProcess(attached, functools.partial(self._inspect_exec, exec_id))
+        return await run_blocking(start)
 
     async def _inspect_exec(self, exec_id: str) -> dict[str, Any]:
         """``exec_inspect``; ``{}`` once the engine forgot the exec (Podman,

@@ -29,14 +29,17 @@ _STDOUT, _STDERR = 1, 2
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
-class Attached:
-    """What ``exec_start(socket=True)`` returned (read by nobody else), made non-blocking.
+class AttachedProcess:
+    """An exec as a ``Process``: what ``exec_start(socket=True)`` returned (read by nobody
+    else), made non-blocking and demultiplexed into ``stdout`` and ``stderr``.
 
     docker 7.1 returns a ``socket.SocketIO`` for unix:// and tcp:// and the ``SSLSocket`` itself
-    for TLS.
+    for TLS. ``stdout`` reads the connection and hands stderr pieces on to ``stderr`` (which
+    ends with it). ``inspect`` is the engine's ``exec_inspect`` (``{}`` once it forgot the
+    exec); ``wait`` raises ``LookupError`` while the exec runs or when the engine has no status.
     """
 
-    def __init__(self, attached: Any) -> None:
+    def __init__(self, attached: Any, inspect: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         # SocketIO keeps its socket private; the SDK's own examples reach it the same way.
         sock = attached._sock if isinstance(attached, socket.SocketIO) else attached  # type: ignore[attr-defined]
         if not isinstance(sock, socket.socket):
@@ -48,19 +51,41 @@ class Attached:
         self._stream = 0  # stream id of the current frame
         self._due = 0  # its payload bytes not yet received
         self._eof = False
+        self._inspect = inspect
+        self._stderr: asyncio.Queue[bytes] = asyncio.Queue()
+        self.stdout: AsyncIterable[bytes | str] = self._read()
+        self.stderr: AsyncIterable[bytes | str] = self._errors()
 
-    async def send(self, data: bytes, *, end: bool = False) -> None:
-        """Write ``data`` to the command's stdin; ``end`` closes stdin after it."""
+    async def send(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin."""
         view = memoryview(data)
         while view:
             try:
                 view = view[self._sock.send(view[:_SEND_BYTES]) :]
             except _WOULD_BLOCK:
                 await anyio.wait_writable(self._sock)
-        if end:
-            self._sock.shutdown(socket.SHUT_WR)
 
-    async def receive(self) -> list[tuple[int, bytes]]:
+    async def send_eof(self) -> None:
+        """Close stdin: a write half-close."""
+        self._sock.shutdown(socket.SHUT_WR)
+
+    async def _read(self) -> AsyncIterator[bytes]:
+        try:
+            while pieces := await self._receive():
+                for stream, data in pieces:
+                    if stream == _STDERR:
+                        self._stderr.put_nowait(data)
+                    elif stream == _STDOUT:
+                        yield data
+        finally:
+            self._stderr.put_nowait(b"")
+
+    async def _errors(self) -> AsyncIterator[bytes]:
+        while data := await self._stderr.get():
+            yield data
+        self._stderr.put_nowait(b"")  # stays ended
+
+    async def _receive(self) -> list[tuple[int, bytes]]:
         """The next payload pieces as ``(stream id, bytes)``, at least one; ``[]`` at the end."""
         while True:
             pieces = self._parse()
@@ -91,6 +116,15 @@ class Attached:
                 break
         return pieces
 
+    async def running(self) -> bool:
+        return bool((await self._inspect()).get("Running"))
+
+    async def wait(self) -> int:
+        info = await self._inspect()
+        if info.get("Running") or info.get("ExitCode") is None:
+            raise LookupError("the engine has no exit status for this exec")
+        return int(info["ExitCode"])
+
     def close(self) -> None:
         """Drop the connection (idempotent)."""
         self._attached.close()
@@ -112,55 +146,3 @@ def _read_ahead(attached: Any) -> bytes:
     reader = response.raw._fp.fp
     buffered: bytes = reader.peek()
     return reader.read(len(buffered)) if buffered else b""
-
-
-class AttachedProcess:
-    """An exec as a ``Process``: its connection demultiplexed into ``stdout`` and ``stderr``.
-
-    ``stdout`` reads the connection and hands stderr pieces on to ``stderr`` (which ends with
-    it). ``inspect`` is the engine's ``exec_inspect`` (``{}`` once it forgot the exec); ``wait``
-    raises ``LookupError`` while the exec runs or when the engine has no status.
-    """
-
-    def __init__(
-        self, attached: Attached, inspect: Callable[[], Awaitable[dict[str, Any]]]
-    ) -> None:
-        self.attached = attached
-        self._inspect = inspect
-        self._stderr: asyncio.Queue[bytes] = asyncio.Queue()
-        self.stdout: AsyncIterable[bytes | str] = self._read()
-        self.stderr: AsyncIterable[bytes | str] = self._errors()
-
-    async def _read(self) -> AsyncIterator[bytes]:
-        try:
-            while pieces := await self.attached.receive():
-                for stream, data in pieces:
-                    if stream == _STDERR:
-                        self._stderr.put_nowait(data)
-                    elif stream == _STDOUT:
-                        yield data
-        finally:
-            self._stderr.put_nowait(b"")
-
-    async def _errors(self) -> AsyncIterator[bytes]:
-        while data := await self._stderr.get():
-            yield data
-        self._stderr.put_nowait(b"")  # stays ended
-
-    async def send(self, data: bytes) -> None:
-        await self.attached.send(data)
-
-    async def send_eof(self) -> None:
-        await self.attached.send(b"", end=True)
-
-    async def running(self) -> bool:
-        return bool((await self._inspect()).get("Running"))
-
-    async def wait(self) -> int:
-        info = await self._inspect()
-        if info.get("Running") or info.get("ExitCode") is None:
-            raise LookupError("the engine has no exit status for this exec")
-        return int(info["ExitCode"])
-
-    def close(self) -> None:
-        self.attached.close()
