@@ -1,7 +1,8 @@
 """Commands and shell sessions over an attached exec: a process with stdin and output streams.
 
 A platform whose exec starts a process and hands back its streams (Modal's
-``ContainerProcess``; an SSH channel or a Kubernetes exec are the same shape) needs only
+``ContainerProcess``, docker's hijacked exec connection; an SSH channel or a Kubernetes exec
+are the same shape) needs only
 :meth:`StreamedExec._spawn`, returning a :class:`Process`. :class:`StreamedExec` builds ``_run``
 on it (the :mod:`sandlot.sandboxes.remote_shell` wrapper and exec marker, stdin in drained
 pieces, both streams read concurrently into the caps, the process-tree kill by a second exec)
