@@ -37,8 +37,10 @@ from sandlot.errors import (
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
-from sandlot.sandboxes.docker.stream import Attached, pump
+from sandlot.sandboxes.docker.stream import AttachedProcess
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.status_tail import StatusTail
+from sandlot.sandboxes.streamed_exec import _feed, _pump
 
 MiB = 1024 * 1024
 # Generous: the machine has two cores shared with other test runs.
@@ -145,7 +147,8 @@ def _frame(stream: int, payload: bytes) -> bytes:
 
 
 async def _pump_canned(stream: bytes, secret: bytes = b"s3cret") -> tuple[int | None, CappedOutput]:
-    """Run ``pump`` on ``stream`` as an engine would send it right behind the HTTP headers."""
+    """Demultiplex ``stream`` as an engine would send it right behind the HTTP headers, with
+    the in-band status line read as ``StreamedExec`` reads it."""
     ours, engine_side = socket.socketpair()
     engine_side.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + stream)
     engine_side.shutdown(socket.SHUT_WR)
@@ -155,13 +158,24 @@ async def _pump_canned(stream: bytes, secret: bytes = b"s3cret") -> tuple[int | 
     response = SimpleNamespace(raw=SimpleNamespace(_fp=SimpleNamespace(fp=reader)))
     reader.raw._response = response  # type: ignore[attr-defined]
     out = CappedOutput(cap=16)
+    proc = AttachedProcess(reader.raw, _no_inspect)
+    tail = StatusTail(out.stdout, secret)
     with anyio.fail_after(10):
-        code = await pump(Attached(reader.raw), secret, b"in", out)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_feed, proc, secret + b"\nin", True)
+            tg.start_soon(_pump, proc.stdout, tail)
+            tg.start_soon(_pump, proc.stderr, out.stderr)
+    code = tail.end()
     assert engine_side.recv(100) == secret + b"\nin"  # the secret line, stdin, its end
+    proc.close()
     reader.close()
     ours.close()
     engine_side.close()
     return code, out
+
+
+async def _no_inspect() -> dict[str, Any]:
+    return {}
 
 
 @pytest.mark.anyio

@@ -99,13 +99,13 @@ async def test_a_failing_set_up_fails_the_group_and_leaves_nothing(local_root: s
 async def test_docker_snapshots_are_labelled_images_that_gc_and_delete_remove() -> None:
     if reason := docker_engine_missing():
         missing(reason)
-    from sandlot.sandboxes.docker.reaper import DockerReaper
+    from sandlot.sandboxes.reaper import get_reaper
 
     async with sandlot.open("docker", image=TEST_IMAGE, pull="never", post_setup_cmd=TOKEN) as sb:
         snap = await sb.snapshot()
         kept = await sb.snapshot()
     assert snap.handle is not None and kept.handle is not None
-    reaper = DockerReaper()
+    reaper = get_reaper("docker")
     try:
         found = {s.id: s for s in await reaper.list_sandboxes(run_id())}
         assert {snap.handle, kept.handle} <= found.keys()

@@ -1,7 +1,8 @@
 """Commands and shell sessions over an attached exec: a process with stdin and output streams.
 
 A platform whose exec starts a process and hands back its streams (Modal's
-``ContainerProcess``; an SSH channel or a Kubernetes exec are the same shape) needs only
+``ContainerProcess``, docker's hijacked exec connection; an SSH channel or a Kubernetes exec
+are the same shape) needs only
 :meth:`StreamedExec._spawn`, returning a :class:`Process`. :class:`StreamedExec` builds ``_run``
 on it (the :mod:`sandlot.sandboxes.remote_shell` wrapper and exec marker, stdin in drained
 pieces, both streams read concurrently into the caps, the process-tree kill by a second exec)
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import posixpath
+import secrets
 import shlex
 import time
 import uuid
@@ -30,6 +32,7 @@ from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
+from sandlot.sandboxes.status_tail import StatusTail
 from sandlot.sandboxes.transport import ExecOptions, RunOutput, RunRequest
 
 log = logging.getLogger("sandlot.sandboxes")
@@ -57,6 +60,9 @@ class Process(Protocol):
     async def wait(self) -> int:
         """The exit status, once the process ended."""
 
+    def close(self) -> None:
+        """Drop what the platform holds for the process (a connection); idempotent."""
+
 
 class StreamedExec(Sandbox):
     """A transport whose commands are attached processes (see the module docstring).
@@ -73,6 +79,16 @@ class StreamedExec(Sandbox):
     """Commands longer than this (bytes) go through a file; ``None``: no argv limit."""
     platform_timeout_code: ClassVar[int | None] = None
     """The exit status the platform gives a process its own timeout ended (Modal: -1)."""
+    status_in_band: ClassVar[bool] = False
+    """The exit status is the wrapper's last stdout line (``remote_shell.exec_argv(
+    report_status=True)``), not the platform's (Podman forgets an ended exec at once, see
+    docs/docker.md). A command without stdin then reads ``/dev/null`` and the exec's stdin
+    stays open: a TLS socket cannot half-close and still read."""
+    sweep_orphans: ClassVar[bool] = False
+    """The kills also take the unmarked orphans (PID 1 is ``remote_shell.init_argv``'s and
+    nothing else runs in the sandbox)."""
+    kill_attempts: ClassVar[int] = 1
+    """Rounds of the in-sandbox killer before :meth:`_stuck`."""
     options: ExecOptions
     _ends_at = 0.0
 
@@ -101,25 +117,32 @@ class StreamedExec(Sandbox):
                 transient faults. Never an ``ExceptionGroup``.
         """
         marker = uuid.uuid4().hex
-        argv = remote_shell.exec_argv(await self._fit_argv(run.command, marker), run.cwd)
+        command = await self._fit_argv(run.command, marker)
+        argv = remote_shell.exec_argv(
+            command, run.cwd, report_status=self.status_in_band, stdin=run.stdin is not None
+        )
         env = {**run.env, remote_shell.EXEC_MARKER_ENV: marker}
         timeout, out = run.timeout, CappedOutput(self.options.max_output_bytes)
         limit = timeout
         if limit is None:
             limit = max(0.0, self._ends_at - time.monotonic()) + self.lifetime_margin_s
-        launched = False
+        proc: Process | None = None
 
         async def body() -> int:
-            nonlocal launched
+            nonlocal proc
             proc = await self._call("exec", self._spawn, argv, env, timeout)
-            launched = True
             return await self._drive(proc, run.stdin, out)
 
         async def stop() -> None:
-            if launched:
-                await self._kill(marker)
+            if proc is not None:
+                proc.close()
+                await self._kill(marker, proc)
 
-        code = await self._bounded(limit, body, stop)
+        try:
+            code = await self._bounded(limit, body, stop)
+        finally:
+            if proc is not None:
+                proc.close()
         if code is None and timeout is None:
             raise await self._gone() or SandboxDeadError(
                 f"sandbox {self.id} ({self.backend_id}): a command without a timeout outlived "
@@ -147,45 +170,86 @@ class StreamedExec(Sandbox):
 
     async def _drive(self, proc: Process, stdin: bytes | None, out: CappedOutput) -> int:
         """Feed ``stdin`` (then EOF), read stdout and stderr to their ends concurrently into
-        ``out``, and wait; the exit status.
+        ``out``, and wait; the exit status (with ``status_in_band``: from stdout's last line).
 
         Raises:
             SandboxDeadError / SandboxError: a call or a stream failed (a dead sandbox first,
-                else the first failure; raised as such, not inside an ``ExceptionGroup``).
+                else the first failure; raised as such, not inside an ``ExceptionGroup``), or
+                the in-band status line was lost (the wrapper was killed from inside).
         """
-        await self._call("exec stdin", _feed, proc, stdin)
         failures: list[SandboxError] = []
+        stdout: CappedBuffer | StatusTail = out.stdout
+        end = True
+        if self.status_in_band:
+            secret = secrets.token_hex(16).encode()
+            stdin, end = secret + b"\n" + (stdin or b""), stdin is not None
+            stdout = StatusTail(out.stdout, secret)
 
-        async def read(what: str, stream: AsyncIterable[bytes | str], buf: CappedBuffer) -> None:
+        async def guarded(what: str, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
             try:
-                await self._call(what, _pump, stream, buf)
+                await self._call(what, fn, *args)
             except SandboxError as exc:
                 failures.append(exc)
                 tg.cancel_scope.cancel()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read, "exec stdout", proc.stdout, out.stdout)
-            tg.start_soon(read, "exec stderr", proc.stderr, out.stderr)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(guarded, "exec stdin", _feed, proc, stdin, end)
+                tg.start_soon(guarded, "exec stdout", _pump, proc.stdout, stdout)
+                tg.start_soon(guarded, "exec stderr", _pump, proc.stderr, out.stderr)
+        finally:
+            # Also on a timeout or cancellation: what arrived is kept.
+            code = stdout.end() if isinstance(stdout, StatusTail) else None
         if failures:
             raise next((e for e in failures if isinstance(e, SandboxDeadError)), failures[0])
-        return int(await self._call("exec wait", proc.wait))
+        if not self.status_in_band:
+            return int(await self._call("exec wait", proc.wait))
+        if code is None:
+            raise await self._gone() or SandboxError(
+                f"sandbox {self.id}: the command's exit status was lost: its wrapper shell "
+                "was killed, or a process kept writing to its output after the status line",
+                retryable=False,
+            )
+        return code
 
     async def _run_quiet(self, argv: list[str]) -> int:
-        """Run ``argv`` to completion, output discarded; its exit status."""
-        proc = await self._call("exec", self._spawn, argv, {}, None)
-        return await self._drive(proc, None, CappedOutput(0))
+        """Run ``argv`` (one of ours) to completion, output discarded; its exit status. Its
+        marker is its own, so the orphan sweep never takes it for an orphan."""
+        env = {remote_shell.EXEC_MARKER_ENV: f"internal-{uuid.uuid4().hex}"}
+        if self.status_in_band:
+            argv = remote_shell.exec_argv(shlex.join(argv), "/", report_status=True, stdin=False)
+        proc = await self._call("exec", self._spawn, argv, env, None)
+        try:
+            return await self._drive(proc, None, CappedOutput(0))
+        finally:
+            proc.close()
 
-    async def _kill(self, marker: str) -> None:
+    async def _kill(self, marker: str, proc: Process) -> None:
         """Kill the processes carrying ``marker`` (SIGTERM, ``stop_grace_s``, SIGKILL) with a
-        second exec, within 15 s more; a failure is logged, not raised."""
+        second exec, ``kill_attempts`` rounds within 15 s more; when survivors remain
+        (:meth:`_exec_running`), :meth:`_stuck`. A failure is logged, not raised."""
         grace = self.options.stop_grace_s
+        argv = remote_shell.kill_argv(marker, grace, sweep_orphans=self.sweep_orphans)
         with anyio.move_on_after(grace + _KILL_BUDGET_S):
             try:
-                await self._run_quiet(remote_shell.kill_argv(marker, grace))
-                return
+                for _ in range(self.kill_attempts):
+                    # Repeated because a command whose exec was still starting when a round
+                    # scanned /proc can only be found by a later round.
+                    if await self._run_quiet(argv) == 0 and not await self._exec_running(proc):
+                        return
+            except SandboxDeadError:
+                return  # the sandbox went down: nothing left to kill
             except SandboxError as exc:
                 log.warning("sandbox %s: could not kill exec %s: %s", self.id, marker, exc)
-                return
+        await self._stuck(marker, proc)
+
+    async def _exec_running(self, proc: Process) -> bool:
+        """Whether the platform still runs ``proc`` after a kill round (default: cannot tell)."""
+        return False
+
+    async def _stuck(self, marker: str, proc: Process) -> None:
+        """The in-sandbox killer could not stop ``proc``: log it (a platform with a harsher
+        means, e.g. docker's reset of the container, overrides this)."""
         log.warning("sandbox %s: exec %s may still be running", self.id, marker)
 
     async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
@@ -198,19 +262,22 @@ class StreamedExec(Sandbox):
             env = {remote_shell.EXEC_MARKER_ENV: marker}
             argv = remote_shell.shell_argv(cwd)
             proc = await self._call("starting a shell", self._spawn, argv, env, None)
-            return ProcessChannel(proc, marker, self.exec)
+            return ProcessChannel(proc, marker, self.exec, sweep_orphans=self.sweep_orphans)
 
         return ChannelSession(name, config, open_channel, self.is_alive)
 
 
-async def _feed(proc: Process, data: bytes | None) -> None:
+async def _feed(proc: Process, data: bytes | None, end: bool) -> None:
     view = memoryview(data or b"")
-    for start in range(0, len(view), _STDIN_CHUNK):
-        await proc.send(bytes(view[start : start + _STDIN_CHUNK]))
-    await proc.send_eof()
+    # The command may exit without reading all of its input, like a closed pipe.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        for start in range(0, len(view), _STDIN_CHUNK):
+            await proc.send(bytes(view[start : start + _STDIN_CHUNK]))
+        if end:
+            await proc.send_eof()
 
 
-async def _pump(stream: AsyncIterable[bytes | str], buf: CappedBuffer) -> None:
+async def _pump(stream: AsyncIterable[bytes | str], buf: CappedBuffer | StatusTail) -> None:
     async for chunk in stream:
         buf.feed(chunk if isinstance(chunk, bytes) else chunk.encode())
 
@@ -226,8 +293,11 @@ class ProcessChannel(RemoteShellChannel):
     session then asks whether the sandbox lives.
     """
 
-    def __init__(self, proc: Process, marker: str, run: Runner) -> None:
+    def __init__(
+        self, proc: Process, marker: str, run: Runner, *, sweep_orphans: bool = False
+    ) -> None:
         super().__init__(marker, run)
+        self.sweep_orphans = sweep_orphans
         self._proc = proc
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -265,3 +335,4 @@ class ProcessChannel(RemoteShellChannel):
             await self._reader
         with contextlib.suppress(Exception):
             await self._proc.send_eof()
+        self._proc.close()

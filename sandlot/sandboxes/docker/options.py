@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from sandlot.sandboxes.transport import ExecOptions
+
 MiB = 1024 * 1024
 
 
@@ -26,7 +28,7 @@ class RegistryAuth(BaseModel):
     server: str | None = None
 
 
-class DockerOptions(BaseModel):
+class DockerOptions(ExecOptions):
     """Options of the ``docker`` backend (Docker Engine, or Podman's Docker-compatible API).
 
     Attributes:
@@ -44,11 +46,7 @@ class DockerOptions(BaseModel):
             set, since an engine's default may be no limit at all (Docker).
     """
 
-    model_config = ConfigDict(extra="forbid")
-
     base_url: str | None = None
     pull: Literal["missing", "always", "never"] = "missing"
     registry_auth: RegistryAuth | None = None
-    max_output_bytes: int = Field(default=10 * MiB, gt=0)
-    stop_grace_s: float = Field(default=1.0, ge=0)
     pids_limit: int = Field(default=4096, gt=0)

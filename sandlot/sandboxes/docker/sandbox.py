@@ -8,14 +8,14 @@ only when a sandbox starts.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import io
 import logging
 import posixpath
-import secrets
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import anyio
@@ -27,14 +27,9 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.runtimes.channel_session import ChannelSession
-from sandlot.runtimes.session import BashSession, SessionConfig
 from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import file_archive, read_single_file
-from sandlot.sandboxes.base import Sandbox
-from sandlot.sandboxes.capped import CappedOutput
-from sandlot.sandboxes.docker.commit import commit, remove
-from sandlot.sandboxes.docker.docker_channel import DockerChannel
+from sandlot.sandboxes.docker.commit import commit, force_remove, list_snapshots, remove
 from sandlot.sandboxes.docker.engine import (
     api_error,
     describe_address,
@@ -45,10 +40,12 @@ from sandlot.sandboxes.docker.engine import (
     unreachable,
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
-from sandlot.sandboxes.docker.stream import Attached, pump
-from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.docker.stream import AttachedProcess
+from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
+from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.transport import Reader, RunOutput, RunRequest, TreeCaps
+from sandlot.sandboxes.streamed_exec import Process, StreamedExec
+from sandlot.sandboxes.transport import Reader, TreeCaps
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -62,7 +59,6 @@ _MAX_LINK_HOPS = 8
 _MODE_SYMLINK = 1 << 27
 # Beyond the SIGTERM grace, how long the in-container killer may take before we give up.
 _KILL_BUDGET_S = 15.0
-_KILL_ATTEMPTS = 3
 # How Docker and Podman refuse storage_opt size on a driver that cannot enforce it ("--storage-opt
 # is supported only for overlay over xfs with 'pquota' mount option", "... does not support
 # storage options", quota errors).
@@ -71,21 +67,7 @@ _DISK_QUOTA_ERRORS = ("storage-opt", "storage opt", "storage option", "quota")
 _PERMANENT_PULL_ERRORS = ("not found", "unknown", "unauthorized", "denied", "no such", "invalid")
 
 
-@dataclass
-class _Exec:
-    """One running exec. Filled in by the worker thread, so a cancelled caller still sees it."""
-
-    marker: str
-    exec_id: str | None = None
-    attached: Attached | None = None
-
-    def close(self) -> None:
-        if self.attached is not None:
-            self.attached.close()
-            self.attached = None
-
-
-class DockerSandbox(Sandbox):
+class DockerSandbox(StreamedExec):
     """A container kept alive by a small PID 1; commands run in it with ``docker exec``.
 
     Args:
@@ -106,17 +88,20 @@ class DockerSandbox(Sandbox):
     """
 
     name: ClassVar[str] = "docker"
-    reaper: ClassVar[str | None] = "sandlot.sandboxes.docker.reaper:DockerReaper"
     enforces_disk_mb: ClassVar[bool] = True
     supports_snapshot: ClassVar[bool] = True  # a committed image (docker/commit.py)
     Options: ClassVar[type[DockerOptions]] = DockerOptions
     options: DockerOptions
+    status_in_band: ClassVar[bool] = True  # Podman forgets an ended exec (docs/docker.md)
+    sweep_orphans: ClassVar[bool] = True  # PID 1 is sandlot's init (remote_shell.init_argv)
+    # Killer rounds: a command whose exec was still starting when one round scanned /proc is
+    # found only by a later one.
+    kill_attempts: ClassVar[int] = 3
 
     def __init__(self, spec: SandboxSpec | None = None, options: BaseModel | None = None) -> None:
         super().__init__(spec, options)
         self._api: APIClient | None = None
         self._container_id: str | None = None
-        self._started_at = 0.0
 
     @property
     def container_id(self) -> str | None:
@@ -124,6 +109,39 @@ class DockerSandbox(Sandbox):
         return self._container_id
 
     backend_id = container_id  # the id leak reports and `sandlot gc --leaked` match
+
+    # ----------------------------------------------------------------- sandlot gc
+
+    @classmethod
+    def _reaper_context(cls, options: DockerOptions) -> APIClient:
+        """The engine's client (SDK 7.1 ``APIClient``: ``containers(all=True, filters=)``,
+        ``remove_container(force=True, v=True)``, ``images``, ``remove_image(force=True)``,
+        https://docker-py.readthedocs.io/en/7.1.0/api.html).
+
+        Raises:
+            BackendUnavailableError: the ``docker`` SDK is not installed.
+            EngineUnreachableError: the engine does not answer.
+        """
+        return get_client(options.base_url).api
+
+    @classmethod
+    async def _list_labelled(cls, context: APIClient, run_id: str | None) -> list[RemoteSandbox]:
+        """Containers (running or not) labelled ``sandlot.run_id`` (= ``run_id`` if given),
+        then snapshot images (state ``"snapshot"``)."""
+        label = f"{RUN_ID}={run_id}" if run_id else RUN_ID
+        rows = await run_blocking(lambda: context.containers(all=True, filters={"label": label}))
+        images = await run_blocking(list_snapshots, context, run_id)
+        return [
+            RemoteSandbox("docker", row["Id"], row.get("Labels") or {}, row.get("State", ""))
+            for row in rows
+        ] + [RemoteSandbox("docker", i["Id"], i.get("Labels") or {}, "snapshot") for i in images]
+
+    @classmethod
+    async def _kill_listed(cls, context: APIClient, sandbox: RemoteSandbox) -> None:
+        """Force-remove the container and its anonymous volumes, or the snapshot image (and the
+        containers using it); gone already is fine."""
+        remover = force_remove if sandbox.state == "snapshot" else _remove_container
+        await run_blocking(remover, context, sandbox.id)
 
     # ----------------------------------------------------------------- engine calls
 
@@ -138,12 +156,15 @@ class DockerSandbox(Sandbox):
         return self._container_id
 
     async def _call(
-        self, what: str, fn: Callable[..., T], *args: Any, path: str | None = None
-    ) -> T:
-        """Run a blocking engine call; map its failure to ``SandboxDeadError`` when the container
-        is gone, to a ``SandboxFileError`` naming ``path`` (if given) when the engine refused,
-        else to ``SandboxError`` (retryable for connection errors and 5xx)."""
+        self, what: str, fn: Callable[..., Any], *args: Any, path: str | None = None
+    ) -> Any:
+        """Run a blocking engine call in a worker thread (or await ``fn`` when it is async);
+        map its failure to ``SandboxDeadError`` when the container is gone, to a
+        ``SandboxFileError`` naming ``path`` (if given) when the engine refused, else to
+        ``SandboxError`` (retryable for connection errors and 5xx)."""
         try:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(*args)
             return await run_blocking(fn, *args)
         except SandboxError:
             raise
@@ -173,7 +194,7 @@ class DockerSandbox(Sandbox):
         reason = f"container {self._cid[:12]} is not running (exit code {state.get('ExitCode')}"
         if state.get("OOMKilled"):
             reason += ", killed for exceeding memory_mb"
-        if time.monotonic() - self._started_at >= self.spec.timeout_s:
+        if time.monotonic() >= self._ends_at:
             reason += f", lifetime timeout_s={self.spec.timeout_s:g} s reached"
         return reason + ")"
 
@@ -200,7 +221,7 @@ class DockerSandbox(Sandbox):
                 raise unreachable(self.options.base_url, exc) from exc
             err = api_error(f"starting a container from {self.spec.image!r}", exc, None)
             raise SandboxStartError(str(err), retryable=err.retryable) from exc
-        self._started_at = time.monotonic()
+        self._ends_at = time.monotonic() + self.spec.timeout_s
 
     def _create_and_start(self) -> None:
         if self.origin is not None:
@@ -309,117 +330,55 @@ class DockerSandbox(Sandbox):
 
     async def _close(self) -> None:
         if self._api is not None and self._container_id is not None:
-            await run_blocking(self._remove)
-
-    def _remove(self) -> None:
-        try:
-            self._client.remove_container(self._container_id, force=True, v=True)
-        except sdk().errors.NotFound:
-            pass  # removed from outside already
+            await run_blocking(_remove_container, self._api, self._container_id)
 
     # ----------------------------------------------------------------- commands
 
-    async def _run(self, run: RunRequest) -> RunOutput:
-        """Run ``command`` with ``docker exec`` under :mod:`sandlot.sandboxes.remote_shell`'s
-        wrapper (see :meth:`Transport._run`). ``timeout`` and cancellation kill every process of
-        the command inside the container: SIGTERM, ``stop_grace_s`` seconds, then SIGKILL, to
-        all processes carrying this exec's ``SANDLOT_EXEC_ID`` marker and their process groups.
+    async def _spawn(self, argv: list[str], env: dict[str, str], timeout: float | None) -> Process:
+        """``exec_create(stdin=True)`` + ``exec_start(socket=True)``: the hijacked connection
+        (:mod:`sandlot.sandboxes.docker.stream`). The exit status comes from the output stream
+        (``status_in_band``), not from ``exec_inspect``: Podman with ``exit_command_delay = 0``
+        forgets an exec as soon as it ends, and then leaves no ``conmon`` process behind per
+        exec (docs/docker.md). ``timeout``: the engine has no backstop of its own; PID 1 ends
+        every process at the sandbox's lifetime."""
 
-        The exit status comes from the output stream (``exec_argv(report_status=True)``), not
-        from ``exec_inspect``: Podman with ``exit_command_delay = 0`` forgets an exec as soon as
-        it ends, and then leaves no ``conmon`` process behind per exec (docs/docker.md).
+        def start() -> Process:
+            api = self._client
+            exec_id = str(api.exec_create(self._cid, argv, stdin=True, environment=env)["Id"])
+            status = functools.partial(self._inspect_exec, exec_id)
+            return AttachedProcess(api.exec_start(exec_id, socket=True), status)
 
-        Raises:
-            SandboxDeadError: the container was removed or stopped (also mid-command).
-            SandboxError: the engine failed (``retryable`` for connection errors and 5xx), or
-                the status line was lost (the wrapper was killed from inside the container).
-        """
-        argv = remote_shell.exec_argv(
-            run.command, run.cwd, report_status=True, stdin=run.stdin is not None
-        )
-        handle = _Exec(marker=uuid.uuid4().hex)
-        environment = {**run.env, remote_shell.EXEC_MARKER_ENV: handle.marker}
-        secret = secrets.token_hex(16).encode()
-        out = CappedOutput(self.options.max_output_bytes)
+        return await run_blocking(start)
 
-        async def body() -> int:
-            await self._call("exec", self._exec_start, handle, argv, environment)
-            assert handle.attached is not None
-            code = await pump(handle.attached, secret, run.stdin, out)
-            if code is None or code >= 128:
-                # Killed by a signal, or no status at all: maybe the whole container went down.
-                dead = await self._gone()
-                if dead is not None:
-                    raise dead
-            if code is None:
-                raise SandboxError(
-                    f"sandbox {self.id}: the command's exit status was lost: its wrapper shell "
-                    "was killed, or a process kept writing to its output after the status line",
-                    retryable=False,
-                )
-            return code
+    async def _inspect_exec(self, exec_id: str) -> dict[str, Any]:
+        """``exec_inspect``; ``{}`` once the engine forgot the exec (Podman,
+        ``exit_command_delay = 0``)."""
 
-        async def stop() -> None:
-            handle.close()
-            if handle.exec_id is not None:
-                await self._kill(handle)
-
-        try:
-            code = await self._bounded(run.timeout, body, stop)
-        finally:
-            handle.close()
-        return RunOutput.of(code, out)
-
-    def _exec_start(self, handle: _Exec, argv: list[str], environment: dict[str, str]) -> None:
-        api = self._client
-        created = api.exec_create(self._cid, argv, stdin=True, environment=environment)
-        handle.exec_id = created["Id"]
-        handle.attached = Attached(api.exec_start(handle.exec_id, socket=True))
-
-    async def _kill(self, handle: _Exec) -> None:
-        """Kill every process of ``handle``'s exec (and escaped orphans), whatever it takes.
-
-        First the in-container killer (shell builtins only, see
-        :mod:`sandlot.sandboxes.remote_shell`); when it cannot run or leaves survivors (no
-        process slot left, ``/bin/sh`` deleted), the engine sends SIGUSR1 to PID 1, which kills
-        every other process of the container; if even that fails the engine kills the container
-        and the sandbox is dead (the next call says why).
-        """
-        argv = remote_shell.kill_argv(handle.marker, self.options.stop_grace_s, sweep_orphans=True)
-        with anyio.move_on_after(self.options.stop_grace_s + _KILL_BUDGET_S):
+        def inspect() -> dict[str, Any]:
             try:
-                for _ in range(_KILL_ATTEMPTS):
-                    # Repeated because a command whose exec was still starting when the first
-                    # round scanned /proc can only be found by a later round.
-                    said = await self._call("kill exec", self._run_quiet, argv)
-                    if said.strip() == b"killed" and not await self._exec_running(handle):
-                        return
-            except SandboxDeadError:
-                return  # the container went down: nothing left to kill
-            except SandboxError as exc:
-                log.warning(
-                    "sandbox %s: in-container kill of %s failed: %s", self.id, handle.marker, exc
-                )
-        await self._reset(handle)
-
-    async def _exec_running(self, handle: _Exec) -> bool:
-        def running() -> bool:
-            try:
-                return bool(self._client.exec_inspect(handle.exec_id).get("Running"))
+                return dict(self._client.exec_inspect(exec_id))
             except sdk().errors.NotFound:
-                return False  # ended, and forgotten at once (Podman, exit_command_delay = 0)
+                return {}
 
-        return await self._call("exec inspect", running)
+        return await self._call("exec inspect", inspect)
 
-    async def _reset(self, handle: _Exec) -> None:
-        """Empty the container through the engine (SIGUSR1 to PID 1); kill it if that fails."""
-        log.warning("sandbox %s: emptying the container to stop exec %s", self.id, handle.marker)
+    async def _exec_running(self, proc: Process) -> bool:
+        assert isinstance(proc, AttachedProcess)
+        return await proc.running()
+
+    async def _stuck(self, marker: str, proc: Process) -> None:
+        """The in-container killer (shell builtins only, see
+        :mod:`sandlot.sandboxes.remote_shell`) could not run or left survivors (no process slot
+        left, ``/bin/sh`` deleted): the engine sends SIGUSR1 to PID 1, which kills every other
+        process of the container; if even that fails the engine kills the container and the
+        sandbox is dead (the next call says why)."""
+        log.warning("sandbox %s: emptying the container to stop exec %s", self.id, marker)
         with anyio.move_on_after(_KILL_BUDGET_S):
             try:
                 await self._call("reset", self._client.kill, self._cid, "SIGUSR1")
                 for _ in range(50):
                     await anyio.sleep(0.1)
-                    if not await self._exec_running(handle):
+                    if not await self._exec_running(proc):
                         return
             except SandboxDeadError:
                 return
@@ -434,32 +393,6 @@ class DockerSandbox(Sandbox):
             f"container {self._cid[:12]} was killed: a timed-out command could not be stopped "
             "inside it"
         )
-
-    def _run_quiet(self, argv: list[str]) -> bytes:
-        """Run ``argv`` (one of ours) in the container to completion; its output. Blocking.
-
-        The exec carries a marker of its own, so it is never taken for an orphan.
-        """
-        marker = {remote_shell.EXEC_MARKER_ENV: f"internal-{uuid.uuid4().hex}"}
-        exec_id = self._client.exec_create(self._cid, argv, environment=marker)["Id"]
-        said: bytes = self._client.exec_start(exec_id)
-        return said
-
-    async def _open_shell(self, name: str, config: SessionConfig) -> BashSession:
-        """A session whose ``bash`` is an attached exec (``DockerChannel``); needs bash."""
-        argv = remote_shell.shell_argv(posixpath.join(self.spec.workdir, config.cwd or ""))
-
-        async def open_channel() -> DockerChannel:
-            self._check_usable()
-            shell = _Exec(marker=uuid.uuid4().hex)
-            environment = {remote_shell.EXEC_MARKER_ENV: shell.marker}
-            await self._call("starting a shell", self._exec_start, shell, argv, environment)
-            assert shell.exec_id is not None and shell.attached is not None
-            return DockerChannel(
-                self._client, shell.exec_id, shell.attached, shell.marker, self.exec
-            )
-
-        return ChannelSession(name, config, open_channel, self.is_alive)
 
     # ----------------------------------------------------------------- files
 
@@ -518,16 +451,25 @@ class DockerSandbox(Sandbox):
         """Unpack ``archive`` into the container directory ``parent``, which may be missing."""
         await self._running()
 
-        def put() -> None:
+        def put() -> bool:
             try:
                 put_archive(self._client, self._cid, parent, archive)
+                return True
             except sdk().errors.NotFound:
-                # Podman creates a missing destination directory, Docker answers 404.
-                self._run_quiet(remote_shell.mkdir_argv(parent))
-                archive.seek(0)
-                put_archive(self._client, self._cid, parent, archive)
+                return False  # Podman creates a missing destination directory, Docker answers 404.
 
-        await self._call(what, put, path=target)
+        if not await self._call(what, put, path=target):
+            await self._run_quiet(remote_shell.mkdir_argv(parent))
+            archive.seek(0)
+            await self._call(
+                what, put_archive, self._client, self._cid, parent, archive, path=target
+            )
+
+
+def _remove_container(api: APIClient, container: str) -> None:
+    """Force-remove ``container`` and its anonymous volumes; removed already is fine."""
+    with contextlib.suppress(sdk().errors.NotFound):
+        api.remove_container(container, force=True, v=True)
 
 
 def put_archive(api: APIClient, container: str, path: str, data: IO[bytes]) -> None:

@@ -1,4 +1,5 @@
-"""An exec's hijacked connection, written and read asynchronously, without a thread.
+"""An exec's hijacked connection, written and read asynchronously, without a thread, as a
+:class:`~sandlot.sandboxes.streamed_exec.Process`.
 
 ``exec_start(socket=True)`` hands over the hijacked HTTP connection. Without a TTY the engine
 frames the output as described in the Docker Engine API (v1.41, "Attach to a container",
@@ -11,35 +12,34 @@ socket, which would hold a worker thread for as long as a command runs.
 
 from __future__ import annotations
 
-import contextlib
-import re
+import asyncio
 import socket
 import ssl
 import struct
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
-
-from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 
 _RECV_BYTES = 256 * 1024
 _SEND_BYTES = 64 * 1024
 _HEADER = struct.Struct(">BxxxL")
 _STDOUT, _STDERR = 1, 2
-# The wrapper's last line: "<secret> <status>\n" (remote_shell.exec_argv(report_status=True)).
-_STATUS = re.compile(rb" ([0-9]{1,3})\n")
 # Errors of a non-blocking socket call that mean "try again" (TLS engines raise the SSL ones).
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
-class Attached:
-    """What ``exec_start(socket=True)`` returned (read by nobody else), made non-blocking.
+class AttachedProcess:
+    """An exec as a ``Process``: what ``exec_start(socket=True)`` returned (read by nobody
+    else), made non-blocking and demultiplexed into ``stdout`` and ``stderr``.
 
     docker 7.1 returns a ``socket.SocketIO`` for unix:// and tcp:// and the ``SSLSocket`` itself
-    for TLS.
+    for TLS. ``stdout`` reads the connection and hands stderr pieces on to ``stderr`` (which
+    ends with it). ``inspect`` is the engine's ``exec_inspect`` (``{}`` once it forgot the
+    exec); ``wait`` raises ``LookupError`` while the exec runs or when the engine has no status.
     """
 
-    def __init__(self, attached: Any) -> None:
+    def __init__(self, attached: Any, inspect: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         # SocketIO keeps its socket private; the SDK's own examples reach it the same way.
         sock = attached._sock if isinstance(attached, socket.SocketIO) else attached  # type: ignore[attr-defined]
         if not isinstance(sock, socket.socket):
@@ -51,19 +51,41 @@ class Attached:
         self._stream = 0  # stream id of the current frame
         self._due = 0  # its payload bytes not yet received
         self._eof = False
+        self._inspect = inspect
+        self._stderr: asyncio.Queue[bytes] = asyncio.Queue()
+        self.stdout: AsyncIterable[bytes | str] = self._read()
+        self.stderr: AsyncIterable[bytes | str] = self._errors()
 
-    async def send(self, data: bytes, *, end: bool = False) -> None:
-        """Write ``data`` to the command's stdin; ``end`` closes stdin after it."""
+    async def send(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin."""
         view = memoryview(data)
         while view:
             try:
                 view = view[self._sock.send(view[:_SEND_BYTES]) :]
             except _WOULD_BLOCK:
                 await anyio.wait_writable(self._sock)
-        if end:
-            self._sock.shutdown(socket.SHUT_WR)
 
-    async def receive(self) -> list[tuple[int, bytes]]:
+    async def send_eof(self) -> None:
+        """Close stdin: a write half-close."""
+        self._sock.shutdown(socket.SHUT_WR)
+
+    async def _read(self) -> AsyncIterator[bytes]:
+        try:
+            while pieces := await self._receive():
+                for stream, data in pieces:
+                    if stream == _STDERR:
+                        self._stderr.put_nowait(data)
+                    elif stream == _STDOUT:
+                        yield data
+        finally:
+            self._stderr.put_nowait(b"")
+
+    async def _errors(self) -> AsyncIterator[bytes]:
+        while data := await self._stderr.get():
+            yield data
+        self._stderr.put_nowait(b"")  # stays ended
+
+    async def _receive(self) -> list[tuple[int, bytes]]:
         """The next payload pieces as ``(stream id, bytes)``, at least one; ``[]`` at the end."""
         while True:
             pieces = self._parse()
@@ -94,6 +116,15 @@ class Attached:
                 break
         return pieces
 
+    async def running(self) -> bool:
+        return bool((await self._inspect()).get("Running"))
+
+    async def wait(self) -> int:
+        info = await self._inspect()
+        if info.get("Running") or info.get("ExitCode") is None:
+            raise LookupError("the engine has no exit status for this exec")
+        return int(info["ExitCode"])
+
     def close(self) -> None:
         """Drop the connection (idempotent)."""
         self._attached.close()
@@ -115,63 +146,3 @@ def _read_ahead(attached: Any) -> bytes:
     reader = response.raw._fp.fp
     buffered: bytes = reader.peek()
     return reader.read(len(buffered)) if buffered else b""
-
-
-async def pump(
-    attached: Attached, secret: bytes, stdin: bytes | None, out: CappedOutput
-) -> int | None:
-    """Send the wrapper's secret line and ``stdin``, and demultiplex the output into ``out``
-    until its end. ``out`` keeps what arrived if the caller cancels or times out.
-
-    Args:
-        attached: the exec's connection.
-        secret: the wrapper's secret (see ``remote_shell.exec_argv(report_status=True)``).
-        stdin: the command's standard input, ended after it (a write half-close); ``None``
-            leaves the exec's stdin open, for a wrapper that gives the command ``/dev/null``
-            (``exec_argv(stdin=False)``): a TLS socket cannot half-close and still read.
-        out: where the output goes (stdout without the wrapper's status line).
-
-    Returns:
-        The exit status from the ``<secret> <status>`` line that ends stdout, ``None`` when
-        stdout does not end with one (the wrapper was killed, or its line was tampered with).
-    """
-    tail = _StatusTail(out.stdout, secret)
-
-    async def feed() -> None:
-        # The command may exit without reading all of its input, like a closed pipe.
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            await attached.send(secret + b"\n" + (stdin or b""), end=stdin is not None)
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(feed)
-            while pieces := await attached.receive():
-                for stream, data in pieces:
-                    if stream == _STDOUT:
-                        tail.feed(data)
-                    elif stream == _STDERR:
-                        out.stderr.feed(data)
-    finally:
-        code = tail.end()  # also on a timeout or cancellation: what arrived is kept
-    return code
-
-
-class _StatusTail:
-    """Passes stdout on to ``sink`` but for its last bytes, which may be the status line."""
-
-    def __init__(self, sink: CappedBuffer, secret: bytes) -> None:
-        self.sink = sink
-        self.secret = secret
-        self.keep = len(secret) + len(b" 255\n")
-        self.held = b""
-
-    def feed(self, data: bytes) -> None:
-        held = self.held + data
-        self.sink.feed(held[: -self.keep])
-        self.held = held[-self.keep :]
-
-    def end(self) -> int | None:
-        at = self.held.rfind(self.secret)
-        line = _STATUS.fullmatch(self.held, at + len(self.secret)) if at >= 0 else None
-        self.sink.feed(self.held[:at] if line else self.held)
-        return int(line[1]) if line else None

@@ -345,3 +345,6 @@ class _ModalProcess:
 
     async def wait(self) -> int:
         return int(await self._proc.wait.aio())
+
+    def close(self) -> None:
+        """Nothing to drop: the SDK ends the streams itself."""
