@@ -120,7 +120,7 @@ def pull_command(
             table.add_row(name, status, human_size(outcome.transferred),
                           str(outcome.layers_transferred), str(outcome.layers_unpacked),
                           f"{outcome.seconds:.1f}")  # fmt: skip
-    Console().print(table)
+    _print_table(table)
     done = [r for r in results.values() if not isinstance(r, str)]
     failed = len(results) - len(done)
     click.echo(
@@ -141,7 +141,7 @@ def _pull_on_ray(names: list[str], jobs: int, address: str, unpack: bool) -> Non
     for node in results:
         table.add_row(node.node, str(node.ready), str(len(node.failed)),
                       human_size(node.transferred), f"{node.seconds:.1f}")  # fmt: skip
-    Console().print(table)
+    _print_table(table)
     for node in results:
         for name, error in node.failed:
             click.echo(f"{node.node}: {name}: {error}", err=True)
@@ -164,7 +164,7 @@ def list_command() -> None:
         table.add_row(
             names, info.manifest[7:19], state, human_size(info.size), human_size(info.shared), used
         )
-    Console().print(table)
+    _print_table(table)
     click.echo(f"cache: {store.root}")
 
 
@@ -186,3 +186,12 @@ def prune_command(older_than: str | None, keep_size: str | None) -> None:
         f"{len(result.images)} images removed ({result.layers} unpacked layers, "
         f"{result.blobs} blobs), {human_size(result.bytes_freed)} freed"
     )
+
+
+def _print_table(table: Table) -> None:
+    """Print ``table`` to stdout; to a pipe or a file as wide as its rows (an image name is
+    never wrapped there, so ``sandlot image list | grep`` finds it whole)."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=100_000)  # a table is only as wide as its cells need
+    console.print(table)

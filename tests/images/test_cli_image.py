@@ -23,7 +23,7 @@ def test_pull_list_prune(
     registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "40")  # narrow: piped output must still keep names whole
     first, second = tiny_image(registry, tmp_path), tiny_image(registry, tmp_path)
     dataset = tmp_path / "instances.jsonl"
     row = {"repo": "o/r", "base_commit": "0" * 40, "patch": "", "test_patch": "",
@@ -50,7 +50,7 @@ def test_fetch_only_then_pull_unpacks(
     registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SANDLOT_IMAGE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "40")  # narrow: piped output must still keep names whole
     ref = tiny_image(registry, tmp_path)
     runner = CliRunner()
     fetched = runner.invoke(cli, ["image", "pull", "--fetch-only", ref])
