@@ -49,9 +49,11 @@ class Channel(abc.ABC):
 
     @abc.abstractmethod
     async def signal_newer(self, sig: int, newer_than: int) -> None:
-        """Send ``sig`` to every process of this shell's session whose pid is greater than
-        ``newer_than``: the processes of the running command (pids grow within a pid
-        namespace). Processes that exit meanwhile are not an error."""
+        """Send ``sig`` to every process of this shell's session whose pid was allocated after
+        ``newer_than``: the processes of the running command. Pids grow within a pid namespace
+        up to ``pid_max`` and then start again from the bottom, so "after" counts across that
+        wrap-around (up to the namespace's last pid, ``/proc/loadavg``). Processes that exit
+        meanwhile are not an error."""
 
     async def exit_status(self) -> int | None:
         """The shell's exit status (``128 + N`` for signal N) once its output has ended, if the

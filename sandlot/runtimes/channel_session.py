@@ -15,7 +15,11 @@ Stopping a command (timeout, idle timeout, :meth:`interrupt`) walks :data:`ESCAL
    this same command included).
 
 The shell keeps its state throughout. If the command still has not ended, the shell is killed
-and the next command starts a fresh one (``shell_restarted=True``).
+and the next command starts a fresh one (``shell_restarted=True``). The escalation begins at
+the command's ``S`` marker, when the shell's traps are armed: a signal sent while the shell
+still reads and checks the command text would be ignored, or end the shell. A command whose
+marker has not come ``SessionConfig.start_timeout_s`` after the stop began is given up the
+same way.
 """
 
 from __future__ import annotations
@@ -210,7 +214,7 @@ class ChannelSession(BashSession):
         deadline = now + timeout if timeout is not None else math.inf
         idle_at = now + idle_timeout if idle_timeout is not None else math.inf
         reason: str | None = None  # "timeout" or "interrupt" once stopping
-        step, step_at = 0, math.inf
+        step, step_at, give_up_at = 0, math.inf, math.inf
         fence: int | None = None
         end: Marker | None = None
         gone = False
@@ -220,13 +224,16 @@ class ChannelSession(BashSession):
             now = anyio.current_time()
             if reason is None and (self._stop_requested or now >= min(deadline, idle_at)):
                 reason = "interrupt" if self._stop_requested else "timeout"
-                step_at = now
+                step_at, give_up_at = now, now + self.config.start_timeout_s
             if reason is not None and now >= step_at:
-                if step == len(ESCALATION):
+                if step == len(ESCALATION) or (fence is None and now >= give_up_at):
                     break  # nothing stopped it: give the shell up
-                await self._signal(channel, ESCALATION[step], fence)
-                step += 1
-                step_at = now + self.config.interrupt_grace_s
+                if fence is None:  # not started yet: the S marker resumes the escalation
+                    step_at = give_up_at
+                else:
+                    await self._signal(channel, ESCALATION[step], fence)
+                    step += 1
+                    step_at = now + self.config.interrupt_grace_s
             wake_at = step_at if reason is not None else min(deadline, idle_at)
             chunk: bytes | None = None
             with anyio.CancelScope(deadline=wake_at) as self._wake:
@@ -248,6 +255,8 @@ class ChannelSession(BashSession):
                 elif isinstance(item, Marker):
                     if item.kind == "S":
                         fence = item.values[0]
+                        if reason is not None:
+                            step_at = anyio.current_time()
                     elif item.kind in ("E", "X"):
                         end = item
                 else:
@@ -267,7 +276,7 @@ class ChannelSession(BashSession):
             exit_code = status if status is not None else 1
         if restarted:
             await self._drop_shell()
-        stopped = step > 0
+        stopped = step > 0 or (reason is not None and end is None)
         if stopped:
             exit_code = TIMEOUT_EXIT_CODE if reason == "timeout" else INTERRUPTED_EXIT_CODE
         text, truncated = out.text()
@@ -281,9 +290,8 @@ class ChannelSession(BashSession):
             shell_restarted=restarted,
         )
 
-    async def _signal(self, channel: Channel, sig: signal.Signals, fence: int | None) -> None:
+    async def _signal(self, channel: Channel, sig: signal.Signals, fence: int) -> None:
         log.debug("shell %r: sending %s (fence %s)", self.name, sig.name, fence)
         if sig == signal.SIGINT:
             await channel.signal_shell(sig, self._shell_pid)
-        if fence is not None:
-            await channel.signal_newer(sig, fence)
+        await channel.signal_newer(sig, fence)

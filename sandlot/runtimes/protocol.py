@@ -7,8 +7,12 @@ never sees the nonce:
 
 * ``R:<pid>`` -- bootstrap done, the shell's pid (as the sandbox sees pids);
 * ``S:<pid>:<status>`` -- the command's syntax was checked by a child ``bash -n`` whose pid is
-  ``<pid>``: a *fence*, since every process the command starts gets a higher pid;
-  ``<status>`` is ``bash -n``'s (non-zero: the command did not run);
+  ``<pid>``: a *fence*, since every process the command starts is allocated a pid after it
+  (pids are handed out cyclically: "after" counts across the wrap-around at ``pid_max``);
+  ``<status>`` is ``bash -n``'s (non-zero: the command did not run). Sent once the traps
+  below are armed: from then on SIGINT stops the command. Before it, the shell is still
+  reading and checking the command text with SIGINT ignored (seconds, for megabytes of
+  text), so a stop must wait for this marker;
 * ``E:<status>`` -- the command finished with exit status ``<status>``;
 * ``X:<status>`` -- the shell itself is exiting with ``<status>`` (top-level ``exit``, or
   ``set -e`` tripping where the session cannot catch it).
@@ -32,7 +36,11 @@ sets them changes them until it ends):
 
 * ``INT`` returns 130 from the running command (bash defers it until the foreground child
   exits); between commands SIGINT is ignored. Background jobs ignore SIGINT as bash gives
-  them (no job control), so interrupting a command spares earlier background jobs.
+  them (no job control), so interrupting a command spares earlier background jobs. After an
+  interrupt the shell forgets its jobs (``disown -a``): bash 5.2 keeps a stale entry for the
+  interrupted foreground process, and a later process given the same pid would seem to end
+  at once with the old status. Background jobs run on and ``$!`` stays, but ``jobs``, ``%n``
+  and a bare ``wait`` no longer list them.
 * ``ERR`` (with ``set -E`` so it reaches functions): when ``set -e`` is on, or an interrupt is
   unwinding, it returns from the current function or sourced file instead of letting bash
   exit, and at the command's top level it also clears ``-e``. ``set -e`` thus stops the
@@ -85,12 +93,14 @@ __sandlot_pre() {
   { builtin exec -a bash "$BASH" -n -O extglob; } <<<"$__sandlot_cmd" &
   local __sandlot_p=$! __sandlot_st=0
   wait "$__sandlot_p" || __sandlot_st=$?
+  if [[ $__sandlot_st == 0 ]]; then
+    __sandlot_intr=
+    builtin trap "__sandlot_exit $1" EXIT
+    builtin trap '{ __sandlot_intr=1; builtin return 130; } 2>/dev/null' INT
+    builtin trap "$__sandlot_err_trap" ERR
+  fi
   builtin printf '\037%s:S:%d:%d\037' "$1" "$__sandlot_p" "$__sandlot_st" >&"$__sandlot_out"
-  [[ $__sandlot_st == 0 ]] || return "$__sandlot_st"
-  __sandlot_intr=
-  builtin trap "__sandlot_exit $1" EXIT
-  builtin trap '{ __sandlot_intr=1; builtin return 130; } 2>/dev/null' INT
-  builtin trap "$__sandlot_err_trap" ERR
+  return "$__sandlot_st"
 }
 __sandlot_exit() {
   builtin printf '\037%s:X:%d\037' "$1" "$?" >&"$__sandlot_out"
@@ -101,6 +111,7 @@ __sandlot_post() {
   __sandlot_errexit=
   builtin trap '' INT
   builtin trap - ERR EXIT
+  [[ -z $__sandlot_intr ]] || builtin disown -a
   builtin printf '\037%s:E:%d\037' "$1" "$2" >&"$__sandlot_out"
 }
 """

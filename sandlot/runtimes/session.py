@@ -43,7 +43,8 @@ class SessionConfig(BaseModel):
         interrupt_grace_s: seconds each step of stopping a command waits (SIGINT twice, then
             SIGTERM, then SIGKILL) before escalating; after the last step the shell is
             replaced.
-        start_timeout_s: seconds the shell may take to start (including ``startup``).
+        start_timeout_s: seconds the shell may take to start (including ``startup``), and a
+            command that is being stopped to start (see :mod:`~sandlot.runtimes.channel_session`).
     """
 
     model_config = ConfigDict(extra="forbid")

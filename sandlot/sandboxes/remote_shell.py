@@ -69,7 +69,7 @@ descendants_only() {
 }
 newer() {
   if [ "$_last" -ge "$since" ]; then [ "$1" -gt "$since" ] && [ "$1" -le "$_last" ]
-  else [ "$1" -gt "$since" ] || [ "$1" -le "$_last" ]; fi
+  else [ "$1" -gt "$since" ] || { [ "$1" -ge 300 ] && [ "$1" -le "$_last" ]; }; fi
 }
 marked() {
   has "$1" "$m" && return 0
@@ -124,9 +124,11 @@ processes (not the calling shell, not PID 1) for which ``TEST PID STATE PPID`` s
 ``marked`` (the environment holds ``"$m"``, i.e. ``SANDLOT_EXEC_ID=<marker>``, or the process is
 an orphan, see the module docstring, when ``$orphans`` is non-empty) or ``holder`` (it has the
 calling shell's stdout or stderr open). After ``descendants_only`` a scan looks only at PIDs
-allocated after the calling shell's, where all of its descendants are: PIDs are handed out
+allocated after the calling shell's (``$since``, which a script may also set to another
+fence), where all of its descendants are: PIDs are handed out
 cyclically, so those are the ones between ``$$`` and the last PID allocated (``/proc/loadavg``),
-across the wrap-around if there was one. This spares reading the environment of every older
+across the wrap-around if there was one (after which the kernel starts again from 300,
+``RESERVED_PIDS`` in Linux ``kernel/pid.c``). This spares reading the environment of every older
 process, which ``read`` does a byte at a time (a host-wide PID namespace has hundreds). A scan
 is not one instant: a fork bomb's generations can all exit between the listing and the test
 while their children, born after the listing, go unseen, so an empty scan counts only when no
@@ -205,13 +207,13 @@ kill_all
 
 
 # $0 = marker (NAME=value), $1 = signal name, $2 = fence pid: signal the marked processes
-# newer than the fence, except this script (a session channel's `signal_newer`); builtins
-# only, like the killer.
+# allocated after the fence (across the wrap-around, as `newer` counts), except this script
+# (a session channel's `signal_newer`); builtins only, like the killer.
 SIGNAL_NEWER_SCRIPT = (
     SCAN_FUNCTIONS
     + """
-m=$0; scan marked
-for p in $pids; do [ "$p" -gt "$2" ] && kill -s "$1" "$p" 2>/dev/null; done
+m=$0; since=$2; scan marked
+for p in $pids; do kill -s "$1" "$p" 2>/dev/null; done
 exit 0
 """
 )
@@ -265,7 +267,7 @@ def kill_argv(marker: str, grace_s: float, *, sweep_orphans: bool = False) -> li
 
 def signal_newer_argv(marker: str, signal_name: str, newer_than: int) -> list[str]:
     """argv sending ``signal_name`` (``INT``, ``KILL``, ...) to the processes tagged ``marker``
-    whose pid is greater than ``newer_than``."""
+    whose pid was allocated after ``newer_than`` (across the wrap-around of pids)."""
     return [
         "/bin/sh",
         "-c",

@@ -177,6 +177,20 @@ async def test_timeout_escalates_past_an_ignored_sigint(session: BashSession) ->
     assert (await session.run("echo alive")).output == "alive\n"
 
 
+async def test_timeout_of_a_command_slow_to_start(session: BashSession) -> None:
+    # 7.5 MB of command text take the shell seconds to read and check, with SIGINT ignored
+    # until the command starts, and the timeout falls in that time. The stop must wait for the
+    # start, then interrupt the command like any other: it neither loses its SIGINTs there (and
+    # reaches SIGTERM: "Terminated", the rest of the command running) nor gives the shell up.
+    await session.run("export SANDLOT_G=kept")
+    padding = "#" + "x" * 99 + "\n"
+    r = await session.run(padding * 75_000 + "sleep 300; echo never", timeout=0.3)
+    assert (r.timed_out, r.exit_code) == (True, TIMEOUT_EXIT_CODE)
+    assert "never" not in r.output and "Terminated" not in r.output
+    assert not r.shell_restarted
+    assert (await session.run('echo "$SANDLOT_G"')).output == "kept\n"
+
+
 async def test_idle_timeout(session: BashSession) -> None:
     r = await session.run("echo tick; sleep 60", timeout=30, idle_timeout=0.5)
     assert r.timed_out and r.output.startswith("tick\n")

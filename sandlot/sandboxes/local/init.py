@@ -30,8 +30,8 @@ host -> init:
   ``cwd`` ends it with status 1, a missing program 127 (126 when not executable), limits that
   cannot be applied 126, each with a message on its stderr;
 * ``K id sig``: send ``sig`` to command ``id``'s process tree (see :func:`_tree`);
-* ``T pid sig newer``: send ``sig`` to the processes of ``pid``'s tree whose pid is greater than
-  ``newer`` (``-1``: ``pid`` itself only);
+* ``T pid sig newer``: send ``sig`` to the processes of ``pid``'s tree allocated after pid
+  ``newer`` (across the wrap-around of pids; ``-1``: ``pid`` itself only);
 * ``A prefix``: SIGKILL every process of the sandbox (without a PID namespace: the init's
   descendants and processes whose command id starts with ``prefix``), then exit.
 
@@ -56,6 +56,7 @@ _MARKER = "SANDLOT_EXEC_ID"
 _BUF = 1 << 20
 _KILL_PASSES = 50
 _PR_SET_DUMPABLE = 4
+_RESERVED_PIDS = 300
 
 
 def _limits(spec: str) -> list[tuple[int, int, int]]:
@@ -218,6 +219,18 @@ def _sandbox(prefix: bytes) -> set[int]:
     return _with_descendants(procs, {p for p in procs if _marked(p, prefix, False)} | {os.getpid()})
 
 
+def _newer(pids: set[int], fence: int) -> set[int]:
+    """The ``pids`` allocated after ``fence``. Pids are handed out cyclically: up to
+    ``pid_max``, then again from 300 (``RESERVED_PIDS``, Linux ``kernel/pid.c``). So those are
+    the pids above the fence up to the last one allocated (``/proc/loadavg``, read after the
+    listing) or, once the counter has wrapped, above the fence or from 300 up to the last."""
+    with open("/proc/loadavg", "rb") as f:
+        last = int(f.read().split()[-1])
+    if last >= fence:
+        return {p for p in pids if fence < p <= last}
+    return {p for p in pids if p > fence or _RESERVED_PIDS <= p <= last}
+
+
 def _signal_all(pids: set[int], sig: int) -> None:
     for pid in pids:
         try:  # noqa: SIM105 (contextlib costs an import)
@@ -360,7 +373,7 @@ def _handle(
             _signal_all(found, sig)
     elif op == b"T":
         pid, sig, newer = int(fields[1]), int(fields[2]), int(fields[3])
-        chosen = {pid} if newer < 0 else {p for p in _tree(pid, None) if p > newer}
+        chosen = {pid} if newer < 0 else _newer(_tree(pid, None), newer)
         _signal_all(chosen, sig)
     elif op == b"A":
         _signal_all(_sandbox(_MARKER.encode() + b"=" + fields[1]), 9)
