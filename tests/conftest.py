@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import anyio
 import pytest
 from requirements import IN_CI, check_marks
 
@@ -33,3 +34,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     check_marks(item)
+
+
+@pytest.fixture
+def freezing_hangs(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
+    """Freezing a ``local`` sandbox into a snapshot hangs until it is cancelled; the event is
+    set once a freeze has begun."""
+    from sandlot.sandboxes.local import LocalSandbox
+
+    freezing = anyio.Event()
+
+    async def hang(self: LocalSandbox) -> str:
+        freezing.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(LocalSandbox, "_snapshot", hang)
+    return freezing

@@ -353,20 +353,12 @@ async def test_a_builder_cancelled_mid_build_lets_its_waiters_set_up(local_root:
 
 @pytest.mark.anyio
 async def test_a_build_cancelled_while_freezing_closes_its_sandbox(
-    local_root: Path, monkeypatch: pytest.MonkeyPatch
+    local_root: Path, freezing_hangs: anyio.Event
 ) -> None:
-    freezing = anyio.Event()
-
-    async def hang(self: LocalSandbox) -> str:
-        freezing.set()
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    monkeypatch.setattr(LocalSandbox, "_snapshot", hang)
     (cache,) = caches(1)
     async with anyio.create_task_group() as tg:
         tg.start_soon(cache.open, "k", "local", SPEC, OPTIONS, ready)
-        await freezing.wait()
+        await freezing_hangs.wait()
         tg.cancel_scope.cancel()
     await cache.aclose()
     # local_root checks at teardown that the set-up sandbox was closed

@@ -3,6 +3,7 @@ network modes. Every backend either enforces a limit or refuses to start with a 
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 from collections.abc import Callable
@@ -34,20 +35,24 @@ async def _count(sb: Sandbox, prefix: str) -> int:
     return int(r.stdout)
 
 
+def _unique() -> int:
+    """A number for a command line that no other test or run uses: where a target shares the
+    host's PID namespace, :func:`_count` also sees every other sandbox's processes (e.g. the
+    docker target's killed sleepers, until the engine reaps them)."""
+    return 1_000_000 + secrets.randbelow(9_000_000)
+
+
 async def test_a_process_flood_is_killed_at_the_timeout(
     sandbox: Sandbox, tick_probe: Callable[[Sandbox], TickProbe]
 ) -> None:
     # Bounded (200 sleepers plus a busy loop that ignores SIGTERM), unlike a real fork bomb, so
     # that it is safe on every target, including those that run on the host.
-    probe = tick_probe(sandbox)
-    cmd = (
-        probe.command
-        + "trap '' TERM; for i in $(seq 200); do sleep 3131 & done; while :; do :; done"
-    )
-    r = await sandbox.exec(cmd, timeout=3)
+    probe, n = tick_probe(sandbox), _unique()
+    flood = f"trap '' TERM; for i in $(seq 200); do sleep {n} & done; while :; do :; done"
+    r = await sandbox.exec(probe.command + flood, timeout=3)
     assert r.timed_out
     await probe.assert_stopped()
-    assert await _count(sandbox, "sleep 3131") == 0
+    assert await _count(sandbox, f"sleep {n}") == 0
     assert (await sandbox.exec("echo alive")).stdout == "alive\n"
 
 
@@ -63,9 +68,10 @@ async def test_timeouts_kill_after_grep_and_sleep_are_deleted(
         assert not shared, f"{target.id}: the sandbox writes the host's /usr/bin"
     await sandbox.exec("rm -f /usr/bin/grep /usr/bin/sleep /bin/grep /bin/sleep")
     assert shutil.which("grep") and shutil.which("sleep")
-    r = await sandbox.exec("trap '' TERM; echo started; while :; do :; done", timeout=1)
-    assert r.timed_out and r.stdout == "started\n"
-    assert await _count(sandbox, "bash -c trap '' TERM; echo started") == 0
+    n = _unique()
+    r = await sandbox.exec(f"trap '' TERM; echo started {n}; while :; do :; done", timeout=1)
+    assert r.timed_out and r.stdout == f"started {n}\n"
+    assert await _count(sandbox, f"bash -c trap '' TERM; echo started {n}") == 0
     assert (await sandbox.exec("echo alive")).stdout == "alive\n"
 
 

@@ -154,23 +154,14 @@ async def test_with_fork_first_every_sample_forks_the_clean_set_up(
 
 
 async def test_a_set_up_sandbox_is_closed_when_freezing_it_is_cancelled(
-    monkeypatch: pytest.MonkeyPatch,
+    freezing_hangs: anyio.Event,
 ) -> None:
-    started = anyio.Event()
-
-    async def hang(self: LocalSandbox) -> str:
-        started.set()
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    monkeypatch.setattr(LocalSandbox, "_snapshot", hang)
-
     async def prepare(sb: Any) -> None:
         await sb.exec("true")
 
     async with aclosing(SetupCache()) as setups, anyio.create_task_group() as tg:
         tg.start_soon(setups.open, "a", "local", SandboxSpec(), LocalSandbox.Options(), prepare)
-        await started.wait()
+        await freezing_hangs.wait()
         tg.cancel_scope.cancel()
     # local_root checks at teardown that the set-up sandbox was closed
 
