@@ -38,10 +38,23 @@ variable                           type     default   meaning
 ``SANDLOT_REPO_MIRROR``            path     unset     git mirrors the rows of ``DEPLOYMENT=local``
                                                       clone from
 ``SANDLOT_AGENT_CONFIG``           path     unset     ``agent_config.yaml`` of verl's agent loop
+``VOLCE_ACCESS_KEY``               secret   unset     ``vefaas``: access key (or
+                                                      ``VOLCENGINE_ACCESS_KEY``)
+``VOLCE_SECRET_KEY``               secret   unset     ``vefaas``: secret key (or
+                                                      ``VOLCENGINE_SECRET_KEY``)
+``VOLCE_SESSION_TOKEN``            secret   unset     ``vefaas``: token of temporary (STS)
+                                                      credentials (or ``VOLCENGINE_SESSION_TOKEN``,
+                                                      the SDK's own name)
+``VEFAAS_REGION``                  name     unset     ``vefaas``: region; else ``cn-beijing``
+``VEFAAS_FUNCTION_ID``             ids      unset     ``vefaas``: function id(s), comma separated
+``VEFAAS_FUNCTION_ROUTE``          routes   unset     ``vefaas``: the functions' HTTP routes,
+                                                      paired by position with the ids
 =================================  =======  ========  ===========================================
 
-The start limits stay ``None`` when unset so that :class:`sandlot.sandboxes.limits.StartLimits`
-holds their defaults (the table shows them). Variables that sandlot sets for its own processes
+A variable with an alternative name (``VOLCENGINE_*``) is read when the first is unset; the
+backend's options override every ``vefaas`` variable. The start limits stay ``None`` when unset
+so that :class:`sandlot.sandboxes.limits.StartLimits` holds their defaults (the table shows
+them). Variables that sandlot sets for its own processes
 (``SANDLOT_EXEC_ID``, ``SANDLOT_ENV_OVERLAY``, ...) are protocol, not settings, and are not here.
 A ``pydantic-settings`` model would do the same; it is not a dependency, and reading a dozen
 variables into a pydantic model (already one) takes the few lines of :meth:`Settings.from_env`.
@@ -52,7 +65,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from sandlot.errors import SandlotError
 
@@ -84,6 +97,30 @@ class Settings(BaseModel):
     docker_api_threads: int = Field(32, alias="SANDLOT_DOCKER_API_THREADS")
     repo_mirror: str | None = Field(None, alias="SANDLOT_REPO_MIRROR")
     agent_config: str | None = Field(None, alias="SANDLOT_AGENT_CONFIG")
+    volce_access_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("VOLCE_ACCESS_KEY", "VOLCENGINE_ACCESS_KEY")
+    )
+    volce_secret_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("VOLCE_SECRET_KEY", "VOLCENGINE_SECRET_KEY")
+    )
+    volce_session_token: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("VOLCE_SESSION_TOKEN", "VOLCENGINE_SESSION_TOKEN")
+    )
+    vefaas_region: str | None = Field(None, alias="VEFAAS_REGION")
+    vefaas_function_id: str | None = Field(None, alias="VEFAAS_FUNCTION_ID")
+    vefaas_function_route: str | None = Field(None, alias="VEFAAS_FUNCTION_ROUTE")
+
+    @classmethod
+    def variables(cls) -> list[str]:
+        """Every variable read, alternative names included, in the table's order."""
+        names: list[str] = []
+        for field in cls.model_fields.values():
+            choices = field.validation_alias
+            if isinstance(choices, AliasChoices):
+                names += [str(choice) for choice in choices.choices]
+            elif field.alias:
+                names.append(field.alias)
+        return names
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -93,9 +130,9 @@ class Settings(BaseModel):
             SettingsError: a variable does not parse as its type (the message names it).
         """
         env = os.environ if environ is None else environ
-        names = [field.alias for field in cls.model_fields.values() if field.alias]
         try:
-            return cls.model_validate({name: env[name] for name in names if env.get(name)})
+            values = {name: env[name] for name in cls.variables() if env.get(name)}
+            return cls.model_validate(values)
         except ValidationError as exc:
             problems = "; ".join(f"${e['loc'][0]}={e['input']!r}: {e['msg']}" for e in exc.errors())
             raise SettingsError(f"{problems} (fix or unset the variable)") from None

@@ -1,36 +1,23 @@
 """Credentials and function targets of the ``vefaas`` backend, from options or environment.
 
-==========================  ===============================================================
-variable                    meaning
-==========================  ===============================================================
-``VOLCE_ACCESS_KEY``        access key (``VOLCENGINE_ACCESS_KEY`` also accepted)
-``VOLCE_SECRET_KEY``        secret key (``VOLCENGINE_SECRET_KEY`` also accepted)
-``VOLCE_SESSION_TOKEN``     session token of temporary (STS) credentials
-                            (``VOLCENGINE_SESSION_TOKEN``, the SDK's own name, also accepted)
-``VEFAAS_REGION``           region, default ``cn-beijing``
-``VEFAAS_FUNCTION_ID``      function id, or a comma-separated list
-``VEFAAS_FUNCTION_ROUTE``   the function's HTTP route(s), paired by position with the ids
-==========================  ===============================================================
-
-Several id/route pairs spread sandboxes across functions (one pair drawn per sandbox), as
-uni-agent does to stay under a single function's limits.
+The variables (``VOLCE_ACCESS_KEY``, ``VOLCE_SECRET_KEY``, ``VOLCE_SESSION_TOKEN``, each also
+read as ``VOLCENGINE_*``; ``VEFAAS_REGION``, ``VEFAAS_FUNCTION_ID``, ``VEFAAS_FUNCTION_ROUTE``)
+are documented in :mod:`sandlot.settings`. Several id/route pairs spread sandboxes across
+functions (one pair drawn per sandbox), as uni-agent does to stay under a single function's
+limits.
 """
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
+from pydantic import SecretStr
+
 from sandlot.errors import BackendUnavailableError
 from sandlot.sandboxes.vefaas.options import VefaasOptions
+from sandlot.settings import settings
 
-ACCESS_KEY_ENV = ("VOLCE_ACCESS_KEY", "VOLCENGINE_ACCESS_KEY")
-SECRET_KEY_ENV = ("VOLCE_SECRET_KEY", "VOLCENGINE_SECRET_KEY")
-SESSION_TOKEN_ENV = ("VOLCE_SESSION_TOKEN", "VOLCENGINE_SESSION_TOKEN")
-REGION_ENV = "VEFAAS_REGION"
-FUNCTION_ID_ENV = "VEFAAS_FUNCTION_ID"
-FUNCTION_ROUTE_ENV = "VEFAAS_FUNCTION_ROUTE"
 DEFAULT_REGION = "cn-beijing"
 
 
@@ -52,12 +39,8 @@ class FunctionTarget:
     route: str
 
 
-def _first_env(names: tuple[str, ...]) -> str | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value else None
 
 
 def credentials(options: VefaasOptions) -> Credentials:
@@ -66,23 +49,17 @@ def credentials(options: VefaasOptions) -> Credentials:
     Raises:
         BackendUnavailableError: the access or secret key is missing; names the variables.
     """
-    ak = options.access_key.get_secret_value() if options.access_key else _first_env(ACCESS_KEY_ENV)
-    sk = options.secret_key.get_secret_value() if options.secret_key else _first_env(SECRET_KEY_ENV)
-    missing = []
-    if not ak:
-        missing.append(" or ".join(ACCESS_KEY_ENV))
-    if not sk:
-        missing.append(" or ".join(SECRET_KEY_ENV))
-    if missing or ak is None or sk is None:
+    env = settings()
+    ak = _secret(options.access_key or env.volce_access_key)
+    sk = _secret(options.secret_key or env.volce_secret_key)
+    if not ak or not sk:
+        keys = [k for k, value in (("ACCESS", ak), ("SECRET", sk)) if not value]
+        missing = " and ".join(f"VOLCE_{k}_KEY or VOLCENGINE_{k}_KEY" for k in keys)
         raise BackendUnavailableError(
-            f"no veFaaS credentials: set {' and '.join(missing)} (or the access_key/secret_key "
-            "options)"
+            f"no veFaaS credentials: set {missing} (or the access_key/secret_key options)"
         )
-    region = options.region or os.environ.get(REGION_ENV) or DEFAULT_REGION
-    token = options.session_token
-    return Credentials(
-        ak, sk, region, token.get_secret_value() if token else _first_env(SESSION_TOKEN_ENV)
-    )
+    region = options.region or env.vefaas_region or DEFAULT_REGION
+    return Credentials(ak, sk, region, _secret(options.session_token or env.volce_session_token))
 
 
 def _split(value: str | None) -> list[str]:
@@ -96,10 +73,10 @@ def function_ids(options: VefaasOptions) -> list[str]:
     Raises:
         BackendUnavailableError: no function id is configured; names the variable.
     """
-    ids = _split(options.function_id or os.environ.get(FUNCTION_ID_ENV))
+    ids = _split(options.function_id or settings().vefaas_function_id)
     if not ids:
         raise BackendUnavailableError(
-            f"no veFaaS sandbox function: set {FUNCTION_ID_ENV} (or the function_id option) to "
+            "no veFaaS sandbox function: set VEFAAS_FUNCTION_ID (or the function_id option) to "
             "the sandbox application's function id(s)"
         )
     return ids
@@ -112,15 +89,15 @@ def function_targets(options: VefaasOptions) -> list[FunctionTarget]:
         BackendUnavailableError: ids or routes missing, or the two lists differ in length.
     """
     ids = function_ids(options)
-    routes = _split(options.function_route or os.environ.get(FUNCTION_ROUTE_ENV))
+    routes = _split(options.function_route or settings().vefaas_function_route)
     if not routes:
         raise BackendUnavailableError(
-            f"no veFaaS sandbox function route: set {FUNCTION_ROUTE_ENV} (or the function_route "
+            "no veFaaS sandbox function route: set VEFAAS_FUNCTION_ROUTE (or the function_route "
             "option) to the HTTP route of the sandbox application's function(s)"
         )
     if len(ids) != len(routes):
         raise BackendUnavailableError(
-            f"{FUNCTION_ID_ENV} lists {len(ids)} function(s) but {FUNCTION_ROUTE_ENV} lists "
+            f"VEFAAS_FUNCTION_ID lists {len(ids)} function(s) but VEFAAS_FUNCTION_ROUTE lists "
             f"{len(routes)} route(s); they are paired by position"
         )
     return [FunctionTarget(i, r) for i, r in zip(ids, routes, strict=True)]

@@ -15,7 +15,7 @@ class VefaasOptions(SwerexPlaneOptions):
     ``stop_grace_s``, ``request_retries``, ``server_restart_s``, ``port`` (the
     ``InstanceImageInfo.Port``), ``bootstrap``, ``ready_timeout_s``, ``swerex_python``,
     ``swerex_find_links``). Unset credentials and targets
-    come from the environment (see :mod:`sandlot.sandboxes.vefaas.config`).
+    come from the environment (see :mod:`sandlot.settings`).
 
     Attributes:
         access_key: Volcengine access key; ``None`` reads ``VOLCE_ACCESS_KEY`` /
