@@ -162,7 +162,7 @@ async def test_a_token_that_begins_with_a_dash_still_starts_the_server(
 def test_failed_instances_are_retried_unless_the_cause_is_permanent(
     code: str, retryable: bool
 ) -> None:
-    info = SandboxInfo("sb-1", FUNCTION_ID, "Failed", {}, error="x", error_code=code)
+    info = SandboxInfo("sb-1", "Failed", {}, error="x", error_code=code)
     assert info.failure_retryable is retryable
 
 
@@ -399,15 +399,12 @@ async def _bare_instances(fake: FakeVefaas, n: int, run_id: str) -> list[str]:
     ids: list[str] = []
     for i in range(n):
         request = control.create_request(
+            SandboxSpec(
+                image="python:3.12", timeout_s=600, labels={RUN_ID: run_id, SANDBOX_ID: f"bare-{i}"}
+            ),
             function_id=FUNCTION_ID,
-            image="python:3.12",
-            port=8000,
             command="exec sleep 600",
-            env={},
-            metadata={RUN_ID: run_id, SANDBOX_ID: f"bare-{i}"},
-            timeout_s=600,
-            cpu=None,
-            memory_mb=None,
+            port=8000,
         )
         ids.append(await control.create(request, lambda _: None))
     return ids

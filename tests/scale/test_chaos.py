@@ -142,15 +142,10 @@ async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -
         bystanders = [
             await control.create(
                 control.create_request(
+                    SandboxSpec(image="python:3.12", timeout_s=600, labels={RUN_ID: "another-run"}),
                     function_id=opts.function_id or "",
-                    image="python:3.12",
-                    port=8000,
                     command="exec sleep 600",
-                    env={},
-                    metadata={RUN_ID: "another-run"},
-                    timeout_s=600,
-                    cpu=None,
-                    memory_mb=None,
+                    port=8000,
                 ),
                 lambda _: None,
             )

@@ -113,8 +113,7 @@ def get_client(base_url: str | None) -> DockerClient:
     """
     address = base_url or os.environ.get("DOCKER_HOST", "")
     with _clients_lock:
-        client = _clients.get(address)
-        if client is not None:
+        if (client := _clients.get(address)) is not None:
             return client
         docker = sdk()
         if address.startswith("ssh://"):

@@ -29,7 +29,9 @@ class RegistryAuth(BaseModel):
 
 
 class DockerOptions(ExecOptions):
-    """Options of the ``docker`` backend (Docker Engine, or Podman's Docker-compatible API).
+    """Options of the ``docker`` backend (Docker Engine, or Podman's Docker-compatible API),
+    with :class:`~sandlot.sandboxes.transport.ExecOptions`'s (``max_output_bytes``,
+    ``stop_grace_s``).
 
     Attributes:
         base_url: engine address, e.g. ``"unix:///var/run/docker.sock"`` or
@@ -38,10 +40,6 @@ class DockerOptions(ExecOptions):
         pull: image pull policy. ``"missing"`` pulls only when the engine lacks ``spec.image``,
             ``"always"`` pulls before every start, ``"never"`` fails when the image is absent.
         registry_auth: credentials for pulls from a private registry, or ``None``.
-        max_output_bytes: cap in bytes on each of stdout and stderr kept per ``exec``; the rest
-            is drained and dropped, and the result says ``truncated=True``.
-        stop_grace_s: seconds a timed-out or cancelled command gets between SIGTERM and SIGKILL.
-            ``0`` sends SIGKILL at once.
         pids_limit: cap on the number of processes in the container (fork-bomb guard); always
             set, since an engine's default may be no limit at all (Docker).
     """

@@ -114,9 +114,7 @@ class DockerSandbox(StreamedExec):
 
     @classmethod
     def _reaper_context(cls, options: DockerOptions) -> APIClient:
-        """The engine's client (SDK 7.1 ``APIClient``: ``containers(all=True, filters=)``,
-        ``remove_container(force=True, v=True)``, ``images``, ``remove_image(force=True)``,
-        https://docker-py.readthedocs.io/en/7.1.0/api.html).
+        """The engine's client.
 
         Raises:
             BackendUnavailableError: the ``docker`` SDK is not installed.
@@ -171,8 +169,7 @@ class DockerSandbox(StreamedExec):
         except Exception as exc:
             errors = sdk().errors
             if isinstance(exc, errors.APIError):
-                dead = await self._gone()
-                if dead is not None:
+                if dead := await self._gone():
                     raise dead from exc
                 if path is not None:
                     missing = isinstance(exc, errors.NotFound)
@@ -201,8 +198,7 @@ class DockerSandbox(StreamedExec):
     async def _running(self) -> None:
         """Raise ``SandboxDeadError`` unless the container runs: the archive endpoints also work
         on a stopped one."""
-        dead = await self._gone()
-        if dead is not None:
+        if dead := await self._gone():
             raise dead
 
     # ----------------------------------------------------------------- lifecycle
@@ -336,10 +332,8 @@ class DockerSandbox(StreamedExec):
 
     async def _spawn(self, argv: list[str], env: dict[str, str], timeout: float | None) -> Process:
         """``exec_create(stdin=True)`` + ``exec_start(socket=True)``: the hijacked connection
-        (:mod:`sandlot.sandboxes.docker.stream`). The exit status comes from the output stream
-        (``status_in_band``), not from ``exec_inspect``: Podman with ``exit_command_delay = 0``
-        forgets an exec as soon as it ends, and then leaves no ``conmon`` process behind per
-        exec (docs/docker.md). ``timeout``: the engine has no backstop of its own; PID 1 ends
+        (:mod:`sandlot.sandboxes.docker.stream`); the exit status comes in band (see
+        ``status_in_band``). ``timeout``: the engine has no backstop of its own; PID 1 ends
         every process at the sandbox's lifetime."""
 
         def start() -> Process:

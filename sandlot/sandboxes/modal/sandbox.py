@@ -1,18 +1,17 @@
 """``ModalSandbox``: a sandbox on Modal (https://modal.com/docs/guide/sandbox).
 
-Written against the ``modal`` SDK 1.6.4, read in its source (``modal/sandbox/_sandbox.py``,
-``_filesystem.py``, ``container_process.py``, ``io_streams.py``, ``app.py``, ``image.py``,
-``secret.py``) and the reference at https://modal.com/docs/reference/modal.Sandbox. Calls used,
-all through their ``.aio`` async variants: ``App.lookup(name, create_if_missing=True)``,
-``Image.from_registry(tag, secret=)``, ``Secret.from_name(name)``, ``Sandbox.create(*cmd,
-app=, name=, tags=, image=, env=, timeout=, idle_timeout=, workdir=, cpu=, memory=,
-block_network=)``, ``Sandbox.exec(*argv, timeout=, env=, text=False)`` (stdout/stderr read
-concurrently, stdin ``write``/``write_eof``/``drain``, ``wait``), ``Sandbox.poll``,
-``Sandbox.terminate``, ``Sandbox.from_name``, and
-``Sandbox.filesystem.read_bytes``/``write_bytes``. Snapshots (the guide:
+Written against the ``modal`` SDK 1.6.4, read in its source (``modal/sandbox/``,
+``container_process.py``, ``io_streams.py``, ``app.py``, ``image.py``, ``secret.py``) and the
+reference at https://modal.com/docs/reference/modal.Sandbox. Calls used, all through their ``.aio``
+async variants: ``App.lookup(name, create_if_missing=True)``, ``Image.from_registry(tag, secret=)``,
+``Secret.from_name(name)``, ``Sandbox.create(*cmd, app=, name=, tags=, image=, env=, timeout=,
+idle_timeout=, workdir=, cpu=, memory=, block_network=)``, ``Sandbox.exec(*argv, timeout=, env=,
+text=False)`` (stdout/stderr read concurrently, stdin ``write``/``write_eof``/``drain``, ``wait``),
+``Sandbox.poll``, ``Sandbox.terminate``, ``Sandbox.from_name``, ``Sandbox.list(app_id=, tags=)``,
+``get_tags`` and ``Sandbox.filesystem.read_bytes``/``write_bytes``. Snapshots (the guide:
 https://modal.com/docs/guide/sandbox-snapshots): ``Sandbox.snapshot_filesystem(timeout, ttl=)``
-makes an ``Image`` whose ``object_id`` (``im-...``) is the handle, ``Image.from_id`` (lazy,
-called without ``.aio``: 1.6.4 deprecates that) names it to ``Sandbox.create``, and
+makes an ``Image`` whose ``object_id`` (``im-...``) is the handle, ``Image.from_id`` (lazy, called
+without ``.aio``: 1.6.4 deprecates that) names it to ``Sandbox.create``, and
 ``modal.experimental.image_delete`` removes it.
 
 The SDK is imported when a sandbox starts; subclasses may override :meth:`ModalSandbox.sdk`
@@ -22,6 +21,7 @@ The SDK is imported when a sandbox starts; subclasses may override :meth:`ModalS
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -248,12 +248,8 @@ class ModalSandbox(StreamedExec):
             SandboxError: Modal failed or did not answer (``retryable``).
         """
         ttl, sdk_timeout = self.options.snapshot_ttl_s, math.ceil(self.options.control_timeout_s)
-
-        async def snap() -> Any:
-            return await self._sb.snapshot_filesystem.aio(sdk_timeout, ttl=ttl)
-
-        image = await self._call("snapshot_filesystem", snap, control=True)
-        return str(image.object_id)
+        snap = functools.partial(self._sb.snapshot_filesystem.aio, sdk_timeout, ttl=ttl)
+        return str((await self._call("snapshot_filesystem", snap, control=True)).object_id)
 
     @classmethod
     async def _delete_snapshot(cls, handle: str, options: BaseModel) -> None:

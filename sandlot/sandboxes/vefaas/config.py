@@ -1,10 +1,6 @@
-"""Credentials and function targets of the ``vefaas`` backend, from options or environment.
-
-The variables (``VOLCE_ACCESS_KEY``, ``VOLCE_SECRET_KEY``, ``VOLCE_SESSION_TOKEN``, each also
-read as ``VOLCENGINE_*``; ``VEFAAS_REGION``, ``VEFAAS_FUNCTION_ID``, ``VEFAAS_FUNCTION_ROUTE``)
-are documented in :mod:`sandlot.settings`. Several id/route pairs spread sandboxes across
-functions (one pair drawn per sandbox), as uni-agent does to stay under a single function's
-limits.
+"""Credentials and function targets of the ``vefaas`` backend, from options or the variables of
+:mod:`sandlot.settings`. Several id/route pairs spread sandboxes across functions (one pair
+drawn per sandbox), as uni-agent does to stay under a single function's limits.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ from sandlot._optional import require
 from sandlot.errors import SandboxError, SandboxStartError
 from sandlot.sandboxes.backoff import retry
 from sandlot.sandboxes.pacer import Pacer
+from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.vefaas.config import Credentials
 from sandlot.sandboxes.vefaas.options import VefaasOptions
 
@@ -82,7 +83,6 @@ class ControlPlaneError(SandboxError):
     """A control-plane call failed.
 
     Attributes:
-        action: the API action (``CreateSandbox``, ...).
         status: the HTTP status (0 for transport faults; 200 for an error in a 200 body).
         code: the service's error code (``Throttling``, ``ResourceNotFound.Sandbox``, ...), or
             ``""`` when the answer carried none.
@@ -91,20 +91,10 @@ class ControlPlaneError(SandboxError):
     """
 
     def __init__(
-        self,
-        message: str,
-        *,
-        action: str,
-        status: int,
-        code: str,
-        retryable: bool,
-        ambiguous: bool = False,
+        self, message: str, *, status: int, code: str, retryable: bool, ambiguous: bool = False
     ) -> None:
         super().__init__(message, retryable=retryable)
-        self.action = action
-        self.status = status
-        self.code = code
-        self.ambiguous = ambiguous
+        self.status, self.code, self.ambiguous = status, code, ambiguous
 
     @property
     def not_found(self) -> bool:
@@ -117,34 +107,23 @@ STATUS_PACER = Pacer(_STATUS_READ_INTERVAL_S)
 
 @dataclass(frozen=True)
 class SandboxInfo:
-    """What the control plane says about one sandbox.
-
-    Attributes:
-        id: sandbox id.
-        function_id: its function.
-        status: ``Creating``, ``Running``, ``Terminating``, ``Terminated``, ... (service word).
-        metadata: its metadata (our labels).
-        error: the service's error message for the sandbox, if any.
-        error_code: the service's error code for the sandbox, if any.
-    """
+    """One sandbox as ``DescribeSandbox`` or ``ListSandboxes`` reports it: its ``id``, its
+    ``status`` (the service's word: ``Creating``, ``Running``, ``Terminating``, ...), its
+    ``metadata`` (our labels), and the service's ``error`` message and ``error_code`` if any."""
 
     id: str
-    function_id: str
     status: str
     metadata: Mapping[str, str]
     error: str = ""
     error_code: str = ""
 
     @classmethod
-    def of(
-        cls, out: Any, sandbox_id: str, function_id: str, metadata: dict[str, str]
-    ) -> SandboxInfo:
-        """From a ``DescribeSandboxResponse`` or a ``ListSandboxes`` row (``status``,
-        ``error_message``, ``error_code``)."""
-        status, error, code = out.status, out.error_message, out.error_code
-        return cls(
-            sandbox_id, function_id, str(status or ""), metadata, str(error or ""), str(code or "")
+    def of(cls, out: Any, sandbox_id: str, metadata: Mapping[str, str]) -> SandboxInfo:
+        """From a ``DescribeSandboxResponse`` or a ``ListSandboxes`` row."""
+        status, error, code = (
+            str(v or "") for v in (out.status, out.error_message, out.error_code)
         )
+        return cls(sandbox_id, status, metadata, error, code)
 
     @property
     def failure_retryable(self) -> bool:
@@ -208,7 +187,6 @@ class ControlPlane:
             # (read timeout, connection dropped mid-answer) may have been acted on.
             raise ControlPlaneError(
                 f"{what}: {type(exc).__name__}: {exc}",
-                action=what,
                 status=0,
                 code="",
                 retryable=True,
@@ -216,31 +194,22 @@ class ControlPlane:
             ) from exc
 
     def create_request(
-        self,
-        *,
-        function_id: str,
-        image: str,
-        port: int,
-        command: str,
-        env: Mapping[str, str],
-        metadata: Mapping[str, str],
-        timeout_s: float,
-        cpu: float | None,
-        memory_mb: int | None,
+        self, spec: SandboxSpec, *, function_id: str, command: str, port: int
     ) -> Any:
-        """The ``CreateSandboxRequest``: lifetime in whole seconds, CPU in milli-cores."""
+        """The ``CreateSandboxRequest`` of ``spec``: its ``image``, ``env``, ``labels`` as the
+        metadata, lifetime in whole seconds, CPU in milli-cores, ``memory_mb``."""
         m = self.sdk.models
         return m.CreateSandboxRequest(
             function_id=function_id,
             instance_image_info=m.InstanceImageInfoForCreateSandboxInput(
-                image=image, port=port, command=command
+                image=spec.image, port=port, command=command
             ),
-            envs=[m.EnvForCreateSandboxInput(key=k, value=v) for k, v in env.items()] or None,
-            metadata=dict(metadata),
-            timeout=max(1, math.ceil(timeout_s)),
+            envs=[m.EnvForCreateSandboxInput(key=k, value=v) for k, v in spec.env.items()] or None,
+            metadata=dict(spec.labels),
+            timeout=max(1, math.ceil(spec.timeout_s)),
             timeout_unit="second",
-            cpu_milli=None if cpu is None else max(1, round(cpu * 1000)),
-            memory_mb=memory_mb,
+            cpu_milli=None if spec.cpu is None else max(1, round(spec.cpu * 1000)),
+            memory_mb=spec.memory_mb,
         )
 
     async def create(self, request: Any, record: Callable[[str], None]) -> str:
@@ -262,7 +231,6 @@ class ControlPlane:
             if not sandbox_id:
                 raise ControlPlaneError(
                     "CreateSandbox: the answer (HTTP 200) carries no SandboxId",
-                    action="CreateSandbox",
                     status=200,
                     code="",
                     retryable=True,
@@ -288,7 +256,7 @@ class ControlPlane:
         await STATUS_PACER.wait()
         out = await self._call("DescribeSandbox", self.api.describe_sandbox, request)
         metadata = {item.meta_key: item.meta_value for item in out.metadata_list or []}
-        return SandboxInfo.of(out, sandbox_id, function_id, metadata)
+        return SandboxInfo.of(out, sandbox_id, metadata)
 
     async def list(self, function_id: str, metadata: Mapping[str, str] | None) -> list[SandboxInfo]:
         """``ListSandboxes`` of ``function_id`` whose metadata contains ``metadata``, all pages.
@@ -320,16 +288,9 @@ class ControlPlane:
                 retry_on=lambda exc: isinstance(exc, ControlPlaneError) and exc.retryable,
             )
             rows = out.sandboxes or []
-            found += [
-                SandboxInfo.of(row, str(row.id), function_id, dict(row.metadata or {}))
-                for row in rows
-            ]
-            if not rows:
-                return found
-            if out.total is not None:
-                if len(found) >= out.total:
-                    return found
-            elif len(rows) < _PAGE_SIZE:
+            found += [SandboxInfo.of(row, str(row.id), dict(row.metadata or {})) for row in rows]
+            last = len(found) >= out.total if out.total is not None else len(rows) < _PAGE_SIZE
+            if last or not rows:
                 return found
             page += 1
 
@@ -388,7 +349,6 @@ def translate(what: str, exc: Any) -> ControlPlaneError:
     retryable = retryable_code(code) or status in (0, 429) or status >= 500
     return ControlPlaneError(
         f"{what}: HTTP {status} {code}: {message}".rstrip(": "),
-        action=what,
         status=status,
         code=code,
         retryable=retryable,

@@ -14,22 +14,15 @@ class VefaasOptions(SwerexPlaneOptions):
     (:class:`~sandlot.sandboxes.swerex_plane.SwerexPlaneOptions`: ``max_output_bytes``,
     ``stop_grace_s``, ``request_retries``, ``server_restart_s``, ``port`` (the
     ``InstanceImageInfo.Port``), ``bootstrap``, ``ready_timeout_s``, ``swerex_python``,
-    ``swerex_find_links``). Unset credentials and targets
-    come from the environment (see :mod:`sandlot.settings`).
+    ``swerex_find_links``).
 
     Attributes:
-        access_key: Volcengine access key; ``None`` reads ``VOLCE_ACCESS_KEY`` /
-            ``VOLCENGINE_ACCESS_KEY``.
-        secret_key: Volcengine secret key; ``None`` reads ``VOLCE_SECRET_KEY`` /
-            ``VOLCENGINE_SECRET_KEY``.
-        session_token: the session token of temporary (STS) credentials, sent signed as
-            ``X-Security-Token``; ``None`` reads ``VOLCE_SESSION_TOKEN`` /
-            ``VOLCENGINE_SESSION_TOKEN`` (unset: long-term keys).
-        region: region; ``None`` reads ``VEFAAS_REGION``, default ``cn-beijing``.
-        function_id: the sandbox application's function id(s), comma separated; ``None`` reads
-            ``VEFAAS_FUNCTION_ID``.
-        function_route: the function's HTTP route(s), comma separated and paired by position
-            with ``function_id``; ``None`` reads ``VEFAAS_FUNCTION_ROUTE``.
+        access_key, secret_key, session_token, region, function_id, function_route: the
+            Volcengine credentials (``session_token`` of temporary STS ones, sent signed as
+            ``X-Security-Token``), the region (default ``cn-beijing``), and the sandbox
+            application's function id(s) and HTTP route(s), comma separated and paired by
+            position; each ``None`` reads its variable (``VOLCE_*``, ``VEFAAS_*``, see
+            :mod:`sandlot.settings`).
         endpoint: control-plane host (``open.volcengineapi.com`` style), or ``None`` for the
             SDK's default; with ``scheme`` it points the SDK at another server.
         scheme: ``https`` or ``http`` for ``endpoint``.

@@ -136,16 +136,12 @@ class VefaasSandbox(SwerexPlane):
             log.debug("vefaas: network=False is not enforced; egress follows the function's config")
         token = secrets.token_urlsafe(24)
         self._labels = sandbox_labels(self.id, spec.labels)
+        image = backend_image(spec.image, "vefaas", opts.image_overrides)
         request = self._control.create_request(
+            spec.model_copy(update={"image": image, "labels": self._labels}),
             function_id=target.function_id,
-            image=backend_image(spec.image, "vefaas", opts.image_overrides),
-            port=opts.port,
             command=self._server_command(spec.workdir, token),
-            env=spec.env,
-            metadata=self._labels,
-            timeout_s=spec.timeout_s,
-            cpu=spec.cpu,
-            memory_mb=spec.memory_mb,
+            port=opts.port,
         )
         try:
             await self._control.create(request, self._record)
@@ -233,15 +229,11 @@ class VefaasSandbox(SwerexPlane):
         this sandbox's, checked on every row whatever the server's filter did."""
         assert self._control is not None and self._target is not None
         rows = await self._control.list(self._target.function_id, {SANDBOX_ID: self.id})
-        return next(
-            (
-                row.id
-                for row in rows
-                if row.status not in GONE
-                and all(row.metadata.get(k) == self._labels.get(k) for k in _OWN_LABELS)
-            ),
-            None,
-        )
+        own = {k: self._labels.get(k) for k in _OWN_LABELS}
+        for row in rows:
+            if row.status not in GONE and all(row.metadata.get(k) == v for k, v in own.items()):
+                return row.id
+        return None
 
     async def _probe(self) -> str | None:
         """Why the instance cannot run commands, else ``None``: the control plane first (not
