@@ -49,8 +49,14 @@ def _in_pid_namespace(argv: list[str], env: dict[str, str] | None = None) -> str
 # For each position j, the fence gets pid PID_MAX - j and three marked processes follow
 # it, the wrap falling between the fence and them or among them; an older marked job and a
 # newer process with another marker must survive. Prints the old job's pid, then per position
-# "j fence other new new new | survivors".
+# "j fence other new new new | survivors". The script runs once every process has executed
+# `sleep`: before, a forked child's environ is still its parent's as the parent was started,
+# without the marker exported since.
 _SIGNAL_DRIVER = """
+execd() {
+  local pid comm
+  for pid; do until IFS= read -r comm </proc/"$pid"/comm && [ "$comm" = sleep ]; do :; done; done
+}
 export SANDLOT_EXEC_ID=wrap-test
 sleep 1000 & old=$!; echo "$old"
 for j in 1 2 3; do
@@ -58,6 +64,7 @@ for j in 1 2 3; do
   sh -c : & fence=$!; wait "$fence"
   sleep 1000 & a=$!; sleep 1000 & b=$!; sleep 1000 & c=$!
   SANDLOT_EXEC_ID=other sleep 1000 & o=$!
+  execd "$old" "$a" "$b" "$c" "$o"
   sh -c "$SCRIPT" "SANDLOT_EXEC_ID=wrap-test" KILL "$fence"
   sleep 0.3
   alive=
