@@ -37,6 +37,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"
 TARGET = "minicalc__minicalc-1"
 # The attacks the issue found resolved before the defences: they run in the default suite.
 FROM_THE_ISSUE = ("parent_stdout_exit", "conftest_makereport", "pytest_shadow")
+# Round 3 (#33, classes 1 and 2): each resolved before the defences of that round.
+ROUND_3 = (
+    "late_plugin_in_tmp",
+    "late_plugin_in_repository",
+    "trace_swaps_test_code",
+    "trace_swaps_test_functions",
+)
 BACKENDS = [
     pytest.param("local", marks=needs(bwrap_missing)),
     pytest.param("docker", marks=[needs(docker_engine_missing), pytest.mark.slow]),
@@ -112,7 +119,7 @@ FORGERY_BACKENDS = [
     ),
     *(
         pytest.param(a, "local", marks=needs(bwrap_missing), id=f"{a}-local")
-        for a in FROM_THE_ISSUE[1:]
+        for a in FROM_THE_ISSUE[1:] + ROUND_3
     ),
 ]
 

@@ -54,7 +54,9 @@ class TestUnit:
 """
 
 
-def _run(tmp_path: Path, files: dict[str, str], args: str = "") -> tuple[str, str, Any]:
+def _run(
+    tmp_path: Path, files: dict[str, str], args: str = "", graded: tuple[str, ...] = ()
+) -> tuple[str, str, Any]:
     """Run ``python -m pytest`` in a project made of ``files`` behind the channel preamble,
     as the evaluator does in a sandbox. Returns (output, records, run)."""
     project = tmp_path / "project"
@@ -69,7 +71,7 @@ def _run(tmp_path: Path, files: dict[str, str], args: str = "") -> tuple[str, st
     )
     Path(run.directory).mkdir()
     shutil.copy(PLUGIN_SOURCE, Path(run.directory) / f"{run.module}.py")
-    cmd = run.command(f"{sys.executable} -m pytest -rA -p no:cacheprovider {args}")
+    cmd = run.command(f"{sys.executable} -m pytest -rA -p no:cacheprovider {args}", graded)
     done = subprocess.run(
         ["bash", "-c", cmd],
         cwd=project,
@@ -99,6 +101,103 @@ def test_plugin_records_what_pytest_ran(tmp_path: Path) -> None:
     }
     assert verdict.exitstatus == 1
     assert run.key.hex() not in records and run.key.hex() not in out
+
+
+# What an honest suite may do under the round-3 checks (test code identity, plugin trust, the
+# audit hook): decorated, parametrized, generated, class and unittest tests, a conftest that
+# names a plugin module, the assertion pass hook, gc walks, ctypes, a real file compiled by
+# library code (flask's Config.from_pyfile) and code.replace on one's own function.
+_HONEST = {
+    "pytest.ini": "[pytest]\nenable_assertion_pass_hook = true\n",
+    "conftest.py": "pytest_plugins = ['helpers.plug']\n",
+    "helpers/__init__.py": "",
+    "helpers/plug.py": (
+        "import pytest\n\n"
+        "@pytest.fixture\ndef answer():\n    return 42\n\n"
+        "def pytest_generate_tests(metafunc):\n"
+        "    if 'gen' in metafunc.fixturenames:\n"
+        "        metafunc.parametrize('gen', [1, 2])\n"
+    ),
+    "helpers/deco.py": (
+        "import functools\n\n"
+        "def twice(f):\n"
+        "    @functools.wraps(f)\n"
+        "    def run(*a, **k):\n"
+        "        f(*a, **k)\n"
+        "        return f(*a, **k)\n"
+        "    return run\n"
+    ),
+    "helpers/settings.py": "VALUE = 7\n",
+    "test_honest.py": """
+import ctypes
+import gc
+import unittest
+from unittest import mock
+
+import pytest
+
+from helpers.deco import twice
+
+
+def test_fixture(answer):
+    assert answer == 42
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_param(n):
+    assert n * 2 == n + n
+
+
+def test_generated(gen):
+    assert gen in (1, 2)
+
+
+@twice
+def test_decorated():
+    assert True
+
+
+def test_gc_and_ctypes():
+    assert any(o is test_gc_and_ctypes for o in gc.get_objects())
+    assert ctypes.c_int(3).value == 3
+
+
+def test_library_compiles_a_real_file():
+    ns = {}
+    with open("helpers/settings.py", "rb") as f:
+        exec(compile(f.read(), "helpers/settings.py", "exec"), ns)
+    assert ns["VALUE"] == 7
+
+
+def test_renames_its_own_helper():
+    def helper():
+        return 5
+
+    helper.__code__ = helper.__code__.replace(co_name="renamed")
+    assert helper() == 5
+
+
+class TestGroup:
+    def test_method(self):
+        assert [1, 2] == [1, 2]
+
+
+class TestCaseStyle(unittest.TestCase):
+    @mock.patch("os.getcwd", return_value="/x")
+    def test_patched(self, getcwd):
+        import os
+
+        self.assertEqual(os.getcwd(), "/x")
+""",
+}
+
+
+def test_an_honest_suite_is_verified_under_every_check(tmp_path: Path) -> None:
+    out, records, run = _run(tmp_path, _HONEST, graded=("test_honest.py",))
+    verdict = judge_records(records, run.key)
+    assert verdict.violations == [], out
+    assert set(verdict.statuses.values()) == {"PASSED"}, verdict.statuses
+    assert len(verdict.statuses) == 12, verdict.statuses
 
 
 def test_tests_see_neither_the_key_nor_the_plugin_in_their_environment(tmp_path: Path) -> None:

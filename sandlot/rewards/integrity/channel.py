@@ -151,7 +151,7 @@ class ChannelRun:
         """What the test command's standard input carries: the key, for the plugin only."""
         return self.key.hex().encode() + b"\n"
 
-    def command(self, test_cmd: str) -> str:
+    def command(self, test_cmd: str, graded: Iterable[str] = ()) -> str:
         """``test_cmd`` behind the preamble that writes the plugin (a here-document: its
         source is no secret), takes the key and defines the function every pytest invocation
         of ``test_cmd`` is rewritten to call (see :func:`wrap_pytest`).
@@ -159,6 +159,10 @@ class ChannelRun:
         The key pipe (the command's standard input) moves to fd 3, unread by the shell: the
         first bootstrap drains it, later pytest invocations find it empty. Standard input of
         the tests is ``/dev/null``.
+
+        ``graded``: repository-relative paths of the graded tests' files (and ``test_patch``'s);
+        the bootstrap compiles the ``.py`` ones before any code of the repository runs, and
+        every collected test of those files must run that code.
         """
         d, m = shlex.quote(self.directory), shlex.quote(self.module)
         plugin = f"{d}/{m}.py"
@@ -171,6 +175,9 @@ class ChannelRun:
             "exec 2>&1\n"
             f"mkdir -p {d} && cat > {plugin} <<'{_PLUGIN_EOF}'\n"
             f"{PLUGIN_SOURCE.read_text()}{_PLUGIN_EOF}\n"
+            f"cat > {d}/graded <<'{_PLUGIN_EOF}'\n"
+            + "".join(f"{p}\n" for p in graded if "\n" not in p)
+            + f"{_PLUGIN_EOF}\n"
             "exec 3<&0 0</dev/null\n"
             "__sandlot_root=$PWD\n"
             f"{function}"

@@ -123,6 +123,275 @@ class _RunnerImports:
         return self._find(name, self._path)
 
 
+class _Audit:
+    """A PEP 578 audit hook, installed by the bootstrap before anything of the repository can
+    run (an audit hook cannot be removed from Python). It notes, as tampering, what the code
+    under test does to the interpreter that would change what the tests are:
+
+    * ``object.__setattr__`` of ``__code__`` on a function of the repository, pytest, pluggy
+      or this plugin (a test's code swapped in place);
+    * ``sys.settrace``/``sys.setprofile``/``sys.monitoring.register_callback`` called by code of
+      the repository (a tracer sees every frame of the tests: it can swap their functions
+      before collection, or jump over an ``assert``);
+    * ``compile`` of code attributed to an existing ``.py`` file from a source that is not
+      that file, outside the import system and pytest's assertion rewriter;
+    * ``code.__new__`` (``CodeType``, ``code.replace``) by code of the repository, attributing
+      the new code to another existing file.
+
+    Installed and third-party code (coverage's tracer, pytest's own pdb, a library's ctypes)
+    is not held against the run. ``findings`` is drained into ``tamper`` records.
+    """
+
+    EVENTS = frozenset(
+        (
+            "object.__setattr__",
+            "sys.settrace",
+            "sys.setprofile",
+            "sys.monitoring.register_callback",
+            "compile",
+            "code.__new__",
+        )
+    )
+
+    def __init__(self, root, own_file):
+        import _thread
+
+        self.root = root.rstrip(os.sep) + os.sep
+        self.own = own_file
+        self.stdlib = os.path.dirname(os.path.realpath(os.__file__)) + os.sep
+        self.environment = ()  # installed code: site directories, prefixes (set by _boot)
+        self.runner = ()  # pytest's, pluggy's and this plugin's files (set by _boot)
+        self.rewriter = None  # pytest's assertion rewriter module file
+        self.tests = frozenset()  # the graded test files (set by _boot)
+        self.findings = []
+        self._busy = set()
+        self._ident = _thread.get_ident
+
+    def __call__(self, event, args):
+        if event not in self.EVENTS:
+            return
+        me = self._ident()
+        if me in self._busy:
+            return
+        self._busy.add(me)
+        try:
+            self._see(event, args)
+        except Exception:  # an audit hook that raises would abort the audited operation
+            pass
+        finally:
+            self._busy.discard(me)
+
+    def kind(self, filename):
+        """``"runner"``, ``"environment"``, ``"repository"`` or ``"other"`` for a code file."""
+        if not filename or filename.startswith("<"):
+            return "other"
+        path = os.path.realpath(filename)
+        if path == self.own or path.startswith(self.runner):
+            return "runner"
+        if path.startswith(self.stdlib) or path.startswith(self.environment):
+            return "environment"
+        if path.startswith(self.root):
+            return "repository"
+        return "other"
+
+    def is_test(self, filename):
+        """``True`` for a file of the repository's tests: a graded test file, a conftest, or
+        what the revert rules call test code (a ``test``/``tests``/``testing`` directory,
+        ``test_*.py``, ``*_test.py``)."""
+        path = os.path.realpath(filename)
+        if path in self.tests:
+            return True
+        if not path.startswith(self.root) or self.kind(path) != "repository":
+            return False
+        parts = path[len(self.root) :].split(os.sep)
+        name = parts[-1]
+        return (
+            name == "conftest.py"
+            or name.startswith("test_")
+            or name.endswith("_test.py")
+            or bool({"test", "tests", "testing"}.intersection(parts[:-1]))
+        )
+
+    def caller(self, depth):
+        """The file of the nearest frame outside the standard library, or ``None`` when there
+        is none before the import system (standard-library code run by an import, a module's
+        code unmarshalled) or the bottom of a thread's stack."""
+        frame = sys._getframe(depth)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith("<frozen"):
+                return None
+            if not os.path.realpath(filename).startswith(self.stdlib):
+                return filename
+            frame = frame.f_back
+        return None
+
+    def _see(self, event, args):
+        if event == "object.__setattr__":
+            obj, name = args[0], args[1]
+            code = getattr(obj, "__code__", None) if name == "__code__" else None
+            if code is None:
+                return
+            who = sys._getframe(2).f_code.co_filename
+            if (
+                code is not None
+                and (self.kind(code.co_filename) == "runner" or self.is_test(code.co_filename))
+                and not (self.kind(who) == "runner" or self.is_test(who))
+            ):
+                self.findings.append(
+                    "the code of {} ({}) was replaced".format(
+                        getattr(obj, "__qualname__", "?"), code.co_filename
+                    )
+                )
+        elif event.startswith(("sys.set", "sys.monitoring")):
+            who = self.caller(3)
+            if who is not None and self.kind(who) in ("repository", "other"):
+                self.findings.append(f"{event} was called by {who}")
+        elif event == "compile":
+            self._compiled(args[0], args[1])
+        elif event == "code.__new__":
+            filename = args[1]
+            who = self.caller(3)
+            if (
+                who is not None
+                and isinstance(filename, str)
+                and filename.endswith(".py")
+                and os.path.realpath(filename) != os.path.realpath(who)
+                and self.kind(who) in ("repository", "other")
+                and os.path.isfile(filename)
+            ):
+                self.findings.append(f"{who} made a code object of {filename}")
+
+    def _compiled(self, source, filename):
+        if not isinstance(filename, str) or not filename.endswith(".py"):
+            return
+        frame = sys._getframe(3)
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
+            frame = frame.f_back
+        who = frame.f_code.co_filename if frame is not None else "<thread>"
+        path = os.path.realpath(who)
+        if "importlib" in path and path.startswith(self.stdlib):
+            return  # the import system compiles the file it read
+        if path == self.rewriter and not isinstance(source, (bytes, str)):
+            return  # pytest's assertion rewriter compiles the tree of the file it read
+        if not os.path.isfile(filename):
+            return
+        try:
+            with open(filename, "rb") as f:
+                same = f.read() == (source.encode("utf-8") if isinstance(source, str) else source)
+        except OSError:
+            same = False
+        if not same:
+            self.findings.append(f"code attributed to {filename} was compiled by {who}")
+
+
+class _TrustedCode:
+    """The code of the graded test files as compiled from their bytes read by the bootstrap,
+    before anything of the repository ran: plain, and rewritten by pytest's assertion
+    rewriter (with and without the assertion pass hook). A test's function code must equal
+    one of them (code objects compare by bytecode, constants, names and line table)."""
+
+    def __init__(self):
+        self.files = {}  # realpath -> {(co_name, co_firstlineno): [code, ...]}
+
+    def add(self, path, source):
+        import ast
+
+        variants = []
+        try:
+            variants.append(compile(source, path, "exec", dont_inherit=True))
+        except Exception:
+            return
+        try:
+            from _pytest.assertion import rewrite
+        except ImportError:
+            rewrite = None
+        for hook in (False, True):
+            try:
+                tree = ast.parse(source, filename=path)
+                try:
+                    rewrite.rewrite_asserts(tree, source, path, _IniOnly(hook))
+                except TypeError:  # pytest < 5.0: no source argument
+                    rewrite.rewrite_asserts(tree, path, _IniOnly(hook))
+                variants.append(compile(tree, path, "exec", dont_inherit=True))
+            except Exception:
+                pass
+        index = {}
+        todo = list(variants)
+        while todo:
+            code = todo.pop()
+            index.setdefault((code.co_name, code.co_firstlineno), []).append(code)
+            todo.extend(c for c in code.co_consts if isinstance(c, type(code)))
+        self.files[os.path.realpath(path)] = index
+
+    def differs(self, code):
+        """``True`` when ``code`` comes from a trusted file and matches none of its code."""
+        index = self.files.get(os.path.realpath(code.co_filename))
+        if index is None:
+            return False
+        return not any(code == c for c in index.get((code.co_name, code.co_firstlineno), ()))
+
+
+class _IniOnly:
+    """The one thing pytest's assertion rewriter asks of its config."""
+
+    def __init__(self, pass_hook):
+        self._pass_hook = pass_hook
+
+    def getini(self, name):
+        return self._pass_hook if name == "enable_assertion_pass_hook" else None
+
+
+def _environment(site, root):
+    """Directories of installed code (the standard library, site directories), as real paths
+    ending in a separator; read once ``site`` ran and before the repository can. A directory
+    holding the repository (a ``/usr/src/app`` under a prefix) is not one."""
+    import sysconfig
+
+    dirs = {os.path.dirname(os.__file__)}
+    dirs.update(
+        v
+        for k, v in sysconfig.get_paths().items()
+        if k in ("stdlib", "platstdlib", "purelib", "platlib")
+    )
+    with contextlib.suppress(AttributeError):  # the virtualenv module's old site.py
+        dirs.update(site.getsitepackages())
+    dirs.update(p for p in sys.path if p and "-packages" in p)
+    found = (os.path.realpath(d).rstrip(os.sep) + os.sep for d in dirs if d)
+    return tuple(sorted(d for d in found if not (root.rstrip(os.sep) + os.sep).startswith(d)))
+
+
+def _package_dir(module):
+    filename = getattr(sys.modules[module], "__file__", None) or ""
+    return os.path.dirname(os.path.realpath(filename)) + os.sep
+
+
+def _graded_files(directory, root):
+    """The existing ``.py`` files of the list the runner wrote beside the records (one
+    repository-relative path per line): the graded tests' files and ``test_patch``'s."""
+    try:
+        with open(os.path.join(directory, "graded"), encoding="utf-8") as f:
+            names = f.read().splitlines()
+    except OSError:
+        return []
+    paths = (os.path.join(root, n) for n in names if n.endswith(".py"))
+    return [p for p in paths if os.path.isfile(p)]
+
+
+class _Trust:
+    """What the bootstrap established before the repository could run, for the plugin."""
+
+    def __init__(self, root, here, environment, runner, fence, trusted, audit):
+        self.root = root.rstrip(os.sep) + os.sep
+        self.here = here + os.sep
+        self.stdlib = os.path.dirname(os.path.realpath(os.__file__)) + os.sep
+        self.environment = environment
+        self.runner = runner
+        self.fence = fence
+        self.trusted = trusted
+        self.audit = audit
+
+
 def _boot(mac):
     """Start pytest as ``python -m pytest ARGS`` (``module``) or the script ``TARGET ARGS``
     (``script``) would, with this file loaded as the plugin ``NAME``, in this order:
@@ -146,7 +415,8 @@ def _boot(mac):
     pythonpath = os.environ.pop(ENV_PYTHONPATH, "")
     if os.environ.pop(ENV_PYTHONPATH_SET, ""):
         os.environ["PYTHONPATH"] = pythonpath
-    fd = None
+    here = os.path.dirname(os.path.realpath(__file__))
+    fd = fence = audit = None
     if mac is not None:
         import fcntl
 
@@ -154,7 +424,11 @@ def _boot(mac):
         fd = fcntl.fcntl(raw, fcntl.F_DUPFD, 200)
         fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
         os.close(raw)
-    here = os.path.dirname(os.path.realpath(__file__))
+        # A file whose status changed at or after this tick was written during the run.
+        fence = os.fstat(fd).st_ctime_ns
+        if hasattr(sys, "addaudithook"):  # Python >= 3.8
+            audit = _Audit(root, os.path.join(here, name + ".py"))
+            sys.addaudithook(audit)
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
     for hook in ("sitecustomize", "usercustomize"):
         sys.modules[hook] = None
@@ -162,6 +436,7 @@ def _boot(mac):
 
     site.ENABLE_USER_SITE = False
     site.main()
+    environment = _environment(site, root)
     set_aside = [(i, p) for i, p in enumerate(sys.path) if _inside(p, root)]
     for i, _ in reversed(set_aside):
         del sys.path[i]
@@ -187,7 +462,19 @@ def _boot(mac):
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
     if mac is not None:
-        plugin._start(mac, fd)
+        runner = tuple(_package_dir(m) for m in ("pytest", "_pytest", "pluggy") if m in sys.modules)
+        trusted = _TrustedCode()
+        for path in _graded_files(os.path.dirname(records), root):
+            with open(path, "rb") as f:
+                trusted.add(path, f.read())
+        if audit is not None:
+            audit.environment = environment
+            audit.runner = runner
+            audit.tests = frozenset(trusted.files)
+            audit.rewriter = os.path.realpath(
+                getattr(sys.modules.get("_pytest.assertion.rewrite"), "__file__", "") or "-"
+            )
+        plugin._start(mac, fd, _Trust(root, here, environment, runner, fence, trusted, audit))
 
     entries = [p for p in pythonpath.split(os.pathsep) if pythonpath]
     safe = [p for p in entries if not _inside(p, root)] + list(sys.path)
@@ -364,11 +651,14 @@ def _snapshot():
 
 
 class _State:
-    def __init__(self, channel):
+    def __init__(self, channel, trust):
         self.channel = channel
+        self.trust = trust
+        self.verified = {}  # node id -> the test code found identical to its file's
         self.watched = _snapshot()
         self.config = None
         self.baseline = None  # plugins registered when the session started
+        self.plugin_files = set()  # files of the plugins registered so far
         self.allowed = {}  # id(hookimpl function) -> True for late module plugins
         self.replacers = set()  # files of plugins that swap pytest internals (flaky)
         self.raw = {}
@@ -439,9 +729,53 @@ class _State:
             files.update(_hook_files(plugin))
         for filename in sorted(files):
             self.channel.send("plugin", file=filename)
+        self.plugin_files = files
+        untrusted = [u for u in map(self.untrusted_file, sorted(files)) if u]
+        for plugin in self._baseline_plugins:
+            untrusted += _codeless_hooks(plugin)
+        if untrusted:
+            self.channel.send("tamper", where="plugin", what=untrusted)
+
+    def untrusted_file(self, path):
+        """Why the plugin file ``path`` is not the repository's or the environment's as it was
+        when the run started, or ``None``."""
+        trust = self.trust
+        if path.startswith(trust.here):
+            return None  # this plugin
+        if not path.startswith((trust.root, *trust.environment, *trust.runner)):
+            return f"plugin file {path} is outside the repository and the environment"
+        try:
+            changed = os.stat(path).st_ctime_ns >= trust.fence
+        except OSError:
+            return f"plugin file {path} is gone"
+        if changed:
+            return f"plugin file {path} was written during the run"
+        return None
+
+    def registrar(self):
+        """The file of the code that registered the plugin being registered now, or ``None``
+        when pytest itself did (nothing but pytest, pluggy and the standard library between
+        here and the bootstrap's ``pytest.main`` call)."""
+        trust = self.trust
+        skip = (*trust.runner, trust.here, trust.stdlib)
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not filename.startswith("<frozen"):
+                path = os.path.realpath(filename)
+                if not path.startswith(skip):
+                    return path
+                if path.startswith(trust.here) and frame.f_code.co_name == "_boot":
+                    return None
+            frame = frame.f_back
+        return "<no caller: a thread or a finaliser>"
 
     def check(self, where):
         changed = self.changed_internals()
+        audit = self.trust.audit
+        if audit is not None and audit.findings:
+            changed += audit.findings
+            del audit.findings[:]
         if changed:
             self.channel.send("tamper", where=where, what=sorted(set(changed)))
 
@@ -458,6 +792,11 @@ class _State:
         if not isinstance(plugin, module_type) or not filename or not os.path.isfile(filename):
             self.channel.send("tamper", where="plugin", what=[f"plugin object {plugin!r}"])
             return
+        who = self.registrar()
+        if who is not None and who not in self.plugin_files:
+            self.channel.send(
+                "tamper", where="plugin", what=[f"plugin {filename} registered by {who}"]
+            )
         source = filename[:-1] if filename.endswith(".pyc") else filename
         files = {os.path.realpath(source)}
         for value in vars(plugin).values():
@@ -471,6 +810,11 @@ class _State:
                 continue
             files.add(os.path.realpath(code.co_filename))
             self.allowed[id(value)] = True
+        untrusted = [u for u in map(self.untrusted_file, sorted(files)) if u]
+        untrusted += _codeless_hooks(plugin)
+        if untrusted:
+            self.channel.send("tamper", where="plugin", what=untrusted)
+        self.plugin_files.update(files)
         for path in sorted(files):
             self.channel.send("plugin", file=path)
 
@@ -542,6 +886,42 @@ def _hook_files(plugin):
     return found
 
 
+def _codeless_hooks(plugin):
+    """The ``pytest_*`` hooks of ``plugin`` that are not Python functions (a ``partial`` or a
+    builtin has no file to judge)."""
+    out = []
+    for name in dir(plugin):
+        if not name.startswith("pytest_"):
+            continue
+        try:
+            value = getattr(plugin, name)
+        except Exception:
+            continue
+        if callable(value) and getattr(getattr(value, "__func__", value), "__code__", None) is None:
+            out.append(f"hook {name} of plugin {plugin!r} is not a Python function")
+    return out
+
+
+def _test_code(item):
+    """The code object running ``item`` runs as its test: ``item``'s function, or the first
+    function of its ``__wrapped__`` chain defined in the item's own file."""
+    fingerprint = _fingerprint(item)[2]
+    try:
+        obj = getattr(item, "obj", None)
+    except Exception:
+        obj = None
+    own = os.path.realpath(str(getattr(item, "path", None) or getattr(item, "fspath", "")))
+    func = getattr(obj, "__func__", obj)
+    for _ in range(20):
+        code = getattr(func, "__code__", None)
+        if code is not None and os.path.realpath(code.co_filename) == own:
+            return code
+        func = getattr(func, "__wrapped__", None)
+        if func is None:
+            break
+    return fingerprint
+
+
 def _fingerprint(item):
     """What decides what running ``item`` runs: its class, own ``runtest`` and test code.
 
@@ -562,10 +942,10 @@ def _fingerprint(item):
 _state = None
 
 
-def _start(mac, fd):
+def _start(mac, fd, trust):
     """Open this run's channel (called by the bootstrap on the copy it loaded as a plugin)."""
     global _state
-    _state = _State(_Channel(mac, fd))
+    _state = _State(_Channel(mac, fd), trust)
     _state.channel.send("start", pid=os.getpid(), pytest=getattr(pytest, "__version__", "?"))
 
 
@@ -608,6 +988,8 @@ def pytest_runtestloop(session):
                 _state.channel.send(
                     "tamper", where="collection", what=["runtest of " + item.nodeid]
                 )
+        for item in items:
+            _verify_test_code(item)
         _state.channel.send(
             "items",
             ids=[item.nodeid for item in items],
@@ -647,8 +1029,32 @@ def pytest_runtest_setup(item):
     _record_raw(item, "setup", outcome)
 
 
+def _verify_test_code(item):
+    """Send ``tamper`` when the code ``item`` runs is not its trusted file's (checked when
+    collected and again right before each call, with the last verified code as a fast path)."""
+    audit = _state.trust.audit
+    if audit is not None:
+        for kind, hook in (("tracer", sys.gettrace()), ("profiler", sys.getprofile())):
+            func = getattr(hook, "__func__", hook)
+            where = getattr(getattr(func, "__code__", None), "co_filename", None)
+            if where is not None and audit.kind(where) in ("repository", "other"):
+                audit.findings.append(f"a {kind} from {where} was active")
+    code = _test_code(item)
+    if code is None or _state.verified.get(item.nodeid) is code:
+        return
+    if _state.trust.trusted.differs(code):
+        _state.channel.send(
+            "tamper",
+            where="test",
+            what=[f"test code of {item.nodeid} differs from {code.co_filename}"],
+        )
+    _state.verified[item.nodeid] = code
+
+
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_call(item):
+    if _mine(item.config) and _state.items is not None:
+        _verify_test_code(item)
     outcome = yield
     _record_raw(item, "call", outcome)
 
