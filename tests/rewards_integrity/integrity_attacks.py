@@ -364,8 +364,7 @@ def pytest_collection_modifyitems(session, config, items):
 def _register_written_plugin(inst: Instance, path: str, source: str) -> dict[str, str | None]:
     return _in_ops(
         inst,
-        _FIND_CONFIG
-        + "import importlib.util as _iu, os as _os\n"
+        _FIND_CONFIG + "import importlib.util as _iu, os as _os\n"
         f"_path = {path!r}\n"
         "_os.makedirs(_os.path.dirname(_os.path.abspath(_path)), exist_ok=True)\n"
         "with open(_path, 'w') as _f:\n"
