@@ -11,10 +11,13 @@ back and the grading starts (``EvalResult.integrity.lingering_stopped`` counts t
 
 A process is named by its PID and its start time (field 22 of ``/proc/<pid>/stat``, clock ticks
 since boot, see ``proc_pid_stat(5)``): a PID the agent gets recycled has a later start time, so it
-cannot pass for a baseline process. The scripts use shell builtins only (``read``, ``kill``),
-so the killer forks nothing that it would then have to tell from the agent's processes. Every
-stray process is stopped (``SIGSTOP``) before any is killed, and the scan repeats until one
-finds nothing, so a fork bomb cannot outrun it.
+cannot pass for a baseline process. That file is read whole and parsed after its last ``)``: the
+command name before it is the process's to choose (``prctl(PR_SET_NAME)``, ``/proc/self/comm``),
+``) Z`` and a newline included. A process is alive while any of its threads is: its main thread
+may have exited (a zombie leader) while another runs. The scripts use shell builtins only
+(``read``, ``kill``), so the killer forks nothing that it would then have to tell from the
+agent's processes. Every stray process is stopped (``SIGSTOP``) before any is killed, and the
+scan repeats until one finds nothing, so a fork bomb cannot outrun it.
 """
 
 from __future__ import annotations
@@ -25,22 +28,40 @@ from dataclasses import dataclass
 from sandlot.errors import SandboxError
 from sandlot.sandboxes.base import Sandbox
 
-# Sets PS to "pid starttime" for every live process the sandbox shows but this shell. After the
-# last ") " of /proc/<pid>/stat (the command name may hold spaces and parentheses) field 3, the
-# state, comes first, so the start time (field 22) is the 20th word. Zombies are dead already.
-# No command substitution or pipe: each would fork a child of this shell, a process to tell
-# apart from the agent's.
+# Sets PS to "pid starttime" for every live process the sandbox shows but this shell.
+# /proc/<pid>/stat is read whole (`read -d ''`: up to a NUL, which it has none of), for the
+# command name may hold any byte but NUL, newlines and ") " included: the state (field 3) and
+# the start time (field 22) are the 1st and 20th words after its *last* ")". A process is dead
+# when every thread of it is (Z, or X while it is reaped): a leader that exited shows Z while
+# its other threads run, so a process whose stat says Z is alive if one of its
+# /proc/<pid>/task/*/stat says otherwise. No command substitution or pipe: each would fork a
+# child of this shell, a process to tell apart from the agent's.
 _LIST = r"""
+_sandlot_stat() {
+  local s=
+  read -r -d '' s 2>/dev/null < "$1"
+  set -f; set -- ${s##*)}; set +f
+  ST=${1:-} START=${20:-}
+}
 _sandlot_ps() {
-  local d s rest
+  local d t start alive
   PS=()
   for d in /proc/[0-9]*; do
     [ "${d#/proc/}" = "$BASHPID" ] && continue
-    read -r s < "$d/stat" 2>/dev/null || continue
-    rest=${s##*) }
-    set -f; set -- $rest; set +f
-    [ "$1" = Z ] || PS+=("${d#/proc/} ${20}")
+    _sandlot_stat "$d/stat"
+    [ -n "$START" ] || continue
+    start=$START alive=
+    case $ST in
+      Z | X)
+        for t in "$d"/task/[0-9]*; do
+          _sandlot_stat "$t/stat"
+          case $ST in Z | X | '') ;; *) alive=1 && break ;; esac
+        done ;;
+      *) alive=1 ;;
+    esac
+    [ -n "$alive" ] && PS+=("${d#/proc/} $start")
   done
+  return 0
 }
 """
 
