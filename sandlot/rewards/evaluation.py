@@ -50,7 +50,6 @@ from sandlot.rewards.integrity.grader_files import (
     END_MARKER,
     GraderFilesError,
     changed_grader_files,
-    grader_paths,
     hash_script,
     parse_hashes,
 )
@@ -273,7 +272,9 @@ async def _test_and_grade(
     limit = timeout if timeout is not None else instance.eval_timeout
     # 2>&1 inside the sandbox keeps the real interleaving of the test runner's output.
     run = await sb.exec(
-        channel.command(test_cmd, grader_paths(instance)) if channel else f"exec 2>&1\n{test_cmd}",
+        channel.command(test_cmd, instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
+        if channel
+        else f"exec 2>&1\n{test_cmd}",
         timeout=limit,
         cwd=instance.workdir,
         stdin=channel.stdin if channel else None,

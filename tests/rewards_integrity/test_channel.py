@@ -193,7 +193,18 @@ class TestCaseStyle(unittest.TestCase):
 
 
 def test_an_honest_suite_is_verified_under_every_check(tmp_path: Path) -> None:
-    out, records, run = _run(tmp_path, _HONEST, graded=("test_honest.py",))
+    graded = (
+        "test_honest.py::test_fixture",
+        "test_honest.py::test_param[2]",
+        "test_honest.py::test_generated[1]",
+        "test_honest.py::test_decorated",
+        "test_honest.py::test_gc_and_ctypes",
+        "test_honest.py::test_library_compiles_a_real_file",
+        "test_honest.py::test_renames_its_own_helper",
+        "test_honest.py::TestGroup::test_method",
+        "test_honest.py::TestCaseStyle::test_patched",
+    )
+    out, records, run = _run(tmp_path, _HONEST, graded=graded)
     verdict = judge_records(records, run.key)
     assert verdict.violations == [], out
     assert set(verdict.statuses.values()) == {"PASSED"}, verdict.statuses

@@ -160,9 +160,9 @@ class ChannelRun:
         first bootstrap drains it, later pytest invocations find it empty. Standard input of
         the tests is ``/dev/null``.
 
-        ``graded``: repository-relative paths of the graded tests' files (and ``test_patch``'s);
-        the bootstrap compiles the ``.py`` ones before any code of the repository runs, and
-        every collected test of those files must run that code.
+        ``graded``: the graded tests' node ids (FAIL_TO_PASS and PASS_TO_PASS); the bootstrap
+        compiles their ``def``s from their files before any code of the repository runs, and
+        each of those tests must run that code.
         """
         d, m = shlex.quote(self.directory), shlex.quote(self.module)
         plugin = f"{d}/{m}.py"

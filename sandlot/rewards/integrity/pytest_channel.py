@@ -47,6 +47,8 @@ import os
 import sys
 
 KEY_FD = 3
+# The builtin, held from before the repository runs (code under test may replace builtins').
+_COMPILE = compile
 # What the runner's shell function hands the bootstrap besides argv (popped at once).
 ENV_PYTHONPATH = "__SANDLOT_PYTHONPATH"
 ENV_PYTHONPATH_SET = "__SANDLOT_PYTHONPATH_SET"
@@ -286,50 +288,97 @@ class _Audit:
 
 
 class _TrustedCode:
-    """The code of the graded test files as compiled from their bytes read by the bootstrap,
-    before anything of the repository ran: plain, and rewritten by pytest's assertion
-    rewriter (with and without the assertion pass hook). A test's function code must equal
-    one of them (code objects compare by bytecode, constants, names and line table)."""
+    """The code of the graded tests as compiled from their files' bytes, read by the bootstrap
+    before anything of the repository ran: rewritten by pytest's assertion rewriter (at once),
+    and plain or rewritten with the assertion pass hook (the first time a test needs them).
+    Only the graded ``def`` statements are compiled, with the rest of the module but the other
+    ``def``s and classes, so a long test file costs what its graded tests cost. A graded test
+    must run one of these code objects (code objects compare by bytecode, constants, names
+    and line table)."""
 
     def __init__(self):
-        self.files = {}  # realpath -> {(co_name, co_firstlineno): [code, ...]}
+        self.tests = {}  # (realpath, class name or None, function name) -> [code, ...]
+        self._pending = []  # (path, source, wanted) still without the other variants
 
-    def add(self, path, source):
+    def add(self, path, source, wanted):
+        """Compile the ``def``s of ``wanted`` (``{(class or None, name)}``) in ``source`` as
+        pytest's rewriter does by default; the other variants wait for :meth:`more`."""
+        self._compile(path, source, wanted, False)
+        self._pending.append((path, source, wanted))
+
+    def more(self):
+        """Add the plain variants (a file pytest does not rewrite: ``--assert=plain``, not a
+        ``python_files`` match) and those rewritten with ``enable_assertion_pass_hook``, the
+        first time a test does not match; ``False`` when there were none left to add."""
+        pending, self._pending = self._pending, []
+        for path, source, wanted in pending:
+            self._compile(path, source, wanted, None)
+            self._compile(path, source, wanted, True)
+        return bool(pending)
+
+    def _compile(self, path, source, wanted, pass_hook):
         import ast
 
-        variants = []
         try:
-            variants.append(compile(source, path, "exec", dont_inherit=True))
+            tree = _COMPILE(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
         except Exception:
-            return
-        try:
-            from _pytest.assertion import rewrite
-        except ImportError:
-            rewrite = None
-        for hook in (False, True):
-            try:
-                tree = ast.parse(source, filename=path)
-                try:
-                    rewrite.rewrite_asserts(tree, source, path, _IniOnly(hook))
-                except TypeError:  # pytest < 5.0: no source argument
-                    rewrite.rewrite_asserts(tree, path, _IniOnly(hook))
-                variants.append(compile(tree, path, "exec", dont_inherit=True))
-            except Exception:
-                pass
-        index = {}
-        todo = list(variants)
-        while todo:
-            code = todo.pop()
-            index.setdefault((code.co_name, code.co_firstlineno), []).append(code)
-            todo.extend(c for c in code.co_consts if isinstance(c, type(code)))
-        self.files[os.path.realpath(path)] = index
-
-    def differs(self, code):
-        """``True`` when ``code`` comes from a trusted file and matches none of its code."""
-        index = self.files.get(os.path.realpath(code.co_filename))
-        if index is None:
             return False
-        return not any(code == c for c in index.get((code.co_name, code.co_firstlineno), ()))
+        classes = {c for c, _ in wanted if c}
+        # Every other statement stays: how a name was bound at the top (``import gc``) changes
+        # the bytecode of the functions that use it (3.11 calls a module's attributes with
+        # LOAD_ATTR, other objects' with LOAD_METHOD).
+        defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+        body = []
+        for node in tree.body:
+            if isinstance(node, defs):
+                if (None, node.name) in wanted:
+                    body.append(node)
+            elif isinstance(node, ast.ClassDef):
+                if node.name in classes:
+                    node.body = [
+                        n
+                        for n in node.body
+                        if not isinstance(n, (*defs, ast.ClassDef))
+                        or (isinstance(n, defs) and (node.name, n.name) in wanted)
+                    ] or [ast.Pass(lineno=node.lineno, col_offset=0)]
+                    body.append(node)
+            else:
+                body.append(node)
+        tree.body = body
+        if pass_hook is not None:
+            try:
+                from _pytest.assertion import rewrite
+            except ImportError:
+                return False
+            try:
+                try:
+                    rewrite.rewrite_asserts(tree, source, path, _IniOnly(pass_hook))
+                except TypeError:  # pytest < 5.0: no source argument
+                    rewrite.rewrite_asserts(tree, path, _IniOnly(pass_hook))
+            except Exception:
+                return False
+        try:
+            module = _COMPILE(tree, path, "exec", dont_inherit=True)
+        except Exception:
+            return False
+        real = os.path.realpath(path)
+        found = False
+        for const in module.co_consts:
+            if isinstance(const, type(module)) and const.co_name not in classes:
+                self.tests.setdefault((real, None, const.co_name), []).append(const)
+                found = True
+            elif isinstance(const, type(module)):
+                for method in const.co_consts:
+                    if isinstance(method, type(module)):
+                        key = (real, const.co_name, method.co_name)
+                        self.tests.setdefault(key, []).append(method)
+                        found = True
+        return found
+
+    def expected(self, path, cls, name):
+        """The trusted code objects of test ``name`` (of class ``cls``) in ``path``, or
+        ``None`` when it is not a graded ``def`` of a graded file."""
+        return self.tests.get((os.path.realpath(path), cls, name))
 
 
 class _IniOnly:
@@ -366,16 +415,25 @@ def _package_dir(module):
     return os.path.dirname(os.path.realpath(filename)) + os.sep
 
 
-def _graded_files(directory, root):
-    """The existing ``.py`` files of the list the runner wrote beside the records (one
-    repository-relative path per line): the graded tests' files and ``test_patch``'s."""
+def _graded_tests(directory, root):
+    """``{path: {(class or None, function)}}`` of the graded test ids the runner wrote beside
+    the records (one pytest node id per line: ``tests/test_a.py::TestA::test_b[x]``), for the
+    files that exist."""
     try:
         with open(os.path.join(directory, "graded"), encoding="utf-8") as f:
-            names = f.read().splitlines()
+            ids = f.read().splitlines()
     except OSError:
-        return []
-    paths = (os.path.join(root, n) for n in names if n.endswith(".py"))
-    return [p for p in paths if os.path.isfile(p)]
+        return {}
+    out = {}
+    for nodeid in ids:
+        parts = nodeid.split("[", 1)[0].split("::")
+        if len(parts) < 2 or len(parts) > 3 or not parts[0].endswith(".py"):
+            continue
+        path = os.path.join(root, parts[0])
+        if os.path.isfile(path):
+            cls = parts[1] if len(parts) == 3 else None
+            out.setdefault(path, set()).add((cls, parts[-1]))
+    return out
 
 
 class _Trust:
@@ -464,13 +522,13 @@ def _boot(mac):
     if mac is not None:
         runner = tuple(_package_dir(m) for m in ("pytest", "_pytest", "pluggy") if m in sys.modules)
         trusted = _TrustedCode()
-        for path in _graded_files(os.path.dirname(records), root):
+        for path, wanted in _graded_tests(os.path.dirname(records), root).items():
             with open(path, "rb") as f:
-                trusted.add(path, f.read())
+                trusted.add(path, f.read(), wanted)
         if audit is not None:
             audit.environment = environment
             audit.runner = runner
-            audit.tests = frozenset(trusted.files)
+            audit.tests = frozenset(path for path, _, _ in trusted.tests)
             audit.rewriter = os.path.realpath(
                 getattr(sys.modules.get("_pytest.assertion.rewrite"), "__file__", "") or "-"
             )
@@ -902,24 +960,24 @@ def _codeless_hooks(plugin):
     return out
 
 
-def _test_code(item):
-    """The code object running ``item`` runs as its test: ``item``'s function, or the first
-    function of its ``__wrapped__`` chain defined in the item's own file."""
-    fingerprint = _fingerprint(item)[2]
+def _test_callables(item):
+    """The callables ``item`` may run as its test, outermost first: its function and that
+    function's ``__wrapped__`` chain (``functools.wraps``: ``mock.patch``), and hypothesis'
+    inner test."""
     try:
-        obj = getattr(item, "obj", None)
+        if type(item).__name__ == "TestCaseFunction":
+            obj = getattr(getattr(item.parent, "obj", None), item.name, None)
+        else:
+            obj = getattr(item, "obj", None)
     except Exception:
         obj = None
-    own = os.path.realpath(str(getattr(item, "path", None) or getattr(item, "fspath", "")))
-    func = getattr(obj, "__func__", obj)
-    for _ in range(20):
-        code = getattr(func, "__code__", None)
-        if code is not None and os.path.realpath(code.co_filename) == own:
-            return code
-        func = getattr(func, "__wrapped__", None)
-        if func is None:
-            break
-    return fingerprint
+    out = []
+    while obj is not None and len(out) < 20:
+        func = getattr(obj, "__func__", obj)
+        out.append(func)
+        inner = getattr(getattr(func, "hypothesis", None), "inner_test", None)
+        obj = getattr(func, "__wrapped__", None) or inner
+    return out
 
 
 def _fingerprint(item):
@@ -1030,8 +1088,9 @@ def pytest_runtest_setup(item):
 
 
 def _verify_test_code(item):
-    """Send ``tamper`` when the code ``item`` runs is not its trusted file's (checked when
-    collected and again right before each call, with the last verified code as a fast path)."""
+    """Send ``tamper`` when a graded test would not run the code compiled from its file
+    (checked when collected and again right before each call, the last verified function
+    and code as a fast path), or when a tracer or profiler of the repository is active."""
     audit = _state.trust.audit
     if audit is not None:
         for kind, hook in (("tracer", sys.gettrace()), ("profiler", sys.getprofile())):
@@ -1039,16 +1098,28 @@ def _verify_test_code(item):
             where = getattr(getattr(func, "__code__", None), "co_filename", None)
             if where is not None and audit.kind(where) in ("repository", "other"):
                 audit.findings.append(f"a {kind} from {where} was active")
-    code = _test_code(item)
-    if code is None or _state.verified.get(item.nodeid) is code:
+    cls = getattr(item, "cls", None)
+    name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
+    path = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
+    expected = _state.trust.trusted.expected(path, getattr(cls, "__name__", None), name)
+    if expected is None:
         return
-    if _state.trust.trusted.differs(code):
-        _state.channel.send(
-            "tamper",
-            where="test",
-            what=[f"test code of {item.nodeid} differs from {code.co_filename}"],
-        )
-    _state.verified[item.nodeid] = code
+    callables = _test_callables(item)
+    codes = [getattr(f, "__code__", None) for f in callables]
+    seen = _state.verified.get(item.nodeid)
+    if seen is not None and seen[0] is (callables or [None])[0] and seen[1] is codes[0]:
+        return
+    if not any(code == c for code in codes if code is not None for c in expected):
+        if _state.trust.trusted.more():
+            expected = _state.trust.trusted.expected(path, getattr(cls, "__name__", None), name)
+        if not any(code == c for code in codes if code is not None for c in expected):
+            _state.channel.send(
+                "tamper",
+                where="test",
+                what=[f"test code of {item.nodeid} differs from its file {path}"],
+            )
+    if callables:
+        _state.verified[item.nodeid] = (callables[0], codes[0])
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
