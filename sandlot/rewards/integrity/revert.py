@@ -18,8 +18,8 @@ from sandlot.rewards.integrity.policy import (
     select,
 )
 from sandlot.rewards.scripts import patch_files, reset_test_files_script
-from sandlot.rewards.trusted_git import TrustedGit
 from sandlot.sandboxes.base import Sandbox, output_tail
+from sandlot.tools.trusted_git import TrustedGit
 
 _STEP_TIMEOUT_S = 600.0
 
