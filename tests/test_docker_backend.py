@@ -37,6 +37,7 @@ from sandlot.errors import (
 from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
+from sandlot.sandboxes.docker.proc import DOCKER_READONLY_PATHS, proc_fields
 from sandlot.sandboxes.docker.stream import AttachedProcess
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.status_tail import StatusTail
@@ -612,6 +613,63 @@ async def test_when_the_in_container_killer_cannot_run_the_engine_empties_the_co
         commands = [" ".join(map(str, row)) for row in top["Processes"]]
         assert not any("/tmp/keep" in c for c in commands), commands
         assert await sandbox.is_alive()
+
+
+# The top-level /proc entries that are not a process's and whose mount is procfs and writable
+# (mountinfo: 5th field the mount point, 6th its options, the type after " - "); an entry the
+# engine masks with its own /dev/null or an empty tmpfs is not the kernel's entry.
+_WRITABLE_PROC = r"""
+import os
+mounts = {}
+for line in open("/proc/self/mountinfo"):
+    fields, fstype = line.split(), line.split(" - ")[1].split()[0]
+    mounts[fields[4]] = fstype == "proc" and "ro" not in fields[5].split(",")
+for name in sorted(os.listdir("/proc")):
+    path = "/proc/" + name
+    if name.isdigit() or os.path.islink(path):
+        continue
+    holder = max((m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")), key=len)
+    if mounts[holder]:
+        print(name)
+"""
+
+
+@pytest.mark.anyio
+async def test_container_root_cannot_chmod_a_proc_entry_every_container_shares(
+    sb: DockerSandbox,
+) -> None:
+    """The kernel keeps a top-level /proc entry's mode in the entry: a chmod by container root
+    reached the engine's next container (docs/docker.md)."""
+    r = await sb.exec("chmod 440 /proc/buddyinfo")
+    if r.ok:  # the fence is missing: put the mode back for the engine's other containers
+        await sb.exec("chmod 444 /proc/buddyinfo")
+    assert not r.ok and "Read-only file system" in r.stderr, r
+    # A normal command still reads them, and writes through /dev/stdout (/proc/self/fd/1).
+    r = await sb.exec(
+        "stat -c %a /proc/buddyinfo && head -1 /proc/meminfo && cut -d' ' -f3 /proc/self/stat"
+        " && exec 3>/tmp/out && echo fd > /proc/self/fd/3 && cat /tmp/out > /dev/stdout"
+    )
+    mode, meminfo, state, fd = r.stdout.splitlines()
+    assert (mode, meminfo.split(":")[0], state, fd) == ("444", "MemTotal", "R", "fd"), r
+    r = await sb.exec(["python3", "-c", _WRITABLE_PROC])
+    assert r.ok and r.stdout == "", f"top-level /proc entries still writable: {r}"
+
+
+def test_proc_fields_by_engine() -> None:
+    """Docker gets ReadonlyPaths (its defaults kept), Podman, whose Docker API ignores them, a
+    read-only /proc mount, unless it labels processes (SELinux, AppArmor)."""
+    docker = {"Components": [{"Name": "Engine"}, {"Name": "containerd"}]}
+    fields = proc_fields(docker, lambda: pytest.fail("info asked of Docker"))
+    paths = fields["ReadonlyPaths"]
+    assert set(DOCKER_READONLY_PATHS) <= set(paths) and "/proc/buddyinfo" in paths
+    assert not any(p.startswith(("/proc/self", "/proc/net", "/proc/1")) for p in paths)
+    podman = {"Components": [{"Name": "Podman Engine"}]}
+    info = {"SecurityOptions": ["name=seccomp,profile=default"]}
+    assert proc_fields(podman, lambda: info) == {
+        "SecurityOpt": ["proc-opts=ro,nosuid,noexec,nodev"]
+    }
+    info = {"SecurityOptions": ["name=seccomp,profile=default", "name=selinux"]}
+    assert proc_fields(podman, lambda: info) == {}
 
 
 # --------------------------------------------------------------------------- Podman exec sessions

@@ -57,6 +57,7 @@ from sandlot.rewards.integrity.revert import RevertError, revert_test_infrastruc
 from sandlot.rewards.missing_runner import missing_runner
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus, Integrity, RevertedFile
 from sandlot.rewards.scripts import (
+    EVAL_DIR,
     MODEL_PATCH_PATH,
     PATCH_APPLY_COMMANDS,
     TEST_PATCH_PATH,
@@ -64,11 +65,11 @@ from sandlot.rewards.scripts import (
     patch_files,
     reset_test_files_script,
 )
-from sandlot.rewards.trusted_git import TrustedGit
 from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.registry import get_backend, resolve_backend_name
 from sandlot.sandboxes.setups import SetupCache, setup_key
+from sandlot.tools.trusted_git import TrustedGit
 
 log = logging.getLogger("sandlot.rewards")
 
@@ -240,7 +241,7 @@ async def _test_and_grade(
     test_cmd = resolve_test_cmd(instance)
     parser = resolve_log_parser(instance)
     t = time.monotonic()
-    git = TrustedGit(instance.workdir, instance.base_commit)
+    git = TrustedGit(instance.workdir, instance.base_commit, scratch=EVAL_DIR)
     apply_cmd = None
     if model_patch is not None:
         refused = refused_names(model_patch)

@@ -340,6 +340,32 @@ def test_a_listing_over_the_output_cap_is_read_from_its_file(
 
 
 @pytest.mark.parametrize("backend", [pytest.param("local", marks=needs(bwrap_missing))])
+@pytest.mark.parametrize("padding", [0, 100], ids=["small", "over-the-output-cap"])
+def test_a_setup_cfg_section_only_pytest_sees_is_reverted(
+    backend: str,
+    padding: int,
+    local_instances: dict[str, Instance],
+    sandbox_root: Path,
+    tmp_path: Path,
+) -> None:
+    # "[tool:pytest] # ]" is another section for configparser, [tool:pytest] for pytest; with
+    # padding, it also comes after what the sandbox's output cap lets the check read.
+    inst = local_instances[TARGET]
+    cfg = (
+        "[metadata]\n"
+        + f"# {'x' * 97}\n" * padding
+        + "[tool:pytest] # ]\naddopts = -p minicalc._plugin\n"
+    )
+    edits = {"minicalc/_plugin.py": _MAKEREPORT_HOOKWRAPPER, "setup.cfg": cfg}
+    patch = make_patch(inst, edits, tmp_path / "work")
+    result = _evaluate(inst, patch, backend, sandbox_options={"max_output_bytes": 8000})
+    reverted = {r.path: r.reason for r in result.reverted_files}
+    assert "setup.cfg" in reverted, result.model_dump(exclude={"log"})
+    assert ("too large" in reverted["setup.cfg"]) == bool(padding), reverted
+    assert result.status is EvalStatus.UNRESOLVED, result.error
+
+
+@pytest.mark.parametrize("backend", [pytest.param("local", marks=needs(bwrap_missing))])
 def test_a_symlink_in_the_way_of_test_patch_is_reverted_even_where_allowed(
     backend: str, local_instances: dict[str, Instance], sandbox_root: Path
 ) -> None:

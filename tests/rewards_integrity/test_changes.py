@@ -21,7 +21,7 @@ from sandlot.rewards.integrity.changes import (
     working_changes_script,
 )
 from sandlot.rewards.scripts import PATCH_APPLY_COMMANDS, reset_test_files_script
-from sandlot.rewards.trusted_git import TrustedGit
+from sandlot.tools.trusted_git import TrustedGit
 
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or shutil.which("patch") is None, reason="needs git and patch"

@@ -74,6 +74,69 @@ def test_setup_cfg_runner_sections() -> None:
     assert runner_sections_changed("setup.cfg", base, "[unclosed\n") is not None
 
 
+_META = "[metadata]\nname = x\n"
+_CFG = _META + "\n[tool:pytest]\ntestpaths = tests\n"
+
+
+@pytest.mark.parametrize(
+    ("base", "after"),
+    [
+        # configparser's header regex is greedy: section "tool:pytest] # " for it, pytest
+        # (iniconfig) cuts the line at the comment.
+        pytest.param(
+            _META, "[metadata]\nname = x\n[tool:pytest] # ]\naddopts = -p evil\n", id="hash-]"
+        ),
+        pytest.param(
+            _META, "[metadata]\nname = x\n[tool:pytest] ; ]\naddopts = -p evil\n", id="semi-]"
+        ),
+        # A "[" line without a closing "]" (comment cut) continues testpaths for pytest, and
+        # the keys after it land in [tool:pytest]; configparser reads a section [flake8].
+        pytest.param(_CFG, _CFG + "[flake8]x\naddopts = -p evil\n", id="bracket-continuation"),
+        pytest.param(_CFG, _CFG + "[flake8;]\naddopts = -p evil\n", id="semicolon-in-header"),
+        # Line ends other than \n: pytest splits lines with str.splitlines (and opens the file
+        # with universal newlines); configparser only at \n, reading one long [metadata] value.
+        *(
+            pytest.param(_META, f"{_META[:-1]}{sep}[tool:pytest]{sep}addopts = -p evil\n", id=name)
+            for name, sep in (
+                ("formfeed", "\f"),
+                ("cr", "\r"),
+                ("vt", "\v"),
+                ("fs", "\x1c"),
+                ("nel", "\x85"),
+                ("u2028", "\u2028"),
+            )
+        ),
+        # What pytest cannot parse (a usage error) counts as changed; configparser merged it.
+        pytest.param(_CFG, _CFG + "[metadata]\nversion = 1\n", id="duplicate-section"),
+        pytest.param(_CFG, _CFG.replace("name = x", "name = x\nname = y"), id="duplicate-key"),
+        pytest.param(_CFG, _CFG + "[flake8]\n  max-line-length = 100\n", id="continuation-first"),
+    ],
+)
+def test_setup_cfg_is_read_as_pytest_reads_it(base: str, after: str) -> None:
+    assert runner_sections_changed("setup.cfg", base, after) is not None
+    assert runner_sections_changed("setup.cfg", base.encode(), after.encode()) is not None
+
+
+def test_setup_cfg_bytes_are_decoded_as_pytest_decodes_them() -> None:
+    # Not UTF-8: pytest stops with a traceback; a BOM and CRLF line ends are read as pytest
+    # reads them (the same sections: unchanged).
+    assert runner_sections_changed("setup.cfg", _CFG, _CFG.encode() + b"# \xff\n") is not None
+    same = b"\xef\xbb\xbf" + _CFG.replace("\n", "\r\n").encode()
+    assert runner_sections_changed("setup.cfg", _CFG, same) is None
+    # Comments, blank lines and other sections around [tool:pytest] are not a change.
+    noise = "; top\n" + _CFG.replace("[tool:pytest]", "# c\n[tool:pytest] # runner") + "\n[x]\n"
+    assert runner_sections_changed("setup.cfg", _CFG, noise) is None
+
+
+def test_whole_file_runner_configuration_is_reverted_whatever_its_contents() -> None:
+    # tox.ini and pytest.ini are not parsed: any change, new or edited, reverts them whole.
+    for path in ("tox.ini", "pytest.ini", ".pytest.ini", "pkg/tox.ini", "pytest.toml"):
+        for added in (True, False):
+            reason = path_reason(path, added=added)
+            assert reason is not None and "configuration" in reason, path
+    assert path_reason("setup.cfg", added=False) is None
+
+
 def test_pyproject_runner_tables_in_every_spelling() -> None:
     base = '[project]\nname = "x"\n'
     assert runner_sections_changed("pyproject.toml", base, base + 'version = "2"\n') is None

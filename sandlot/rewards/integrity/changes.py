@@ -157,7 +157,7 @@ def apply_script(
     patch_path: str = MODEL_PATCH_PATH,
     names_path: str | None = None,
 ) -> str:
-    """The shell (run in the work tree, under :class:`~sandlot.rewards.trusted_git.TrustedGit`)
+    """The shell (run in the work tree, under :class:`~sandlot.tools.trusted_git.TrustedGit`)
     that applies the patch written at ``patch_path`` with ``commands`` in order (the last one,
     GNU ``patch``, guarded as the module says) and, with ``list_changes``, lists what changed.
 
@@ -337,7 +337,7 @@ def _check_symlinks(listing: str, paths: dict[str, None], workdir: str, out: Cha
 
 
 def working_changes_script() -> str:
-    """The shell (under :class:`~sandlot.rewards.trusted_git.TrustedGit`, whose index is
+    """The shell (under :class:`~sandlot.tools.trusted_git.TrustedGit`, whose index is
     ``base_commit``) listing every path of the work tree that differs from ``base_commit``:
     tracked, untracked and ignored, and the symlinks; also kept in the file :data:`LISTING` of
     the evaluator's git directory. Read by :func:`parse_working_changes`."""

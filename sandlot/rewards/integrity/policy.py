@@ -7,9 +7,10 @@ are new), each with the reason below:
 * ``conftest.py`` anywhere: pytest hooks and fixtures run inside the test runner;
 * test-runner configuration: ``pytest.ini``, ``.pytest.ini``, ``pytest.toml``, ``.pytest.toml``,
   ``tox.ini``, ``noxfile.py`` anywhere; ``setup.cfg`` and ``pyproject.toml`` when a test-runner
-  section changed (``[tool:pytest]``, ``[pytest]``, ``[tox:tox]``; ``[tool.pytest*]``,
-  ``[tool.tox]``): the whole file is reverted then, since the sections can also be written in
-  forms a section-by-section merge would miss (dotted keys, inline tables);
+  section changed (``[tool:pytest]``, ``[pytest]``, ``[tox:tox]``, ``[testenv*]``;
+  ``[tool.pytest*]``, ``[tool.tox]``) as pytest reads the file, or pytest could not read it:
+  the whole file is reverted then, since the sections can also be written in forms a
+  section-by-section merge would miss (dotted keys, inline tables);
 * caches that pytest or Python read back: ``.pytest_cache/``, ``__pycache__/``, ``*.pyc``;
 * modules that shadow the runner or the interpreter's start-up: ``*.pth`` anywhere; new
   ``pytest.py``, ``sitecustomize.py``, ``usercustomize.py``, ``pytest/``, ``_pytest/``,
@@ -33,14 +34,15 @@ them from every rule but the ``test_patch`` one.
 
 from __future__ import annotations
 
-import configparser
 import fnmatch
+import io
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from sandlot._optional import require
 from sandlot.datasets.instance import Instance
 from sandlot.rewards.result import RevertedFile
 
@@ -158,16 +160,38 @@ def _is_test_module(name: str) -> bool:
     )
 
 
-def _ini_sections(text: str) -> dict[str, dict[str, str]] | None:
-    parser = configparser.RawConfigParser(strict=False)
+def _is_runner_section(name: str) -> bool:
+    return name in ("tool:pytest", "pytest", "tox:tox") or name.startswith("testenv")
+
+
+def _as_pytest_reads(data: str | bytes) -> str | None:
+    """``data`` as pytest's ``open(path, encoding="utf-8")`` gives it (universal newlines);
+    ``None`` when it is not UTF-8 (pytest stops with a traceback)."""
+    if isinstance(data, str):
+        return data.replace("\r\n", "\n").replace("\r", "\n")
     try:
-        parser.read_string(text)
-    except configparser.Error:
+        return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8").read()
+    except UnicodeDecodeError:
+        return None
+
+
+def _ini_sections(text: str) -> dict[str, dict[str, str]] | None:
+    """The test-runner sections of an ini file read as pytest reads ``setup.cfg``, ``tox.ini``
+    and ``pytest.ini`` (``_pytest/config/findpaths.py``: ``iniconfig.IniConfig(path)``);
+    ``None`` where pytest stops with a usage error (``iniconfig.ParseError``).
+
+    Not ``configparser``: the two disagree on what a line is (``\\f``, ``\\r``, ``\\x85``,
+    ``U+2028`` end one for pytest), on section headers (pytest cuts ``[tool:pytest] # ]`` at the
+    comment; a ``[`` line without a closing ``]`` continues the previous value) and on
+    duplicates (merged by ``configparser``, an error for pytest).
+    """
+    iniconfig = require("iniconfig", "eval")
+    try:
+        parsed = iniconfig.IniConfig("setup.cfg", data=text)
+    except iniconfig.ParseError:
         return None
     return {
-        s: dict(parser.items(s))
-        for s in parser.sections()
-        if s in ("tool:pytest", "pytest", "tox:tox") or s.startswith("testenv")
+        name: dict(values) for name, values in parsed.sections.items() if _is_runner_section(name)
     }
 
 
@@ -185,23 +209,40 @@ def _toml_sections(text: str) -> dict[str, Any] | None:
     return None  # no tomllib: any change counts (documented, conservative)
 
 
-def runner_sections_changed(path: str, before: str | None, after: str | None) -> str | None:
-    """The revert reason when ``path`` (a ``setup.cfg`` or ``pyproject.toml``) changed a
-    test-runner section between ``before`` and ``after`` (``None``: absent), else ``None``.
+def _sections(name: str, data: str | bytes) -> dict[str, Any] | None:
+    text = _as_pytest_reads(data)
+    if text is None:
+        return None
+    return _ini_sections(text) if name == "setup.cfg" else _toml_sections(text)
 
-    A file that cannot be parsed (or, on Python 3.10, any changed ``pyproject.toml``) counts as
-    changed: the runner would read it in ways this check cannot follow.
+
+def runner_sections_changed(
+    path: str, before: str | bytes | None, after: str | bytes | None
+) -> str | None:
+    """The revert reason when ``path`` (a ``setup.cfg`` or ``pyproject.toml``) changed a
+    test-runner section between ``before`` and ``after`` (the file's bytes, or text; ``None``:
+    absent), else ``None``.
+
+    Each file is read with the parser pytest reads it with: ``iniconfig`` for ``setup.cfg``,
+    ``tomllib`` for ``pyproject.toml``, both after pytest's UTF-8 decoding. A file pytest
+    cannot read (not UTF-8, a parse error; on Python 3.10, any changed ``pyproject.toml``)
+    counts as changed: the runner would read it in ways this check cannot follow.
     """
     name = path.rsplit("/", 1)[-1]
-    read = _ini_sections if name == "setup.cfg" else _toml_sections
-    old = read(before) if before is not None else {}
-    new = read(after) if after is not None else {}
+    old = _sections(name, before) if before is not None else {}
+    new = _sections(name, after) if after is not None else {}
     if old is None or new is None:
-        return _RUNNER_SECTIONS.format(name=name, sections="cannot be parsed")
+        return runner_sections_reason(path, "cannot be parsed")
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if not changed:
         return None
-    return _RUNNER_SECTIONS.format(name=name, sections=", ".join(changed))
+    return runner_sections_reason(path, ", ".join(changed))
+
+
+def runner_sections_reason(path: str, sections: str) -> str:
+    """The revert reason of the sectioned file ``path`` whose ``sections`` changed (or why it
+    could not be judged)."""
+    return _RUNNER_SECTIONS.format(name=path.rsplit("/", 1)[-1], sections=sections)
 
 
 def is_sectioned(path: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import shlex
 
 from sandlot.datasets.instance import Instance
@@ -13,11 +14,12 @@ from sandlot.rewards.integrity.policy import (
     is_sectioned,
     path_reason,
     runner_sections_changed,
+    runner_sections_reason,
     select,
 )
 from sandlot.rewards.scripts import patch_files, reset_test_files_script
-from sandlot.rewards.trusted_git import TrustedGit
 from sandlot.sandboxes.base import Sandbox, output_tail
+from sandlot.tools.trusted_git import TrustedGit
 
 _STEP_TIMEOUT_S = 600.0
 
@@ -73,13 +75,14 @@ async def revert_test_infrastructure(
                 reverted.append(RevertedFile(path=path, reason=reason))
     for path, added in changed:
         if is_sectioned(path) and path not in test_files and not policy.allows(path):
-            before = (
-                None
-                if added
-                else await _text(sb, instance, git.script(f"git show {_rev(instance, path)}"))
-            )
-            after = await _text(sb, instance, f"cat -- {shlex.quote(path)}")
-            reason = runner_sections_changed(path, before, after)
+            try:
+                show = f"set -o pipefail\ngit show {_rev(instance, path)} | base64\n"
+                before = None if added else await _bytes(sb, instance, git.script(show))
+                q = shlex.quote(path)
+                after = await _bytes(sb, instance, f"[ -e {q} ] || exit {_ABSENT}\nbase64 < {q}")
+                reason = runner_sections_changed(path, before, after)
+            except _Unreadable as exc:
+                reason = runner_sections_reason(path, str(exc))
             if reason:
                 reverted.append(RevertedFile(path=path, reason=reason))
     reverted.sort(key=lambda r: r.path)
@@ -112,9 +115,28 @@ def _rev(instance: Instance, path: str) -> str:
     return shlex.quote(f"{instance.base_commit}:{path}")
 
 
-async def _text(sb: Sandbox, instance: Instance, cmd: str) -> str | None:
+_ABSENT = 3  # the exit status of a file read whose file does not exist
+
+
+class _Unreadable(Exception):
+    """A file could not be read in full (the message says why)."""
+
+
+async def _bytes(sb: Sandbox, instance: Instance, cmd: str) -> bytes | None:
+    """The exact bytes ``cmd`` prints in base64; ``None`` when it exits :data:`_ABSENT`.
+
+    Raises:
+        _Unreadable: ``cmd`` failed, or its output went past the sandbox's cap (a file of
+            about 3/4 of it): what the check cannot read counts as changed.
+    """
     r = await sb.exec(cmd, timeout=_STEP_TIMEOUT_S, cwd=instance.workdir)
-    return r.stdout if r.ok else None
+    if r.exit_code == _ABSENT and not r.timed_out:
+        return None
+    if not r.ok:
+        raise _Unreadable(f"cannot be read: {output_tail(r.stderr or r.stdout, lines=1)}")
+    if r.truncated:
+        raise _Unreadable("too large to read")
+    return base64.b64decode(r.stdout)
 
 
 async def _paths_at_base(

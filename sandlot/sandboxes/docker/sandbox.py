@@ -40,6 +40,7 @@ from sandlot.sandboxes.docker.engine import (
     unreachable,
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
+from sandlot.sandboxes.docker.proc import read_only_proc
 from sandlot.sandboxes.docker.stream import AttachedProcess
 from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
 from sandlot.sandboxes.reaper import RemoteSandbox
@@ -268,6 +269,7 @@ class DockerSandbox(StreamedExec):
             pids_limit=opts.pids_limit,
             storage_opt={"size": f"{spec.disk_mb}m"} if spec.disk_mb else None,
         )
+        host_config.update(read_only_proc(api))  # fields the SDK has no keyword for (proc.py)
         try:
             created = api.create_container(
                 self.origin.handle if self.origin else spec.image,

@@ -1,36 +1,37 @@
-"""The evaluator's git: every git command of an evaluation goes through :class:`TrustedGit`.
+"""A git that runs nothing of the repository's: every git command of an evaluation and of
+``submit`` goes through :class:`TrustedGit`.
 
-The repository's ``.git`` is not the evaluator's to trust: in the agent's own sandbox
-(``evaluate_in_sandbox``) the model had a shell there, and a hook, ``core.fsmonitor``,
-``core.pager``, a ``filter``/``diff`` driver or an ``include.path`` in ``.git/config`` run
-whatever it planted the moment git is called; ``assume-unchanged``/``skip-worktree`` bits in
-its index hide changes. So git never runs on the repository's own git directory. The
-evaluator's git runs with:
+The repository's ``.git`` is not the caller's to trust: the model had a shell in the agent's
+sandbox, and a hook, ``core.fsmonitor``, ``core.pager``, a ``filter``/``diff`` driver or an
+``include.path`` in ``.git/config`` run whatever it planted the moment git is called (and a
+clean filter rewrites what ``git add`` stores); ``assume-unchanged``/``skip-worktree`` bits in
+its index hide changes. So git never runs on the repository's own git directory. The trusted
+git runs with:
 
-* its own git directory (``GIT_DIR``, a fresh directory with a random name under
-  ``/tmp/sandlot_eval``): a minimal ``config`` of its own, no hooks directory, ``HEAD`` and an
+* its own git directory (``GIT_DIR``, a fresh directory with a random name under the caller's
+  scratch directory): a minimal ``config`` of its own, no hooks directory, ``HEAD`` and an
   index built from ``base_commit`` (``git read-tree``), and the repository's object store as
-  an alternate (the only thing read from ``.git``);
+  an alternate (the only thing read from ``.git``; new objects go to its own store);
 * ``GIT_WORK_TREE`` the repository, so ``core.worktree`` cannot move it;
 * no system, global or user configuration (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL``
   = a file of its own holding only ``safe.directory=*``, ``HOME``/``XDG_CONFIG_HOME`` = its
   directory), no other ``GIT_*`` variable of the environment, ``GIT_NO_REPLACE_OBJECTS``;
-* ``$GIT_DIR/info/attributes`` (which outranks every ``.gitattributes``) unsetting ``text``,
-  ``eol``, ``filter``, ``diff``, ``merge``, ``ident``, ``working-tree-encoding``: files are
-  compared and restored byte for byte, and no filter or diff driver can be selected;
+* ``$GIT_DIR/info/attributes`` (which outranks every ``.gitattributes`` and
+  ``core.attributesFile``) unsetting ``text``, ``eol``, ``filter``, ``merge``, ``ident``,
+  ``working-tree-encoding`` and making ``diff`` unspecified: files are compared, diffed and
+  restored byte for byte, no filter or diff driver can be selected, and whether a file is
+  binary is decided from its bytes;
 * ``-c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.pager=cat`` and the other
   overrides of :data:`GIT_OPTIONS`, and ``--no-pager``, as a second fence.
 
 Scripts use plain ``git``: :meth:`TrustedGit.script` prepends the shell that defines ``git`` as
-a function running the guarded command, so a snippet cannot forget the guard.
+a function running the guarded command, so a snippet cannot forget the guard. The shell is bash.
 """
 
 from __future__ import annotations
 
 import secrets
 import shlex
-
-from sandlot.rewards.scripts import EVAL_DIR
 
 # Overrides given on the command line of every call (they outrank every configuration file).
 GIT_OPTIONS = (
@@ -59,20 +60,22 @@ GIT_OPTIONS = (
     "safe.directory=*",
 )
 
-# Highest-precedence attributes: raw bytes, no filter, no diff or merge driver.
-_ATTRIBUTES = "* -text !eol -filter -diff -merge -ident !working-tree-encoding -crlf\n"
+# Highest-precedence attributes: raw bytes, no filter, no diff or merge driver (diff left
+# unspecified: binary is decided from the content, so a text diff stays a text diff).
+_ATTRIBUTES = "* -text !eol -filter !diff -merge -ident !working-tree-encoding -crlf\n"
 
 
 class TrustedGit:
-    """The guarded git of one evaluation (one private git directory in the sandbox).
+    """The guarded git of one evaluation or submission (one private git directory in the
+    sandbox).
 
     Args:
-        workdir: the repository (work tree) inside the sandbox.
-        base_commit: the commit the private index and ``HEAD`` start from.
+        workdir: the repository (work tree) inside the sandbox, an absolute path.
+        base_commit: the full hash of the commit the private index and ``HEAD`` start from.
         scratch: the sandbox directory the private git directory is created in.
     """
 
-    def __init__(self, workdir: str, base_commit: str, *, scratch: str = EVAL_DIR) -> None:
+    def __init__(self, workdir: str, base_commit: str, *, scratch: str) -> None:
         self.workdir = workdir
         self.base_commit = base_commit
         self.scratch = scratch
@@ -83,7 +86,7 @@ class TrustedGit:
         """``body`` (shell) preceded by the guard; the first script also creates the git dir.
 
         In ``body``, ``git`` is the guarded function; ``$SANDLOT_GIT_DIR`` is the private git
-        directory (a place for the evaluator's own scratch files).
+        directory (a place for the caller's own scratch files).
         """
         setup = "" if self._created else self._setup()
         self._created = True
@@ -120,5 +123,5 @@ class TrustedGit:
         ]
         return (
             "( " + " &&\n  ".join(steps) + " ) || { echo 'sandlot: cannot set up the "
-            "evaluator git directory (no repository at the work directory?)' >&2; exit 97; }\n"
+            "trusted git directory (no repository at the work directory?)' >&2; exit 97; }\n"
         )
