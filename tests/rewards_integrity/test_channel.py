@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from sandlot.rewards.integrity.channel import (
     runs_pytest,
     wrap_pytest,
 )
+from sandlot.rewards.integrity.grade import runner_package_file
 
 TESTS = """
 import pytest
@@ -55,7 +57,11 @@ class TestUnit:
 
 
 def _run(
-    tmp_path: Path, files: dict[str, str], args: str = "", graded: tuple[str, ...] = ()
+    tmp_path: Path,
+    files: dict[str, str],
+    args: str = "",
+    graded: tuple[str, ...] = (),
+    python: str = sys.executable,
 ) -> tuple[str, str, Any]:
     """Run ``python -m pytest`` in a project made of ``files`` behind the channel preamble,
     as the evaluator does in a sandbox. Returns (output, records, run)."""
@@ -71,7 +77,7 @@ def _run(
     )
     Path(run.directory).mkdir()
     shutil.copy(PLUGIN_SOURCE, Path(run.directory) / f"{run.module}.py")
-    cmd = run.command(f"{sys.executable} -m pytest -rA -p no:cacheprovider {args}", graded)
+    cmd = run.command(f"{python} -m pytest -rA -p no:cacheprovider {args}", graded)
     done = subprocess.run(
         ["bash", "-c", cmd],
         cwd=project,
@@ -100,6 +106,7 @@ def test_plugin_records_what_pytest_ran(tmp_path: Path) -> None:
         "test_a.py::TestUnit::test_method": "PASSED",
     }
     assert verdict.exitstatus == 1
+    assert verdict.runner == []  # pytest came from outside the repository
     assert run.key.hex() not in records and run.key.hex() not in out
 
 
@@ -209,6 +216,73 @@ def test_an_honest_suite_is_verified_under_every_check(tmp_path: Path) -> None:
     assert verdict.violations == [], out
     assert set(verdict.statuses.values()) == {"PASSED"}, verdict.statuses
     assert len(verdict.statuses) == 12, verdict.statuses
+
+
+def _pytest_inside(project: Path, how: str) -> str:
+    """A virtualenv whose pytest is a copy inside ``project``: pytest's work tree installed
+    editable (``how="checkout"``: ``project/src`` on a ``.pth`` line of the virtualenv) or the
+    virtualenv itself inside the project with pytest installed in it (``how="venv"``). Its
+    other packages are links to the host's. Returns the virtualenv's python."""
+    venv = project / ".venv" if how == "venv" else project.parent / "venv"
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    [site] = (venv / "lib").glob("python*/site-packages")
+    host = Path(pytest.__file__).resolve().parents[1]
+    target = project / "src" if how == "checkout" else site
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("pytest", "_pytest", "py.py"):
+        if (host / name).is_dir():
+            shutil.copytree(host / name, target / name, ignore=shutil.ignore_patterns("*.pyc"))
+        elif (host / name).exists():
+            shutil.copy(host / name, target / name)
+    for name in ("pluggy", "iniconfig", "packaging", "pygments"):
+        for found in [host / name, *host.glob(f"{name}-*.dist-info")]:
+            (site / found.name).symlink_to(found)
+    if how == "checkout":
+        (site / "checkout.pth").write_text(f"{project / 'src'}\n")
+    return str(venv / "bin" / "python")
+
+
+def test_the_start_record_names_pytests_own_work_tree_as_the_runner(tmp_path: Path) -> None:
+    # pytest importable only from the repository (an editable install of its work tree): the
+    # bootstrap records where its packages came from; pluggy (a link out) is not the repository.
+    project = tmp_path / "project"
+    python = _pytest_inside(project, "checkout")
+    out, records, run = _run(tmp_path, {"test_a.py": TESTS}, python=python)
+    verdict = judge_records(records, run.key)
+    assert verdict.violations == [], out
+    assert verdict.statuses["test_a.py::test_bad"] == "FAILED"
+    src = project.resolve() / "src"
+    assert verdict.runner == [str(src / "pytest"), str(src / "_pytest")]
+    assert str(src / "_pytest" / "skipping.py") in verdict.plugin_files
+
+
+def test_a_virtualenv_inside_the_repository_is_not_the_runner_under_test(tmp_path: Path) -> None:
+    # An installed pytest (the interpreter's own prefix) is the environment, even inside the
+    # repository: its files changed by a patch stay violations.
+    python = _pytest_inside(tmp_path / "project", "venv")
+    out, records, run = _run(tmp_path, {"test_a.py": TESTS}, python=python)
+    verdict = judge_records(records, run.key)
+    assert verdict.violations == [], out
+    assert verdict.statuses["test_a.py::test_bad"] == "FAILED"
+    assert verdict.runner == []
+
+
+def test_only_the_runners_own_package_files_are_code_under_test() -> None:
+    runner = ["/testbed/src/pytest", "/testbed/src/_pytest"]
+    assert runner_package_file("/testbed/src/_pytest/skipping.py", runner, "/testbed")
+    assert runner_package_file("/testbed/src/_pytest/config/__init__.py", runner, "/testbed")
+    for path in (
+        "/testbed/src/pytest_forge.py",  # beside pytest's packages
+        "/testbed/src/_pytest_forge/x.py",  # a name that only starts like one
+        "/testbed/testing/conftest.py",
+    ):
+        assert not runner_package_file(path, runner, "/testbed"), path
+    assert not runner_package_file("/testbed/src/_pytest/skipping.py", [], "/testbed")
+    # Only packages inside the repository count, and never the repository as a whole.
+    outside = ["/usr/lib/python3/site-packages/_pytest"]
+    assert not runner_package_file("/usr/lib/python3/site-packages/_pytest/x.py", outside, "/t")
+    assert not runner_package_file("/testbed/plugin.py", ["/testbed"], "/testbed")
 
 
 def test_tests_see_neither_the_key_nor_the_plugin_in_their_environment(tmp_path: Path) -> None:

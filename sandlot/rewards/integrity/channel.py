@@ -219,6 +219,10 @@ class ChannelVerdict:
         plugin_files: absolute paths of the files that define the run's pytest plugins.
         code_files: node id → absolute path of the file defining the test function's code.
         exitstatus: pytest's exit status from the ``end`` record (``None`` without one).
+        runner: the ``start`` record's absolute paths of the runner's packages (``pytest``,
+            ``_pytest``, ``pluggy`` directories, or module files) that the bootstrap imported
+            from the repository, because no pytest outside it could be imported: pytest's
+            own work tree is the runner. Empty otherwise.
     """
 
     statuses: dict[str, str] = field(default_factory=dict)
@@ -226,6 +230,7 @@ class ChannelVerdict:
     plugin_files: list[str] = field(default_factory=list)
     code_files: dict[str, str] = field(default_factory=dict)
     exitstatus: int | None = None
+    runner: list[str] = field(default_factory=list)
 
 
 def _signed_records(text: str, key: bytes, violations: list[str]) -> list[dict[str, Any]]:
@@ -264,6 +269,7 @@ def judge_records(text: str, key: bytes) -> ChannelVerdict:
     if not records or kinds[0] != "start":
         bad.append("the channel has no start record: the sandlot pytest plugin did not run")
         return verdict
+    verdict.runner = [str(p) for p in records[0].get("runner") or []]
     if "items" not in kinds:
         bad.append("the channel has no record of the collected tests")
     if kinds[-1] != "end":

@@ -36,6 +36,25 @@ def as_parser_ids(
     return out
 
 
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def runner_package_file(path: str, runner: Iterable[str], workdir: str) -> bool:
+    """``True`` when ``path`` is a file of the runner's own packages and the runner is the
+    repository: pytest-dev/pytest (or pluggy) installed from its work tree.
+
+    ``runner`` is what the signed ``start`` record says the bootstrap imported from the
+    repository because no pytest outside it could be imported (``_pytest``, ``pytest``,
+    ``pluggy``: a package directory or a module file, inside ``workdir``). A built-in plugin
+    there (``src/_pytest/skipping.py``) is the code under test: its changes are the fix, not
+    test machinery. Any other file loaded as a plugin (a conftest's module, a plugin outside
+    those packages, in pytest's repository too) is not.
+    """
+    inside = [top for top in runner if _under(top, workdir) and top.rstrip("/") != workdir]
+    return any(_under(path, top) for top in inside)
+
+
 def grade_channel(
     instance: Instance,
     verdict: ChannelVerdict,
@@ -52,13 +71,15 @@ def grade_channel(
         parser: the instance's swebench log parser.
         log_statuses: the statuses parsed from the test log.
         model_files: repository-relative paths the model changed that were kept; one of them
-            registered as a pytest plugin is a violation (the model wrote test machinery).
+            registered as a pytest plugin is a violation (the model wrote test machinery),
+            unless the run's runner is the repository's own pytest and the file is one of
+            that runner's package files (see :func:`runner_package_file`).
     """
     violations = list(verdict.violations)
     kept = set(model_files)
     for path in dict.fromkeys(verdict.plugin_files):
         rel = posixpath.relpath(path, instance.workdir)
-        if rel in kept:
+        if rel in kept and not runner_package_file(path, verdict.runner, instance.workdir):
             violations.append(f"{rel}, changed by the model patch, was loaded as a pytest plugin")
     graded_ids = set(instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
     for nodeid, path in verdict.code_files.items():

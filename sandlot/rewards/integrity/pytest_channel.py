@@ -95,6 +95,30 @@ def _inside(path, root):
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _runner_in(root):
+    """Where the runner's packages (``pytest``, ``_pytest``, ``pluggy``) are about to be
+    imported from, for those inside ROOT and outside the interpreter's prefix: the repository
+    is then the runner (pytest-dev/pytest installed from its work tree), and these package
+    directories (or module files) are code under test. Looked up before any of them is
+    imported, so no code of the repository has run yet."""
+    import importlib.util
+
+    prefixes = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)]
+    found = []
+    for name in ("pytest", "_pytest", "pluggy"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None:
+            continue
+        for path in list(spec.submodule_search_locations or []) or [spec.origin or ""]:
+            path = os.path.realpath(path) if os.path.isabs(path) else ""
+            if path and _inside(path, root) and not any(_inside(path, p) for p in prefixes):
+                found.append(path)
+    return found
+
+
 class _RunnerImports:
     """A ``sys.meta_path`` finder: a top-level module imported by code that is not the
     repository's (pytest, pluggy, the standard library, installed packages, this bootstrap)
@@ -500,6 +524,7 @@ def _boot(mac):
         del sys.path[i]
     import importlib.util
 
+    in_repository = []
     try:
         import pytest
     except ImportError:
@@ -508,6 +533,7 @@ def _boot(mac):
         for i, p in set_aside:
             sys.path.insert(i, p)
         set_aside = []
+        in_repository = _runner_in(root)
         try:
             import pytest
         except ImportError:
@@ -532,7 +558,9 @@ def _boot(mac):
             audit.rewriter = os.path.realpath(
                 getattr(sys.modules.get("_pytest.assertion.rewrite"), "__file__", "") or "-"
             )
-        plugin._start(mac, fd, _Trust(root, here, environment, runner, fence, trusted, audit))
+        plugin._start(
+            mac, fd, _Trust(root, here, environment, runner, fence, trusted, audit), in_repository
+        )
 
     entries = [p for p in pythonpath.split(os.pathsep) if pythonpath]
     safe = [p for p in entries if not _inside(p, root)] + list(sys.path)
@@ -1000,11 +1028,18 @@ def _fingerprint(item):
 _state = None
 
 
-def _start(mac, fd, trust):
-    """Open this run's channel (called by the bootstrap on the copy it loaded as a plugin)."""
+def _start(mac, fd, trust, in_repository=()):
+    """Open this run's channel (called by the bootstrap on the copy it loaded as a plugin);
+    ``in_repository``: the runner's package paths imported from the repository (see
+    :func:`_runner_in`), if the repository is the runner."""
     global _state
     _state = _State(_Channel(mac, fd), trust)
-    _state.channel.send("start", pid=os.getpid(), pytest=getattr(pytest, "__version__", "?"))
+    _state.channel.send(
+        "start",
+        pid=os.getpid(),
+        pytest=getattr(pytest, "__version__", "?"),
+        runner=list(in_repository),
+    )
 
 
 def _mine(config):
