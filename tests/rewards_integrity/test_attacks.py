@@ -43,6 +43,13 @@ ROUND_3 = (
     "late_plugin_in_repository",
     "trace_swaps_test_code",
     "trace_swaps_test_functions",
+    "xfail_from_code_under_test",
+    "assert_rewrite_reprcompare_xfail",
+    "gethookproxy_monkeypatch",
+    "frozen_tracer_flips_assert_locals",
+    "conftest_set_after_collection",
+    "plugin_registered_from_clean_stack",
+    "wrapped_chain_swap",
 )
 BACKENDS = [
     pytest.param("local", marks=needs(bwrap_missing)),

@@ -218,6 +218,8 @@ class ChannelVerdict:
         violations: reasons not to trust the run (each names the test or record).
         plugin_files: absolute paths of the files that define the run's pytest plugins.
         code_files: node id → absolute path of the file defining the test function's code.
+        wrapper_files: node id → files of the repository defining the decorators (with
+            ``__wrapped__``) that run around a graded test's code.
         exitstatus: pytest's exit status from the ``end`` record (``None`` without one).
         runner: the ``start`` record's absolute paths of the runner's packages (``pytest``,
             ``_pytest``, ``pluggy`` directories, or module files) that the bootstrap imported
@@ -229,6 +231,7 @@ class ChannelVerdict:
     violations: list[str] = field(default_factory=list)
     plugin_files: list[str] = field(default_factory=list)
     code_files: dict[str, str] = field(default_factory=dict)
+    wrapper_files: dict[str, list[str]] = field(default_factory=dict)
     exitstatus: int | None = None
     runner: list[str] = field(default_factory=list)
 
@@ -295,6 +298,10 @@ def judge_records(text: str, key: bytes) -> ChannelVerdict:
             )
         elif kind == "plugin":
             verdict.plugin_files.append(str(record.get("file")))
+        elif kind == "wrapper":
+            verdict.wrapper_files.setdefault(str(record.get("id")), []).append(
+                str(record.get("file"))
+            )
         elif kind == "phase":
             bad.extend(_phase_violations(record, items, expected_xfail, seen))
             phases.setdefault(record["id"], []).append(record)

@@ -86,6 +86,13 @@ def grade_channel(
         rel = posixpath.relpath(path, instance.workdir)
         if rel in kept and graded_ids & set(as_parser_ids({nodeid: "PASSED"}, parser, instance)):
             violations.append(f"the code of test {nodeid} comes from {rel}, changed by the model")
+    for nodeid, paths in verdict.wrapper_files.items():
+        for path in dict.fromkeys(paths):
+            rel = posixpath.relpath(path, instance.workdir)
+            if rel in kept:
+                violations.append(
+                    f"test {nodeid} is wrapped by code of {rel}, changed by the model"
+                )
     statuses = as_parser_ids(verdict.statuses, parser, instance)
     graded = grade_statuses(instance, statuses)
     consistent = True

@@ -176,6 +176,8 @@ class _Audit:
             "sys.monitoring.register_callback",
             "compile",
             "code.__new__",
+            "sys.addaudithook",
+            "marshal.loads",
         )
     )
 
@@ -208,17 +210,34 @@ class _Audit:
             self._busy.discard(me)
 
     def kind(self, filename):
-        """``"runner"``, ``"environment"``, ``"repository"`` or ``"other"`` for a code file."""
+        """``"runner"``, ``"environment"``, ``"repository"`` or ``"other"`` for a code file.
+
+        A name is only what a ``compile()`` said: runner and environment need the file to
+        exist (code made under the name of an installed file is itself a finding)."""
         if not filename or filename.startswith("<"):
             return "other"
         path = os.path.realpath(filename)
+        installed = path == self.own or path.startswith((self.stdlib, *self.environment))
+        if installed and not os.path.isfile(path):
+            return "other"
         if path == self.own or path.startswith(self.runner):
             return "runner"
-        if path.startswith(self.stdlib) or path.startswith(self.environment):
+        if installed:
             return "environment"
         if path.startswith(self.root):
             return "repository"
         return "other"
+
+    def posing(self, filename):
+        """``True`` for a code file name that claims the import system or installed code: a
+        ``<frozen ...>`` name, or a path under the runner, the standard library or a site
+        directory."""
+        if filename.startswith("<frozen"):
+            return True
+        if filename.startswith("<"):
+            return False
+        path = os.path.realpath(filename)
+        return path.startswith((self.stdlib, *self.environment, *self.runner))
 
     def is_test(self, filename):
         """``True`` for a file of the repository's tests: a graded test file, a conftest, or
@@ -241,13 +260,15 @@ class _Audit:
     def caller(self, depth):
         """The file of the nearest frame outside the standard library, or ``None`` when there
         is none before the import system (standard-library code run by an import, a module's
-        code unmarshalled) or the bottom of a thread's stack."""
+        code unmarshalled) or the bottom of a thread's stack. (A ``<frozen`` frame of code
+        made at run time would be a finding of its own: see :meth:`_compiled`.)"""
         frame = sys._getframe(depth)
         while frame is not None:
             filename = frame.f_code.co_filename
             if filename.startswith("<frozen"):
                 return None
-            if not os.path.realpath(filename).startswith(self.stdlib):
+            path = os.path.realpath(filename)
+            if not (path.startswith(self.stdlib) and os.path.isfile(path)):
                 return filename
             frame = frame.f_back
         return None
@@ -271,7 +292,11 @@ class _Audit:
                 )
         elif event.startswith(("sys.set", "sys.monitoring")):
             who = self.caller(3)
-            if who is not None and self.kind(who) in ("repository", "other"):
+            if (
+                who is not None
+                and self.kind(who) in ("repository", "other")
+                and not self.is_test(who)
+            ):
                 self.findings.append(f"{event} was called by {who}")
         elif event == "compile":
             self._compiled(args[0], args[1])
@@ -281,26 +306,50 @@ class _Audit:
             if (
                 who is not None
                 and isinstance(filename, str)
-                and filename.endswith(".py")
-                and os.path.realpath(filename) != os.path.realpath(who)
                 and self.kind(who) in ("repository", "other")
-                and os.path.isfile(filename)
+                and not self.is_test(who)
+                and (
+                    self.posing(filename)
+                    or (
+                        filename.endswith(".py")
+                        and os.path.realpath(filename) != os.path.realpath(who)
+                        and os.path.isfile(filename)
+                    )
+                )
             ):
                 self.findings.append(f"{who} made a code object of {filename}")
+        elif event in ("sys.addaudithook", "marshal.loads"):
+            who = self.caller(3)
+            if (
+                who is not None
+                and self.kind(who) in ("repository", "other")
+                and not self.is_test(who)
+            ):
+                self.findings.append(f"{event} was called by {who}")
 
     def _compiled(self, source, filename):
-        if not isinstance(filename, str) or not filename.endswith(".py"):
+        """``compile()`` outside the import system and pytest's rewriter must not give code
+        the name of another source: a ``<frozen`` name, a missing file under the runner, the
+        standard library or a site directory, or an existing ``.py`` file whose bytes are not
+        the source."""
+        if not isinstance(filename, str):
             return
         frame = sys._getframe(3)
-        while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
-            frame = frame.f_back
-        who = frame.f_code.co_filename if frame is not None else "<thread>"
-        path = os.path.realpath(who)
-        if "importlib" in path and path.startswith(self.stdlib):
-            return  # the import system compiles the file it read
-        if path == self.rewriter and not isinstance(source, (bytes, str)):
-            return  # pytest's assertion rewriter compiles the tree of the file it read
-        if not os.path.isfile(filename):
+        first = frame.f_code.co_filename
+        if first.startswith("<frozen importlib._bootstrap"):
+            return  # the import system compiles the file it has just read
+        path = os.path.realpath(first)
+        if path == self.own or (
+            path == self.rewriter and os.path.isfile(path) and not isinstance(source, (bytes, str))
+        ):
+            return  # this bootstrap, or pytest's rewriter compiling the tree of a file it read
+        posing = self.posing(filename)
+        if not posing and not filename.endswith(".py"):
+            return
+        exists = not filename.startswith("<") and os.path.isfile(filename)
+        if not exists:
+            if posing:
+                self.findings.append(f"code named {filename} was compiled by {first}")
             return
         try:
             with open(filename, "rb") as f:
@@ -308,7 +357,7 @@ class _Audit:
         except OSError:
             same = False
         if not same:
-            self.findings.append(f"code attributed to {filename} was compiled by {who}")
+            self.findings.append(f"code attributed to {filename} was compiled by {first}")
 
 
 class _TrustedCode:
@@ -462,6 +511,21 @@ def _graded_tests(directory, root):
 
 class _Trust:
     """What the bootstrap established before the repository could run, for the plugin."""
+
+    in_repository = ()  # the runner's packages, when imported from the repository
+
+    def graded(self, item):
+        """``True`` for a collected item that is one of the graded tests."""
+        cls = getattr(getattr(item, "cls", None), "__name__", None)
+        name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
+        path = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
+        return self.trusted.expected(path, cls, name) is not None
+
+    def is_test_file(self, path):
+        """``True`` for a file of the tests (graded files, conftests, test code)."""
+        if self.audit is not None:
+            return self.audit.is_test(path)
+        return os.path.basename(path).startswith(("test_", "conftest"))
 
     def __init__(self, root, here, environment, runner, fence, trusted, audit):
         self.root = root.rstrip(os.sep) + os.sep
@@ -670,6 +734,15 @@ _RUN_HOOKS = (
     "pytest_make_collect_report",
     "pytest_itemcollected",
 )
+# Runner attributes pytest itself sets while a test runs (the assertion plugin's hooks into
+# rewritten asserts), by "module.attribute".
+_MUTABLE = frozenset(
+    (
+        "_pytest.assertion.util._reprcompare",
+        "_pytest.assertion.util._assertion_pass",
+        "_pytest.assertion.util._config",
+    )
+)
 _MISSING = object()
 
 
@@ -742,6 +815,9 @@ class _State:
         self.trust = trust
         self.verified = {}  # node id -> the test code found identical to its file's
         self.watched = _snapshot()
+        self.internals = {}  # (module or class, attribute) -> callable, every runner module
+        self.sweep_internals(None)
+        self.pyfunc = set()  # node ids whose test function pytest's pytest_pyfunc_call reached
         self.config = None
         self.baseline = None  # plugins registered when the session started
         self.plugin_files = set()  # files of the plugins registered so far
@@ -752,6 +828,40 @@ class _State:
         self.items = None
 
     # -- checks of pytest's own machinery
+
+    def sweep_internals(self, pm):
+        """Every callable of every ``pytest``/``_pytest``/``pluggy`` module and of their own
+        classes, against the first value seen; the changed ones are returned as tampering
+        unless pytest itself sets them per test (:data:`_MUTABLE`) or a registered plugin's
+        file defines the new value (``flaky``). About 6,000 attributes: run after each graded
+        test, at collection and at the end (the watched list covers the others)."""
+        changed = []
+        for modname, module in list(sys.modules.items()):
+            if module is None or modname.split(".")[0] not in ("pytest", "_pytest", "pluggy"):
+                continue
+            owners = [(modname, vars(module))]
+            for value in list(vars(module).values()):
+                if isinstance(value, type) and getattr(value, "__module__", None) == modname:
+                    owners.append((modname + "." + value.__qualname__, vars(value)))
+            for owner, namespace in owners:
+                for attr, value in list(namespace.items()):
+                    if not callable(value) and not isinstance(value, (classmethod, staticmethod)):
+                        continue
+                    key = (owner, attr)
+                    first = self.internals.setdefault(key, value)
+                    if first is value or pm is None or key[0] + "." + attr in _MUTABLE:
+                        continue
+                    source = _plugin_replacement(value, pm)
+                    if source is None:
+                        changed.append(f"{owner}.{attr}")
+                    elif source not in self.replacers:
+                        self.replacers.add(source)
+                        self.channel.send("plugin", file=source)
+        conftests = getattr(pm, "_conftest_plugins", ())
+        for plugin in list(conftests) if pm is not None else ():
+            if os.path.basename(getattr(plugin, "__file__", None) or "") != "conftest.py":
+                changed.append(f"{plugin!r} counted as a conftest")
+        return changed
 
     def changed_internals(self):
         pm = self.config.pluginmanager
@@ -849,15 +959,17 @@ class _State:
             filename = frame.f_code.co_filename
             if not filename.startswith("<frozen"):
                 path = os.path.realpath(filename)
-                if not path.startswith(skip):
+                if not path.startswith(skip) or not os.path.isfile(path):
                     return path
                 if path.startswith(trust.here) and frame.f_code.co_name == "_boot":
                     return None
             frame = frame.f_back
         return "<no caller: a thread or a finaliser>"
 
-    def check(self, where):
+    def check(self, where, full=False):
         changed = self.changed_internals()
+        if full and not self.trust.in_repository:
+            changed += self.sweep_internals(self.config.pluginmanager)
         audit = self.trust.audit
         if audit is not None and audit.findings:
             changed += audit.findings
@@ -875,7 +987,12 @@ class _State:
         """
         module_type = type(sys)
         filename = getattr(plugin, "__file__", None)
-        if not isinstance(plugin, module_type) or not filename or not os.path.isfile(filename):
+        if (
+            not isinstance(plugin, module_type)
+            or not filename
+            or not filename.endswith((".py", ".pyc"))
+            or not os.path.isfile(filename)
+        ):
             self.channel.send("tamper", where="plugin", what=[f"plugin object {plugin!r}"])
             return
         who = self.registrar()
@@ -889,7 +1006,7 @@ class _State:
             code = getattr(value, "__code__", None)
             if code is None or not getattr(value, "__name__", "").startswith("pytest_"):
                 continue
-            if not os.path.isfile(code.co_filename):
+            if not code.co_filename.endswith(".py") or not os.path.isfile(code.co_filename):
                 self.channel.send(
                     "tamper", where="plugin", what=[f"hook {value.__name__} of {source}"]
                 )
@@ -1033,6 +1150,7 @@ def _start(mac, fd, trust, in_repository=()):
     ``in_repository``: the runner's package paths imported from the repository (see
     :func:`_runner_in`), if the repository is the runner."""
     global _state
+    trust.in_repository = tuple(in_repository)
     _state = _State(_Channel(mac, fd), trust)
     _state.channel.send(
         "start",
@@ -1089,7 +1207,7 @@ def pytest_runtestloop(session):
             xfail=[item.nodeid for item in items if _xfail_expected(item)],
             code_files=code_files,
         )
-        _state.check("collection")
+        _state.check("collection", full=True)
     yield
 
 
@@ -1113,13 +1231,62 @@ def _record_raw(item, when, outcome):
                 kind = "skip"
             elif isinstance(exc[1], xfail):
                 kind = "xfail"
+                caller = _raiser(exc[2])
+                if caller is not None and not _state.trust.is_test_file(caller):
+                    # pytest.xfail() called by the code under test, not by the test: an
+                    # expected failure the model declared for itself (XFAIL grades as passed).
+                    _state.channel.send(
+                        "tamper",
+                        where="test " + item.nodeid,
+                        what=[f"pytest.xfail() called by {caller}, not by the tests"],
+                    )
+        if (
+            when == "call"
+            and exc is None
+            and item.nodeid not in _state.pyfunc
+            and type(item).__name__ == "Function"
+            and _state.trust.graded(item)
+        ):
+            _state.channel.send(
+                "tamper",
+                where="test " + item.nodeid,
+                what=["the call phase passed without pytest calling the test function"],
+            )
         _state.raw[(item.nodeid, when)] = kind
+
+
+def _raiser(tb):
+    """The file of the code that called the pytest function raising at the end of ``tb``."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames[:-1]):
+        path = os.path.realpath(frame.f_code.co_filename)
+        if not path.startswith(_state.trust.runner):
+            return path
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_pyfunc_call(pyfuncitem):
+    if _mine(pyfuncitem.config):
+        _state.pyfunc.add(pyfuncitem.nodeid)
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_setup(item):
     outcome = yield
     _record_raw(item, "setup", outcome)
+
+
+def _matching(codes, expected):
+    """The index of the first of ``codes`` equal to one of ``expected``, or ``None``."""
+    for i, code in enumerate(codes):
+        if code is not None and any(code == c for c in expected):
+            return i
+    return None
 
 
 def _verify_test_code(item):
@@ -1144,15 +1311,31 @@ def _verify_test_code(item):
     seen = _state.verified.get(item.nodeid)
     if seen is not None and seen[0] is (callables or [None])[0] and seen[1] is codes[0]:
         return
-    if not any(code == c for code in codes if code is not None for c in expected):
-        if _state.trust.trusted.more():
-            expected = _state.trust.trusted.expected(path, getattr(cls, "__name__", None), name)
-        if not any(code == c for code in codes if code is not None for c in expected):
-            _state.channel.send(
-                "tamper",
-                where="test",
-                what=[f"test code of {item.nodeid} differs from its file {path}"],
-            )
+    matched = _matching(codes, expected)
+    if matched is None and _state.trust.trusted.more():
+        expected = _state.trust.trusted.expected(path, getattr(cls, "__name__", None), name)
+        matched = _matching(codes, expected)
+    if matched is None:
+        _state.channel.send(
+            "tamper",
+            where="test",
+            what=[f"test code of {item.nodeid} differs from its file {path}"],
+        )
+    elif audit is not None:
+        # What runs first are the wrappers (functools.wraps decorators: mock.patch, a
+        # repository's test helpers), from files that existed before the run; those of the
+        # repository are reported, and the grader rejects one the model changed.
+        for code in codes[:matched]:
+            where = getattr(code, "co_filename", "<builtin>")
+            kind = audit.kind(where)
+            if kind == "repository" and _state.untrusted_file(os.path.realpath(where)) is None:
+                _state.channel.send("wrapper", id=item.nodeid, file=os.path.realpath(where))
+            elif kind not in ("environment", "runner"):
+                _state.channel.send(
+                    "tamper",
+                    where="test",
+                    what=[f"test {item.nodeid} is wrapped by code of {where}"],
+                )
     if callables:
         _state.verified[item.nodeid] = (callables[0], codes[0])
 
@@ -1199,8 +1382,9 @@ def pytest_runtest_logreport(report):
             inner=_state.inner.pop(key, "missing"),
         )
         if report.when == "teardown":
-            _state.check("test " + report.nodeid)
             item, fingerprint = _state.items.get(report.nodeid, (None, None))
+            graded = item is not None and _state.trust.graded(item)
+            _state.check("test " + report.nodeid, full=graded)
             if item is not None and _fingerprint(item) != fingerprint:
                 _state.channel.send("tamper", where="test", what=["test code of " + report.nodeid])
     yield
@@ -1211,5 +1395,5 @@ def pytest_sessionfinish(session, exitstatus):
     yield
     if _mine(session.config):
         if _state.baseline is not None:
-            _state.check("session end")
+            _state.check("session end", full=True)
         _state.channel.send("end", exitstatus=int(exitstatus))
