@@ -25,10 +25,14 @@ A check is a callable returning why the part is missing, or ``None``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import os
 import shutil
+import subprocess
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -142,3 +146,32 @@ def docker_engine() -> Any:
     import docker
 
     return docker.from_env()
+
+
+def archived_test_image() -> Path:
+    """Where :func:`local_image_missing` exports :data:`TEST_IMAGE` (an OCI archive), for
+    ``local`` to run it as a container image (``image=f"oci-archive:{path}"``)."""
+    name = hashlib.sha256(TEST_IMAGE.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"sandlot-contract-{os.getuid()}-{name}.tar"
+
+
+@functools.cache
+def local_image_missing() -> str | None:
+    """Why ``local`` cannot run the test image as a container image here, or ``None``; exports
+    the test image from the engine into an OCI archive once (skopeo's docker-daemon source)."""
+    reason = bwrap_missing() or docker_engine_missing()
+    if reason or archived_test_image().exists():
+        return reason
+    if shutil.which("skopeo") is None:
+        return "skopeo is not installed (bash .ci/images-packages.sh)"
+    staging = archived_test_image().with_suffix(".partial")
+    daemon = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    done = subprocess.run(
+        ["skopeo", "copy", "--quiet", "--src-daemon-host", daemon,
+         f"docker-daemon:{TEST_IMAGE}", f"oci-archive:{staging}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return f"cannot export {TEST_IMAGE} from the engine: {done.stderr.strip()}"
+    staging.rename(archived_test_image())
+    return None

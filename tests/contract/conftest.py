@@ -45,14 +45,10 @@ Run one target with ``pytest tests/contract -k docker``.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.util
 import os
 import shutil
 import signal
-import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +56,14 @@ from typing import Any
 
 import anyio
 import pytest
-from requirements import TEST_IMAGE, bwrap_missing, docker_engine_missing, missing
+from requirements import (
+    TEST_IMAGE,
+    archived_test_image,
+    bwrap_missing,
+    docker_engine_missing,
+    local_image_missing,
+    missing,
+)
 
 import sandlot
 from sandlot.sandboxes.base import Sandbox
@@ -118,33 +121,6 @@ def _dead(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] in "ZX"
 
 
-def _image_archive() -> Path:
-    name = hashlib.sha256(TEST_IMAGE.encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"sandlot-contract-{os.getuid()}-{name}.tar"
-
-
-@functools.cache
-def _local_image_unavailable() -> str | None:
-    """Why ``local`` cannot run the test image as a container image here, or ``None``; exports
-    the test image from the engine into an OCI archive once (skopeo's docker-daemon source)."""
-    reason = bwrap_missing() or docker_engine_missing()
-    if reason or _image_archive().exists():
-        return reason
-    if shutil.which("skopeo") is None:
-        return "skopeo is not installed (bash .ci/images-packages.sh)"
-    staging = _image_archive().with_suffix(".partial")
-    daemon = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    done = subprocess.run(
-        ["skopeo", "copy", "--quiet", "--src-daemon-host", daemon,
-         f"docker-daemon:{TEST_IMAGE}", f"oci-archive:{staging}"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        return f"cannot export {TEST_IMAGE} from the engine: {done.stderr.strip()}"
-    staging.rename(_image_archive())
-    return None
-
-
 async def _kill_docker_container(sb: Sandbox) -> None:
     import docker
 
@@ -171,8 +147,8 @@ TARGETS: list[ContractTarget] = [
     ContractTarget(
         id="local-image",
         backend="local",
-        fields={"isolation": "bwrap", "image": f"oci-archive:{_image_archive()}"},
-        unavailable=_local_image_unavailable,
+        fields={"isolation": "bwrap", "image": f"oci-archive:{archived_test_image()}"},
+        unavailable=local_image_missing,
         kill_from_outside=_kill_local_init,
     ),
     ContractTarget(

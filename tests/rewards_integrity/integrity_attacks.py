@@ -7,6 +7,7 @@ Each attack is a map of repository paths to new contents (``None`` deletes), tur
 
 from __future__ import annotations
 
+import difflib
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -1090,4 +1091,93 @@ def plugin_by_name(inst: Instance) -> dict[str, str | None]:
         "                    rep.outcome, rep.longrepr = 'passed', None\n"
         "            _o.pluginmanager.register(_F(), 'f')\n"
         "_forge()\n",
+    )
+
+
+# -- R2E-Gym's layout (issue #33 item 3): the test environment is a virtualenv inside the
+# repository, made at set-up and git-ignored. VENV_SETUP (run in the repository) makes ``.venv``
+# (or ``$1``) with ``python3 -m venv --without-pip`` and copies into it python3's pytest
+# (COPY_PYTEST); the copy says where it was imported from on stderr (``VENV_MARK <sys.prefix>``).
+
+VENV_MARK = "sandlot-test: pytest of"
+
+# ``python3 - DEST``: copies the running interpreter's pytest into DEST, with every top-level
+# module it imports from the same directory and their ``*.dist-info``.
+COPY_PYTEST = r"""
+import glob, importlib, importlib.metadata, os, pkgutil, shutil, sys
+before = set(sys.modules)
+import pytest, _pytest
+for info in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
+    try:
+        importlib.import_module(info.name)
+    except Exception:
+        pass
+for name in ("pygments", "pygments.lexers.python", "pygments.formatters.terminal"):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+site = os.path.dirname(os.path.dirname(os.path.realpath(pytest.__file__)))
+dest = sys.argv[1]
+os.makedirs(dest, exist_ok=True)
+owners = importlib.metadata.packages_distributions()
+ignore = shutil.ignore_patterns("__pycache__")
+for name, module in sorted(sys.modules.items()):
+    path = os.path.realpath(getattr(module, "__file__", None) or "/")
+    if "." in name or name in before or not path.startswith(site + os.sep):
+        continue
+    if os.path.basename(path).startswith("__init__."):
+        shutil.copytree(os.path.dirname(path), os.path.join(dest, name), ignore=ignore)
+    else:
+        shutil.copy(path, dest)
+    wanted = set(d.replace("-", "_").lower() for d in owners.get(name, ()))
+    for info in glob.glob(os.path.join(site, "*.dist-info")):
+        target = os.path.join(dest, os.path.basename(info))
+        if os.path.basename(info).split("-")[0].lower() in wanted and not os.path.exists(target):
+            shutil.copytree(info, target)
+"""
+
+VENV_SETUP = (
+    'set -e\nvenv=${1:-.venv}\npython3 -m venv --without-pip "$venv"\n'
+    'site=$("$venv/bin/python" -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')\n'
+    f"python3 - \"$site\" <<'PY'\n{COPY_PYTEST}PY\n"
+    "printf '\\nimport sys as _s\\n_s.stderr.write(\"%s %%s\\\\n\" %% _s.prefix)\\n' "
+    f"'{VENV_MARK}' >> \"$site/pytest/__init__.py\"\n"
+    "\"$venv/bin/python\" -c 'import pytest' 2>/dev/null\n"
+)
+
+VENV_TEST_CMD = (
+    ".venv/bin/python -m pytest --no-header -rA --tb=no -p no:cacheprovider tests/test_evaluator.py"
+)
+
+# What the attack appends to the venv's _pytest/assertion/rewrite.py: every assert rewritten
+# into ``pass``. The runner is not a plugin file and no test code changes: the channel sees
+# pytest's own, forged, outcomes.
+NO_ASSERTS = """
+
+
+def _sandlot_no_assert(self, assert_):
+    return [ast.copy_location(ast.Pass(), assert_)]
+
+
+AssertionRewriter.visit_Assert = _sandlot_no_assert
+"""
+
+
+def venv_rewrite_attack(rewrite_py: str, site_packages: str) -> str:
+    """A model patch appending :data:`NO_ASSERTS` to ``<site_packages>/_pytest/assertion/
+    rewrite.py`` (repository-relative), whose current text is ``rewrite_py``."""
+    path = f"{site_packages}/_pytest/assertion/rewrite.py"
+    old = rewrite_py.splitlines(keepends=True)
+    diff = difflib.unified_diff(old, [*old, *NO_ASSERTS.splitlines(keepends=True)],
+                                f"a/{path}", f"b/{path}")  # fmt: skip
+    return f"diff --git a/{path} b/{path}\n" + "".join(diff)
+
+
+def announcing_shadow(where: str) -> str:
+    """A module that prints ``SHADOW_MARK where`` as it is imported, then turns into the module
+    it shadows."""
+    return (
+        f"import os as _os\nimport sys as _sys\n\nprint({SHADOW_MARK!r}, {where!r}, flush=True)\n"
+        + _BECOME_REAL
     )

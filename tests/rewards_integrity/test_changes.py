@@ -292,3 +292,137 @@ def test_gnu_patch_never_writes_through_a_symlink_of_the_repository(
     changes = parse_apply_output(out.stdout, str(r))
     assert any("through the symlink lnk" in v for v in changes.violations), out.stdout
     assert list(outside.iterdir()) == []
+
+
+def _new_file(path: str, text: str = "x = 1\n") -> str:
+    lines = text.splitlines()
+    body = "".join(f"+{ln}\n" for ln in lines)
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+        f"@@ -0,0 +1,{len(lines)} @@\n{body}"
+    )
+
+
+def _edit(path: str, old: str, new: str, line: int = 1) -> str:
+    """A patch replacing the last line, ``line``, of ``path``."""
+    return (
+        f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
+        f"@@ -{line} +{line} @@\n-{old}\n+{new}\n"
+    )
+
+
+@pytest.fixture
+def env_repo(repo: tuple[Path, str]) -> tuple[Path, str]:
+    """``repo`` with a ``.gitignore`` (``build/``, ``*.log``), a tracked ``kept.log`` and an
+    untracked virtual environment ``.venv`` made at set-up."""
+    r, _ = repo
+    (r / ".gitignore").write_text("*.log\nbuild/\n")
+    (r / "kept.log").write_text("tracked\n")
+    _git(r, "add", "-f", ".gitignore", "kept.log")
+    _git(r, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ignore")
+    site = r / ".venv" / "lib" / "python3.11" / "site-packages" / "_pytest"
+    site.mkdir(parents=True)
+    (site / "runner.py").write_text("real = True\n")
+    (r / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (r / ".venv" / "bin").mkdir()
+    (r / ".venv" / "bin" / "python").symlink_to("/usr/bin/python3")
+    return r, _git(r, "rev-parse", "HEAD").strip()
+
+
+SITE_FILE = ".venv/lib/python3.11/site-packages/_pytest/runner.py"
+
+
+@pytest.mark.parametrize(
+    ("patch", "reason"),
+    [
+        pytest.param(_edit(SITE_FILE, "real = True", "real = False"), "site-packages", id="venv"),
+        pytest.param(_new_file(".venv/bin/pytest"), "virtual environment .venv", id="venv-bin"),
+        pytest.param(
+            _new_file(".venv2/pyvenv.cfg", "home = /usr/bin") + _new_file(".venv2/lib/pytest.py"),
+            "virtual environment .venv2",
+            id="second-venv",
+        ),
+        pytest.param(_new_file("src/dist-packages/pytest.py"), "dist-packages", id="dist-packages"),
+        pytest.param(_new_file("build/lib/pytest.py"), "ignored", id="ignored-dir"),
+        pytest.param(_new_file("notes.log"), "ignored", id="ignored-name"),
+        pytest.param(
+            _edit(".gitignore", "build/", "nothing/", 2) + _new_file("build/lib/pytest.py"),
+            "build/lib/pytest.py (ignored",
+            id="gitignore-edited-by-the-patch",
+        ),
+        pytest.param(
+            _new_file("pkg/.gitignore", "!*.log") + _new_file("pkg/notes.log"),
+            "pkg/notes.log (ignored",
+            id="gitignore-added-by-the-patch",
+        ),
+    ],
+)
+def test_a_patch_into_an_environment_is_refused(
+    env_repo: tuple[Path, str], tmp_path: Path, patch: str, reason: str
+) -> None:
+    r, base = env_repo
+    changes, log = _apply(r, base, tmp_path, patch)
+    assert changes.applied == 1, log  # type: ignore[attr-defined]
+    violations = changes.violations  # type: ignore[attr-defined]
+    assert len(violations) == 1 and reason in violations[0], log
+
+
+def test_tracked_files_and_the_repository_code_are_not_an_environment(
+    env_repo: tuple[Path, str], tmp_path: Path
+) -> None:
+    # A tracked file is never ignored (kept.log matches *.log); .gitignore itself may change.
+    r, base = env_repo
+    patch = (
+        _edit("kept.log", "tracked", "changed")
+        + _edit(".gitignore", "build/", "dist/", 2)
+        + _new_file("pkg/site_packages.py")
+        + _edit("README", "read me", "read me twice")
+    )
+    changes, log = _apply(r, base, tmp_path, patch)
+    assert changes.applied == 1, log  # type: ignore[attr-defined]
+    assert changes.violations == [], log  # type: ignore[attr-defined]
+    assert {"kept.log", ".gitignore", "pkg/site_packages.py", "README"} <= set(
+        changes.paths  # type: ignore[attr-defined]
+    )
+
+
+def test_the_agents_own_sandbox_leaves_its_environment_out(
+    env_repo: tuple[Path, str], tmp_path: Path
+) -> None:
+    # The agent's shell changed the venv (pip install) and left caches: the venv is left out
+    # (neither refused nor reverted), ignored caches stay for the revert rules.
+    r, base = env_repo
+    (r / ".venv" / "lib" / "python3.11" / "site-packages" / "_pytest" / "runner.py").write_text(
+        "real = False\n"
+    )
+    (r / ".venv" / "bin" / "pytest").write_text("#!/bin/sh\n")
+    (r / "build").mkdir()
+    (r / "build" / "conftest.py").write_text("x = 1\n")
+    (r / "__pycache__").mkdir()
+    (r / "__pycache__" / "src.cpython-311.pyc").write_bytes(b"\0")
+    git = TrustedGit(str(r), base, scratch=str(tmp_path / "scratch"))
+    out = _run(git, "set -e\n" + working_changes_script(), r)
+    assert out.returncode == 0, out.stderr
+    changes = parse_working_changes(out.stdout)
+    assert not [p for p in changes.paths if p.startswith(".venv")], changes.paths
+    assert {"build/conftest.py", "__pycache__/src.cpython-311.pyc"} <= set(changes.paths)
+    assert changes.violations == []
+
+
+def test_ignored_paths_are_found_inside_a_submodule_directory(
+    repo: tuple[Path, str], tmp_path: Path
+) -> None:
+    # git check-ignore dies on a path inside a submodule (or beyond a symlink: the symlink
+    # attacks of test_attacks.py) unless it reads the rules in a directory of their own.
+    r, _ = repo
+    (r / ".gitignore").write_text("*.log\n")
+    _git(r, "add", ".gitignore")
+    _git(r, "update-index", "--add", "--cacheinfo", f"160000,{'1' * 40},sub")
+    _git(r, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "submodule")
+    base = _git(r, "rev-parse", "HEAD").strip()
+    (r / "sub").mkdir()
+    patch = _new_file("sub/x.log") + _new_file("sub/y.py")
+    changes, log = _apply(r, base, tmp_path, patch)
+    assert changes.applied == 1, log  # type: ignore[attr-defined]
+    (violation,) = changes.violations  # type: ignore[attr-defined]
+    assert "sub/x.log (ignored" in violation and "y.py" not in violation, log

@@ -17,10 +17,14 @@ symlinks and gitlinks. So:
   could use passes through a symlink, with ``.git`` renamed away while it runs (a ``.git`` it
   creates refuses the patch) and with ``PATH`` empty, so it cannot run ``ed`` or an RCS tool;
 * a symlink the patch leaves that points outside the repository or into ``.git`` refuses it
-  (in the agent's own sandbox symlinks are only judged by the revert rules).
+  (in the agent's own sandbox symlinks are only judged by the revert rules);
+* a changed path of an environment refuses it (:func:`environment_reason`: under a directory
+  holding ``pyvenv.cfg``, a ``site-packages``/``dist-packages`` component, or ignored by the
+  ``.gitignore`` files of ``base_commit``): untracked, nothing could restore it.
 
 For the agent's own sandbox (no patch to apply) the changes are ``git status`` of the work
-tree against ``base_commit`` with the evaluator's own index (:func:`working_changes_script`).
+tree against ``base_commit`` with the evaluator's own index (:func:`working_changes_script`);
+the environment's paths are left out there (:func:`parse_working_changes`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import posixpath
 import re
 import secrets
 import shlex
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 from sandlot.rewards.scripts import MODEL_PATCH_PATH
@@ -43,6 +48,8 @@ _ATTEMPT = "=== sandlot attempt "
 LISTING_START = "=== sandlot changed"
 _TRACKED = "=== sandlot tracked"
 _SYMLINKS = "=== sandlot symlinks"
+_VENVS = "=== sandlot pyvenv"
+_IGNORED = "=== sandlot ignored"
 _VIOLATION = "=== sandlot violation "
 _END = "=== sandlot end"
 LISTING = "listing"  # the file, in the evaluator's git directory, holding the listing
@@ -149,6 +156,41 @@ _SNAPSHOT = (
 _SYMLINK_LIST = "find . -path ./.git -prune -o -type l -printf '%p\\0%l\\0'"
 
 
+# Two parts of the listing (section headers echoed before each), from the changed entries
+# (``$S/changed``), with shell builtins for each path: the directories holding a ``pyvenv.cfg``
+# among the changed paths and their leading directories (their paths go to ``$S/paths``); then
+# the changed paths that the ``.gitignore`` files of ``base_commit`` ignore, followed by a
+# ``_TRACKED_AT_BASE`` part naming those of them tracked at ``base_commit`` (never ignored).
+# The ``.gitignore`` files are written from the evaluator's index (``base_commit``) into a
+# directory of their own, where ``git check-ignore --no-index`` reads them (no symlink or
+# submodule of the work tree in the way): a ``.gitignore`` of the patch counts for nothing.
+_VENVS_SCRIPT = r"""while IFS= read -r -d '' _r; do
+  _r=${_r#$'\t'}
+  case $_r in "d "*) _p=${_r#d } ;; *) _p=${_r#* * * * * } ;; esac
+  _p=${_p#./}
+  printf '%s\0' "$_p" >&4
+  _d=$_p
+  while :; do
+    [ -f "$_d/pyvenv.cfg" ] && printf '%s\0' "$_d"
+    [ "$_d" = "${_d%/*}" ] && break
+    _d=${_d%/*}
+  done
+done < "$S/changed" 4> "$S/paths" || exit 96"""
+_TRACKED_AT_BASE = "=== sandlot ignored but tracked"
+_IGNORED_SCRIPT = rf"""git ls-files -z -- ':(glob)**/.gitignore' > "$S/rules.list" || exit 96
+_ign=()
+if [ -s "$S/rules.list" ]; then
+  git checkout-index -z --stdin --prefix="$S/rules/" < "$S/rules.list" || exit 96
+  GIT_WORK_TREE="$S/rules" git -C "$S/rules" check-ignore --no-index -z --stdin \
+    < "$S/paths" > "$S/ignored"
+  [ $? -le 1 ] || exit 96
+  mapfile -d '' -t _ign < "$S/ignored"
+fi
+[ ${{#_ign[@]}} = 0 ] || printf '%s\0' "${{_ign[@]}}"
+echo; echo '{_TRACKED_AT_BASE}'
+[ ${{#_ign[@]}} = 0 ] || git --literal-pathspecs ls-files -z -- "${{_ign[@]}}" || exit 96"""
+
+
 def apply_script(
     patch: str,
     commands: tuple[str, ...],
@@ -206,13 +248,18 @@ def apply_script(
     if list_changes:
         lines += [
             f'{_SNAPSHOT} > "$S/after" || {{ echo "{_LIST_FAILED}" >&2; exit 96; }}',
+            'LC_ALL=C comm -3 -z "$S/before" "$S/after" > "$S/changed" || exit 96',
             "{",
             f"echo '{LISTING_START}'",
-            'LC_ALL=C comm -3 -z "$S/before" "$S/after" || exit 96',
+            'cat "$S/changed"',
             f"echo; echo '{_TRACKED}'",
             "git status --porcelain=v2 -z --untracked-files=no || exit 96",
             f"echo; echo '{_SYMLINKS}'",
             f"{_SYMLINK_LIST} || exit 96",
+            f"echo; echo '{_VENVS}'",
+            _VENVS_SCRIPT,
+            f"echo; echo '{_IGNORED}'",
+            _IGNORED_SCRIPT,
             f"echo; echo '{_END}'",
             f'}} > "$S/{LISTING}" || exit 96',
             f'cat "$S/{LISTING}"',
@@ -277,9 +324,47 @@ def parse_apply_output(output: str, workdir: str) -> Changes:
             out.dir_like.add(path)
     for path in _status_paths(_section(output, _TRACKED, _SYMLINKS)):
         paths.setdefault(path)
-    _check_symlinks(_section(output, _SYMLINKS, _END), paths, workdir, out)
+    _check_symlinks(_section(output, _SYMLINKS, _VENVS), paths, workdir, out)
     out.paths = list(paths)
+    # A pyvenv.cfg the patch deleted still marks its directory.
+    venvs = _section(output, _VENVS, _IGNORED).lstrip("\n").split("\0") + [
+        posixpath.dirname(p) for p in out.paths if posixpath.basename(p) == "pyvenv.cfg"
+    ]
+    tracked = set(_section(output, _TRACKED_AT_BASE, _END).lstrip("\n").split("\0"))
+    ignored = set(_section(output, _IGNORED, _TRACKED_AT_BASE).lstrip("\n").split("\0"))
+    ignored -= tracked
+    found = [(p, why) for p in out.paths if (why := environment_reason(p, venvs, ignored))]
+    if found:
+        listed = ", ".join(f"{p} ({why})" for p, why in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        out.violations.append(f"{_ENVIRONMENT}: {listed}{more}")
     return out
+
+
+_ENVIRONMENT = (
+    "the patch changes an environment (a virtualenv, site-packages or a path the .gitignore "
+    "files of base_commit ignore), not the repository's code; untracked, nothing could restore "
+    "it"
+)
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+
+def environment_reason(path: str, venvs: Iterable[str], ignored: Container[str] = ()) -> str | None:
+    """Why ``path`` (repository-relative) belongs to an environment, not to the repository's
+    code, or ``None``: a ``site-packages``/``dist-packages`` component, a virtual environment
+    (under one of ``venvs``, the directories holding a ``pyvenv.cfg``; the root is the
+    repository, never one), or one of ``ignored`` (by the ``.gitignore`` files of
+    ``base_commit``)."""
+    parts = path.split("/")
+    site = next((p for p in parts if p in _SITE_DIRS), None)
+    if site is not None:
+        return site
+    for venv in venvs:
+        if venv not in ("", ".") and (path == venv or path.startswith(venv + "/")):
+            return f"virtual environment {venv}"
+    if path in ignored:
+        return "ignored by .gitignore at base_commit"
+    return None
 
 
 def _status_paths(status: str) -> list[str]:
@@ -356,14 +441,21 @@ def working_changes_script() -> str:
 def parse_working_changes(output: str) -> Changes:
     """The :class:`Changes` of a :func:`working_changes_script` run's output.
 
-    An environment installed inside the repository (R2E-Gym's ``.venv``) is not the model's
-    change: paths under ``site-packages/`` are left out. Symlinks are not refused here (a
-    virtual environment's ``bin/python`` points outside); they are judged by the revert rules
-    as the directories they stand for.
+    The agent had a shell: it may have installed packages (``pip install``), and an
+    environment inside the repository (R2E-Gym's ``.venv``) shows in ``git status`` whole,
+    changed or not, with no content of ``base_commit`` to compare or restore. So environment
+    paths (:func:`environment_reason` without the ``.gitignore`` rule, the virtual environments
+    being those whose ``pyvenv.cfg`` the listing shows) are left out, neither refused nor
+    reverted: the environment of the agent's sandbox is the agent's (``evaluate`` grades in a
+    fresh one). Other ignored paths stay, for the revert rules (caches, ``conftest.py``).
+    Symlinks are not refused here (a virtual environment's ``bin/python`` points outside);
+    they are judged by the revert rules as the directories they stand for.
     """
     out = Changes()
     status = _section(output, _TRACKED, _SYMLINKS)
-    paths = dict.fromkeys(p for p in _status_paths(status) if "site-packages/" not in p)
+    listed = _status_paths(status)
+    venvs = [posixpath.dirname(p) for p in listed if posixpath.basename(p) == "pyvenv.cfg"]
+    paths = dict.fromkeys(p for p in listed if environment_reason(p, venvs) is None)
     for rec in status.lstrip("\n").split("\0"):
         if rec[:1] in ("?", "!") and rec.endswith("/"):
             out.dir_like.add(rec[2:].rstrip("/"))

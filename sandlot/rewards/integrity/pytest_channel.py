@@ -17,9 +17,11 @@ supports).
 * the records file, outside the repository, opened on a close-on-exec descriptor >= 200.
 
 pytest, then this file again under NAME (the plugin), are imported with no directory of the
-repository on ``sys.path``; the repository's paths come back only once the channel is open, and
-a ``sys.meta_path`` finder keeps the modules pytest, the standard library and installed
-packages import from resolving to files of the repository for the rest of the run.
+repository on ``sys.path`` but the interpreter's own environment (a virtualenv inside the
+repository is one: the evaluator refuses patches that touch it); the repository's paths come
+back only once the channel is open, and a ``sys.meta_path`` finder keeps the modules pytest,
+the standard library and installed packages import from resolving to files of the repository
+for the rest of the run.
 
 Each record is one line, ``<json>\\t<hex HMAC-SHA256(key, json)>``, with a sequence number
 ``n`` counting from 0: ``start``, ``items`` (the ids pytest collected, right before the run
@@ -119,27 +121,53 @@ def _runner_in(root):
     return found
 
 
+def _in_environment(path, root):
+    """``path``, inside ``root``, lies in a Python environment: it has a ``site-packages`` or
+    ``dist-packages`` component, or a directory of the repository on the way to it holds
+    ``pyvenv.cfg``."""
+    parts = os.path.realpath(path)[len(root.rstrip(os.sep)) :].split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return True
+    here = root
+    for part in filter(None, parts):
+        here = os.path.join(here, part)
+        if os.path.isfile(os.path.join(here, "pyvenv.cfg")):
+            return True
+    return False
+
+
+def _restore(full, held, which):
+    """Put the ``sys.path`` entries ``full[i]`` for ``i`` in ``which`` (indices of ``held``,
+    those set aside) back where they stood in ``full``; ``held`` keeps the others."""
+    for i in sorted(which):
+        held.discard(i)
+        sys.path.insert(sum(1 for j in range(i) if j not in held), full[i])
+
+
 class _RunnerImports:
     """A ``sys.meta_path`` finder: a top-level module imported by code that is not the
-    repository's (pytest, pluggy, the standard library, installed packages, this bootstrap)
+    repository's (pytest, pluggy, the standard library, installed packages, this bootstrap;
+    the interpreter's own environment is not the repository's even inside it, ``own``)
     comes from the start-up path when that path has it, so no file of the repository or of a
     ``PYTHONPATH`` directory inside it can stand in for a module the runner imports, now or
     lazily later (``pdb`` in ``pytest_configure``, ``tomllib`` for ``pyproject.toml``, ...).
     Imports made by the repository's own code resolve as they always do."""
 
-    def __init__(self, safe_path, root):
+    def __init__(self, safe_path, root, own):
         import importlib.machinery
 
         self._find = importlib.machinery.PathFinder.find_spec
         self._path = safe_path
-        self._root = root
+        self._root = root.rstrip(os.sep) + os.sep
+        # The interpreter's own directories inside the repository (its environment).
+        self._own = tuple(d.rstrip(os.sep) + os.sep for d in own)
 
     def _importer_is_repository(self):
         frame = sys._getframe(2)
         while frame is not None:
             filename = frame.f_code.co_filename
             if not (filename.startswith("<frozen") or "importlib" in filename):
-                return filename.startswith(self._root.rstrip(os.sep) + os.sep)
+                return filename.startswith(self._root) and not filename.startswith(self._own)
             frame = frame.f_back
         return False
 
@@ -546,7 +574,9 @@ def _boot(mac):
        the raw bytes zeroed: the interpreter runs with ``-S``, ``PYTHONPATH`` unset and this
        file's directory as ``sys.path[0]``, so only the standard library is importable yet;
     2. ``site`` without ``sitecustomize``/``usercustomize`` or the user site, then every
-       ``sys.path`` entry inside the repository (ROOT) set aside;
+       ``sys.path`` entry inside the repository (ROOT) set aside but the interpreter's own
+       environment (its standard library and the site directories of its prefix: R2E-Gym's
+       ``/testbed/.venv`` is the environment, a patch touching it is refused);
     3. pytest and the plugin imported, the channel opened (``start`` record, snapshot of
        pytest's internals), the records file on a close-on-exec descriptor;
     4. only then the repository's ways in put back where the real command has them:
@@ -581,11 +611,17 @@ def _boot(mac):
     import site
 
     site.ENABLE_USER_SITE = False
+    stdlib = list(sys.path)  # -S: the interpreter's standard library only
     site.main()
     environment = _environment(site, root)
-    set_aside = [(i, p) for i, p in enumerate(sys.path) if _inside(p, root)]
-    for i, _ in reversed(set_aside):
-        del sys.path[i]
+    # The interpreter's own environment is where pytest comes from, even inside the repository
+    # (R2E-Gym's /testbed/.venv): the evaluator refuses patches that touch it.
+    own = set(os.path.realpath(p) for p in stdlib + list(getattr(site, "getsitepackages", list)()))
+    full = list(sys.path)
+    held = set(i for i, p in enumerate(full) if _inside(p, root) and os.path.realpath(p) not in own)
+    sys.path[:] = [p for i, p in enumerate(full) if i not in held]
+    kept = [p for p in sys.path if _inside(p, root)]
+    kept += [os.path.realpath(p) for p in kept]
     import importlib.util
 
     in_repository = []
@@ -594,9 +630,9 @@ def _boot(mac):
     except ImportError:
         # pytest itself is the repository (pytest-dev/pytest installed from its work tree):
         # the runner is the code under test, trusted by definition; the key is already taken.
-        for i, p in set_aside:
-            sys.path.insert(i, p)
-        set_aside = []
+        # Never a pytest of another environment inside the repository (a second virtualenv,
+        # a site-packages a .pth line points to): those are not the repository's code.
+        _restore(full, held, [i for i in held if not _in_environment(full[i], root)])
         in_repository = _runner_in(root)
         try:
             import pytest
@@ -628,10 +664,9 @@ def _boot(mac):
 
     entries = [p for p in pythonpath.split(os.pathsep) if pythonpath]
     safe = [p for p in entries if not _inside(p, root)] + list(sys.path)
-    finder = _RunnerImports(safe, root)
+    finder = _RunnerImports(safe, root, kept)
     sys.meta_path.insert(0, finder)
-    for i, p in set_aside:
-        sys.path.insert(i, p)
+    _restore(full, held, list(held))
     sys.path[:0] = entries
     if not os.environ.get("PYTHONNOUSERSITE") and site.check_enableusersite():
         site.ENABLE_USER_SITE = True
