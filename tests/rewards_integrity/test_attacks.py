@@ -50,6 +50,13 @@ ROUND_3 = (
     "conftest_set_after_collection",
     "plugin_registered_from_clean_stack",
     "wrapped_chain_swap",
+    "pytest_ar_global_xfail",
+    "pytest_ar_global_partial_xfail",
+    "evaluate_raises_xfailed",
+    "pytestmark_conditional_xfail",
+    "environ_swaps_obj_during_call",
+    "session_instance_gethookproxy",
+    "obj_property_swap",
 )
 BACKENDS = [
     pytest.param("local", marks=needs(bwrap_missing)),
@@ -127,6 +134,9 @@ FORGERY_BACKENDS = [
     *(
         pytest.param(a, "local", marks=needs(bwrap_missing), id=f"{a}-local")
         for a in FROM_THE_ISSUE[1:] + ROUND_3
+        # [NOTRUN] xfails are not in the plain -rA log the harness grades: it resolved only
+        # through the channel's statuses (closed since).
+        if a != "pytestmark_conditional_xfail"
     ),
 ]
 

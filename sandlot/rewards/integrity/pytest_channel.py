@@ -51,6 +51,7 @@ import sys
 KEY_FD = 3
 # The builtin, held from before the repository runs (code under test may replace builtins').
 _COMPILE = compile
+_BUILTINS = sys.modules["builtins"]
 # What the runner's shell function hands the bootstrap besides argv (popped at once).
 ENV_PYTHONPATH = "__SANDLOT_PYTHONPATH"
 ENV_PYTHONPATH_SET = "__SANDLOT_PYTHONPATH_SET"
@@ -397,8 +398,12 @@ class _TrustedCode:
     must run one of these code objects (code objects compare by bytecode, constants, names
     and line table)."""
 
-    def __init__(self):
+    def __init__(self, root):
+        self.root = root.rstrip(os.sep) + os.sep
         self.tests = {}  # (realpath, class name or None, function name) -> [code, ...]
+        self.xfail = {}  # the same keys -> the source declares an expected failure
+        self.names = {}  # realpath -> names the module binds at its top (None: open set)
+        self.imports = {}  # realpath -> [(name, module, attribute or None)] of its imports
         self._pending = []  # (path, source, wanted) still without the other variants
 
     def add(self, path, source, wanted):
@@ -425,6 +430,8 @@ class _TrustedCode:
         except Exception:
             return False
         classes = {c for c, _ in wanted if c}
+        if pass_hook is False:
+            self._facts(path, source, tree, wanted)
         # Every other statement stays: how a name was bound at the top (``import gc``) changes
         # the bytecode of the functions that use it (3.11 calls a module's attributes with
         # LOAD_ATTR, other objects' with LOAD_METHOD).
@@ -476,10 +483,106 @@ class _TrustedCode:
                         found = True
         return found
 
+    def _facts(self, path, source, tree, wanted):
+        """What else the file says, before the repository runs: which graded tests declare an
+        expected failure (``xfail`` written in the test's ``def``, its class, a module-level
+        statement, or a conftest on its path), which names the module binds at its top, and
+        what its top-level imports bind."""
+        import ast
+
+        real = os.path.realpath(path)
+        lines = source.decode("utf-8", "replace").splitlines()
+
+        def text(node):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            return "\n".join(lines[first - 1 : getattr(node, "end_lineno", node.lineno)])
+
+        defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+        top = [n for n in tree.body if not isinstance(n, (*defs, ast.ClassDef))]
+        module_xfail = any("xfail" in text(n) for n in top) or _conftests_say_xfail(real, self.root)
+        for node in tree.body:
+            if isinstance(node, defs) and (None, node.name) in wanted:
+                self.xfail[(real, None, node.name)] = module_xfail or "xfail" in text(node)
+            elif isinstance(node, ast.ClassDef):
+                head = "\n".join(
+                    [text(n) for n in node.body if not isinstance(n, (*defs, ast.ClassDef))]
+                    + [lines[d.lineno - 1] for d in node.decorator_list]
+                )
+                for n in node.body:
+                    if isinstance(n, defs) and (node.name, n.name) in wanted:
+                        key = (real, node.name, n.name)
+                        self.xfail[key] = module_xfail or "xfail" in head or "xfail" in text(n)
+        # Names: dynamic binding (star imports, globals(), setattr, a `global` statement)
+        # makes the set open, and it is not checked.
+        if any(w in source for w in (b"import *", b"globals()", b"setattr(", b"global ")):
+            self.names[real] = None
+        else:
+            bound = set(_DUNDERS)
+            for node in ast.walk(ast.Module(body=top, type_ignores=[])):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    bound.add(node.id)
+                elif isinstance(node, ast.alias):
+                    bound.add((node.asname or node.name).split(".")[0])
+            bound.update(n.name for n in tree.body if isinstance(n, (*defs, ast.ClassDef)))
+            self.names[real] = bound
+        imports = []
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    imports.append(
+                        (
+                            a.asname or a.name.split(".")[0],
+                            a.name if a.asname else a.name.split(".")[0],
+                            None,
+                        )
+                    )
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imports.extend((a.asname or a.name, node.module, a.name) for a in node.names)
+        rebound = {
+            n.id
+            for n in ast.walk(ast.Module(body=top, type_ignores=[]))
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        }
+        self.imports[real] = [i for i in imports if i[0] not in rebound and i[0] != "*"]
+
     def expected(self, path, cls, name):
         """The trusted code objects of test ``name`` (of class ``cls``) in ``path``, or
         ``None`` when it is not a graded ``def`` of a graded file."""
         return self.tests.get((os.path.realpath(path), cls, name))
+
+
+# Names every module has, and those pytest's assertion rewriter adds.
+_DUNDERS = (
+    "__name__",
+    "__doc__",
+    "__package__",
+    "__loader__",
+    "__spec__",
+    "__file__",
+    "__cached__",
+    "__builtins__",
+    "__annotations__",
+    "@py_builtins",
+    "@pytest_ar",
+)
+
+
+def _conftests_say_xfail(path, root):
+    """``True`` when a ``conftest.py`` between ``root`` and ``path``'s directory mentions
+    ``xfail`` (a hook there may mark tests)."""
+    here = os.path.dirname(path)
+    while here.startswith(root.rstrip(os.sep)) and len(here) >= len(root.rstrip(os.sep)):
+        try:
+            with open(os.path.join(here, "conftest.py"), "rb") as f:
+                if b"xfail" in f.read():
+                    return True
+        except OSError:
+            pass
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    return False
 
 
 class _IniOnly:
@@ -548,6 +651,14 @@ class _Trust:
         name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
         path = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
         return self.trusted.expected(path, cls, name) is not None
+
+    def xfail_declared(self, item):
+        """``True`` unless ``item`` is a graded test whose source (its ``def``, class, module
+        or a conftest on its path) never writes ``xfail``."""
+        cls = getattr(getattr(item, "cls", None), "__name__", None)
+        name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
+        path = os.path.realpath(str(getattr(item, "path", None) or getattr(item, "fspath", "")))
+        return self.trusted.xfail.get((path, cls, name), True)
 
     def is_test_file(self, path):
         """``True`` for a file of the tests (graded files, conftests, test code)."""
@@ -647,7 +758,7 @@ def _boot(mac):
     spec.loader.exec_module(plugin)
     if mac is not None:
         runner = tuple(_package_dir(m) for m in ("pytest", "_pytest", "pluggy") if m in sys.modules)
-        trusted = _TrustedCode()
+        trusted = _TrustedCode(root)
         for path, wanted in _graded_tests(os.path.dirname(records), root).items():
             with open(path, "rb") as f:
                 trusted.add(path, f.read(), wanted)
@@ -853,6 +964,7 @@ class _State:
         self.internals = {}  # (module or class, attribute) -> callable, every runner module
         self.sweep_internals(None)
         self.pyfunc = set()  # node ids whose test function pytest's pytest_pyfunc_call reached
+        self.rewrite_module = sys.modules.get("_pytest.assertion.rewrite")
         self.config = None
         self.baseline = None  # plugins registered when the session started
         self.plugin_files = set()  # files of the plugins registered so far
@@ -880,8 +992,8 @@ class _State:
                     owners.append((modname + "." + value.__qualname__, vars(value)))
             for owner, namespace in owners:
                 for attr, value in list(namespace.items()):
-                    if not callable(value) and not isinstance(value, (classmethod, staticmethod)):
-                        continue
+                    if not callable(value) and not hasattr(type(value), "__get__"):
+                        continue  # data; functions, classes and descriptors (property) count
                     key = (owner, attr)
                     first = self.internals.setdefault(key, value)
                     if first is value or pm is None or key[0] + "." + attr in _MUTABLE:
@@ -892,6 +1004,9 @@ class _State:
                     elif source not in self.replacers:
                         self.replacers.add(source)
                         self.channel.send("plugin", file=source)
+        if pm is not None:
+            for obj in (getattr(self, "session", None), self.config, pm):
+                changed += _shadowed_methods(obj)
         conftests = getattr(pm, "_conftest_plugins", ())
         for plugin in list(conftests) if pm is not None else ():
             if os.path.basename(getattr(plugin, "__file__", None) or "") != "conftest.py":
@@ -1148,7 +1263,7 @@ def _test_callables(item):
         if type(item).__name__ == "TestCaseFunction":
             obj = getattr(getattr(item.parent, "obj", None), item.name, None)
         else:
-            obj = getattr(item, "obj", None)
+            obj = item.__dict__.get("_obj") or getattr(item, "obj", None)
     except Exception:
         obj = None
     out = []
@@ -1208,6 +1323,7 @@ def pytest_configure(config):
 def pytest_sessionstart(session):
     yield
     if _mine(session.config):
+        _state.session = session
         _state.take_baseline(session.config)
 
 
@@ -1235,7 +1351,7 @@ def pytest_runtestloop(session):
                     "tamper", where="collection", what=["runtest of " + item.nodeid]
                 )
         for item in items:
-            _verify_test_code(item)
+            _verify_test_code(item, collection=True)
         _state.channel.send(
             "items",
             ids=[item.nodeid for item in items],
@@ -1305,8 +1421,21 @@ def _raiser(tb):
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_pyfunc_call(pyfuncitem):
-    if _mine(pyfuncitem.config):
-        _state.pyfunc.add(pyfuncitem.nodeid)
+    # The innermost wrapper: what pytest's own implementation is about to call. The item
+    # must be the collected one (not a proxy handed over by a hook relay), and a graded
+    # test's function is checked once more here, after everything that ran since the call
+    # phase began.
+    if _mine(pyfuncitem.config) and _state.items is not None:
+        collected = _state.items.get(pyfuncitem.nodeid, (None, None))[0]
+        if collected is not pyfuncitem:
+            _state.channel.send(
+                "tamper",
+                where="test " + str(pyfuncitem.nodeid),
+                what=["pytest_pyfunc_call was handed an item pytest did not collect"],
+            )
+        else:
+            _state.pyfunc.add(pyfuncitem.nodeid)
+            _verify_test_code(pyfuncitem, fresh=True)
     yield
 
 
@@ -1324,10 +1453,61 @@ def _matching(codes, expected):
     return None
 
 
-def _verify_test_code(item):
-    """Send ``tamper`` when a graded test would not run the code compiled from its file
-    (checked when collected and again right before each call, the last verified function
-    and code as a fast path), or when a tracer or profiler of the repository is active."""
+def _shadowed_methods(obj):
+    """``obj``'s instance attributes that hide a method of its class (``session.gethookproxy
+    = ...``): pytest sets none."""
+    if obj is None:
+        return []
+    out = []
+    for name in list(getattr(obj, "__dict__", ())):
+        for klass in type(obj).__mro__:
+            if name in vars(klass):
+                if isinstance(vars(klass)[name], type(_shadowed_methods)):
+                    out.append(f"{type(obj).__name__}.{name} hidden by an instance attribute")
+                break
+    return out
+
+
+def _verify_namespace(item, path, collection):
+    """The graded test module's namespace is what its file makes: pytest's assertion
+    helpers (``@pytest_ar``, ``@py_builtins``) are the real modules, no name its top level
+    does not bind was added (``pytestmark``, a builtin shadowed), and, when collected, every
+    name its top-level imports bind is what the import gives."""
+    module = getattr(item.getparent(pytest.Module), "obj", None)
+    namespace = getattr(module, "__dict__", None)
+    if namespace is None:
+        return
+    real = os.path.realpath(path)
+    trusted = _state.trust.trusted
+    wrong = []
+    for name, real_module in (("@pytest_ar", _state.rewrite_module), ("@py_builtins", _BUILTINS)):
+        if name in namespace and namespace[name] is not real_module:
+            wrong.append(name)
+    bound = trusted.names.get(real)
+    if bound is not None:
+        wrong += sorted(set(namespace) - bound)
+    if collection:
+        for name, modname, attr in trusted.imports.get(real, ()):
+            if name not in namespace or modname not in sys.modules:
+                continue
+            value = sys.modules[modname]
+            if attr is not None:
+                value = getattr(value, attr, sys.modules.get(modname + "." + attr, _MISSING))
+            if namespace[name] is not value:
+                wrong.append(name)
+    if wrong:
+        _state.channel.send(
+            "tamper",
+            where="test",
+            what=[f"the namespace of {path} was changed: " + ", ".join(wrong)],
+        )
+
+
+def _verify_test_code(item, fresh=False, collection=False):
+    """Send ``tamper`` when a graded test would not run the code compiled from its file, in
+    the namespace its file makes (checked when collected, right before each call and in
+    ``pytest_pyfunc_call``; the last verified function and code as a fast path unless
+    ``fresh``), or when a tracer or profiler of the repository is active."""
     audit = _state.trust.audit
     if audit is not None:
         for kind, hook in (("tracer", sys.gettrace()), ("profiler", sys.getprofile())):
@@ -1344,9 +1524,21 @@ def _verify_test_code(item):
     callables = _test_callables(item)
     codes = [getattr(f, "__code__", None) for f in callables]
     seen = _state.verified.get(item.nodeid)
-    if seen is not None and seen[0] is (callables or [None])[0] and seen[1] is codes[0]:
+    _verify_namespace(item, path, collection)
+    shadowed = _shadowed_methods(item)
+    if shadowed:
+        _state.channel.send("tamper", where="test " + item.nodeid, what=shadowed)
+    if not fresh and seen is not None and seen[0] is callables[0] and seen[1] is codes[0]:
         return
     matched = _matching(codes, expected)
+    if matched is not None:
+        module = getattr(item.getparent(pytest.Module), "obj", None)
+        if getattr(callables[matched], "__globals__", None) is not getattr(module, "__dict__", 0):
+            _state.channel.send(
+                "tamper",
+                where="test",
+                what=[f"test {item.nodeid} runs with globals that are not its module's"],
+            )
     if matched is None and _state.trust.trusted.more():
         expected = _state.trust.trusted.expected(path, getattr(cls, "__name__", None), name)
         matched = _matching(codes, expected)
@@ -1407,6 +1599,17 @@ def pytest_runtest_logreport(report):
         _state.channel.send("tamper", where="collection", what=["report of " + report.nodeid])
     elif _state is not None and _state.items is not None:
         key = (report.nodeid, report.when)
+        item = _state.items.get(report.nodeid, (None, None))[0]
+        if (
+            hasattr(report, "wasxfail")
+            and item is not None
+            and not _state.trust.xfail_declared(item)
+        ):
+            _state.channel.send(
+                "tamper",
+                where="test " + report.nodeid,
+                what=["an expected failure (xfail) that the graded test's source does not declare"],
+            )
         _state.channel.send(
             "phase",
             id=report.nodeid,
