@@ -9,6 +9,10 @@
   dropped too when every argument names tests (``path::test``): a slow test asked for runs.
 * ``SANDLOT_STATE_DIR`` points at a temporary directory unless set: run logs and leak lists of
   the tests never land in the user's state dir.
+* CI runs the suite twice, as a new user and then with everything installed (``.ci/run``):
+  ``SANDLOT_PASSED_OUT=FILE`` writes the node ids of the tests that passed (every phase), and
+  ``SANDLOT_PASSED_IN=FILE`` deselects them, so the second run runs only what the first did
+  not pass (skipped, deselected as slow, failed).
 """
 
 from __future__ import annotations
@@ -34,6 +38,37 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     check_marks(item)
+
+
+_PHASES_PASSED: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get("SANDLOT_PASSED_OUT"):
+        ok = report.passed and not hasattr(report, "wasxfail")
+        if ok and _PHASES_PASSED.get(report.nodeid, 0) >= 0:
+            _PHASES_PASSED[report.nodeid] = _PHASES_PASSED.get(report.nodeid, 0) + 1
+        else:
+            _PHASES_PASSED[report.nodeid] = -1
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    out = os.environ.get("SANDLOT_PASSED_OUT")
+    if out:
+        with open(out, "w") as f:
+            f.writelines(f"{nodeid}\n" for nodeid, n in _PHASES_PASSED.items() if n == 3)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    passed_file = os.environ.get("SANDLOT_PASSED_IN")
+    if not passed_file:
+        return
+    with open(passed_file) as f:
+        passed = set(f.read().splitlines())
+    done = [item for item in items if item.nodeid in passed]
+    if done:
+        config.hook.pytest_deselected(items=done)
+        items[:] = [item for item in items if item.nodeid not in passed]
 
 
 @pytest.fixture

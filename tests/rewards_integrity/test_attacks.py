@@ -57,6 +57,8 @@ ROUND_3 = (
     "environ_swaps_obj_during_call",
     "session_instance_gethookproxy",
     "obj_property_swap",
+    "items_swapped_in_run_loop",
+    "item_class_swapped",
 )
 BACKENDS = [
     pytest.param("local", marks=needs(bwrap_missing)),

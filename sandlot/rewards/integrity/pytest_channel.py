@@ -1391,12 +1391,14 @@ def _record_raw(item, when, outcome):
                         where="test " + item.nodeid,
                         what=[f"pytest.xfail() called by {caller}, not by the tests"],
                     )
+        collected, fingerprint = _state.items.get(item.nodeid, (None, None))
         if (
             when == "call"
             and exc is None
             and item.nodeid not in _state.pyfunc
-            and type(item).__name__ == "Function"
-            and _state.trust.graded(item)
+            and collected is not None
+            and fingerprint[0].__name__ == "Function"
+            and _state.trust.graded(collected)
         ):
             _state.channel.send(
                 "tamper",
@@ -1441,8 +1443,25 @@ def pytest_pyfunc_call(pyfuncitem):
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_setup(item):
+    _verify_item(item, "setup")
     outcome = yield
     _record_raw(item, "setup", outcome)
+
+
+def _verify_item(item, when):
+    """The item pytest runs is the one it collected, unchanged (its class, own ``runtest``
+    and test code), at the start of each phase: an item put in the list or given another
+    class after collection would run what it likes under a graded node id."""
+    if not (_mine(item.config) and _state.items is not None):
+        return
+    collected, fingerprint = _state.items.get(item.nodeid, (None, None))
+    if collected is not item:
+        what = "an item pytest did not collect runs as " + item.nodeid
+    elif _fingerprint(item) != fingerprint:
+        what = f"{item.nodeid} changed since collection (class, runtest or test code)"
+    else:
+        return
+    _state.channel.send("tamper", where=f"test {item.nodeid} ({when})", what=[what])
 
 
 def _matching(codes, expected):
@@ -1569,6 +1588,7 @@ def _verify_test_code(item, fresh=False, collection=False):
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_call(item):
+    _verify_item(item, "call")
     if _mine(item.config) and _state.items is not None:
         _verify_test_code(item)
     outcome = yield
@@ -1577,6 +1597,7 @@ def pytest_runtest_call(item):
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_teardown(item, nextitem):
+    _verify_item(item, "teardown")
     outcome = yield
     _record_raw(item, "teardown", outcome)
 
