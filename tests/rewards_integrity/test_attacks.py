@@ -137,8 +137,9 @@ FORGERY_BACKENDS = [
         pytest.param(a, "local", marks=needs(bwrap_missing), id=f"{a}-local")
         for a in FROM_THE_ISSUE[1:] + ROUND_3
         # [NOTRUN] xfails are not in the plain -rA log the harness grades: it resolved only
-        # through the channel's statuses (closed since).
-        if a != "pytestmark_conditional_xfail"
+        # through the channel's statuses (closed since). A thread racing the run loop may come
+        # too late: not a control that holds every time (it is unresolved either way).
+        if a not in ("pytestmark_conditional_xfail", "conftest_set_after_collection")
     ),
 ]
 
