@@ -677,7 +677,7 @@ class _Trust:
         self.audit = audit
 
 
-def _boot(mac):
+def _boot(mac, code):
     """Start pytest as ``python -m pytest ARGS`` (``module``) or the script ``TARGET ARGS``
     (``script``) would, with this file loaded as the plugin ``NAME``, in this order:
 
@@ -733,7 +733,6 @@ def _boot(mac):
     sys.path[:] = [p for i, p in enumerate(full) if i not in held]
     kept = [p for p in sys.path if _inside(p, root)]
     kept += [os.path.realpath(p) for p in kept]
-    import importlib.util
 
     in_repository = []
     try:
@@ -753,9 +752,11 @@ def _boot(mac):
             # What ``python -m pytest`` says without pytest (the runner's missing_runner reads it).
             sys.stderr.write(sys.executable + ": No module named pytest\n")
             raise SystemExit(1) from None
-    spec = importlib.util.spec_from_file_location(name, os.path.join(here, name + ".py"))
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
+    # The plugin is this file's code run again as the module NAME: the code object compiled
+    # for __main__ is reused (compiling this file takes ~12 ms; twice was most of the cost).
+    plugin = type(sys)(name)
+    plugin.__file__ = os.path.join(here, name + ".py")
+    exec(code, plugin.__dict__)
     if mac is not None:
         runner = tuple(_package_dir(m) for m in ("pytest", "_pytest", "pluggy") if m in sys.modules)
         trusted = _TrustedCode(root)
@@ -802,7 +803,7 @@ def _boot(mac):
 if __name__ == "__main__":
     # The bootstrap: the key becomes an HMAC object and its descriptor is closed before any
     # import from outside the standard library; the rest of this file runs as the plugin copy.
-    _boot(_take_key())
+    _boot(_take_key(), sys._getframe().f_code)
 
 import pytest  # noqa: E402
 
@@ -962,6 +963,9 @@ class _State:
         self.verified = {}  # node id -> the test code found identical to its file's
         self.watched = _snapshot()
         self.internals = {}  # (module or class, attribute) -> callable, every runner module
+        self.flat = []  # (namespace, owner, attribute, first value) of the same, to compare
+        self.sizes = {}  # id(namespace) -> its size when last enumerated
+        self.classes = {}  # module name -> [(owner, namespace)] of its own classes
         self.sweep_internals(None)
         self.pyfunc = set()  # node ids whose test function pytest's pytest_pyfunc_call reached
         self.rewrite_module = sys.modules.get("_pytest.assertion.rewrite")
@@ -976,42 +980,71 @@ class _State:
 
     # -- checks of pytest's own machinery
 
-    def sweep_internals(self, pm):
+    def sweep_internals(self, pm, fast=False):
         """Every callable of every ``pytest``/``_pytest``/``pluggy`` module and of their own
         classes, against the first value seen; the changed ones are returned as tampering
         unless pytest itself sets them per test (:data:`_MUTABLE`) or a registered plugin's
-        file defines the new value (``flaky``). About 6,000 attributes: run after each graded
-        test, at collection and at the end (the watched list covers the others)."""
+        file defines the new value (``flaky``). About 6,000 attributes, enumerated at start,
+        collection and the end; after each graded test (``fast``) only the ones already seen
+        are compared, from a flat list (~1 ms; the watched list covers every test)."""
         changed = []
-        for modname, module in list(sys.modules.items()):
-            if module is None or modname.split(".")[0] not in ("pytest", "_pytest", "pluggy"):
-                continue
-            owners = [(modname, vars(module))]
-            for value in list(vars(module).values()):
-                if isinstance(value, type) and getattr(value, "__module__", None) == modname:
-                    owners.append((modname + "." + value.__qualname__, vars(value)))
-            for owner, namespace in owners:
-                for attr, value in list(namespace.items()):
-                    if not callable(value) and not hasattr(type(value), "__get__"):
-                        continue  # data; functions, classes and descriptors (property) count
-                    key = (owner, attr)
-                    first = self.internals.setdefault(key, value)
-                    if first is value or pm is None or key[0] + "." + attr in _MUTABLE:
-                        continue
-                    source = _plugin_replacement(value, pm)
-                    if source is None:
-                        changed.append(f"{owner}.{attr}")
-                    elif source not in self.replacers:
-                        self.replacers.add(source)
-                        self.channel.send("plugin", file=source)
+        for namespace, owner, attr, first in self.flat:
+            if namespace.get(attr, _MISSING) is not first:
+                changed += self._changed(pm, owner, attr, namespace.get(attr))
+        if not fast:
+            # What appeared since: modules imported later, and namespaces that grew (a new
+            # attribute of a class of pytest's shadows an inherited method as well).
+            for modname, module in list(sys.modules.items()):
+                if module is None or modname.split(".")[0] not in ("pytest", "_pytest", "pluggy"):
+                    continue
+                namespace = vars(module)
+                if self.sizes.get(id(namespace)) == len(namespace):
+                    owners = [
+                        (name, ns)
+                        for name, ns in self.classes.get(modname, ())
+                        if self.sizes.get(id(ns)) != len(ns)
+                    ]
+                else:
+                    owners = [(modname, namespace)]
+                    classes = [
+                        (modname + "." + value.__qualname__, vars(value))
+                        for value in list(namespace.values())
+                        if isinstance(value, type) and getattr(value, "__module__", None) == modname
+                    ]
+                    self.classes[modname] = classes
+                    owners += [(n, ns) for n, ns in classes if self.sizes.get(id(ns)) != len(ns)]
+                for owner, ns in owners:
+                    known = id(ns) in self.sizes
+                    self.sizes[id(ns)] = len(ns)
+                    for attr, value in list(ns.items()):
+                        if not callable(value) and not hasattr(type(value), "__get__"):
+                            continue  # data; functions, classes and descriptors (property)
+                        if (owner, attr) in self.internals:
+                            continue  # compared above
+                        self.internals[(owner, attr)] = value
+                        self.flat.append((ns, owner, attr, value))
+                        if known and owner != modname:
+                            # A class of pytest's that gained an attribute: from a registered
+                            # plugin (pytest's legacypath adds Node.fspath) or tampering.
+                            changed += self._changed(pm, owner, attr, value)
         if pm is not None:
             for obj in (getattr(self, "session", None), self.config, pm):
                 changed += _shadowed_methods(obj)
-        conftests = getattr(pm, "_conftest_plugins", ())
-        for plugin in list(conftests) if pm is not None else ():
-            if os.path.basename(getattr(plugin, "__file__", None) or "") != "conftest.py":
-                changed.append(f"{plugin!r} counted as a conftest")
+            for plugin in list(getattr(pm, "_conftest_plugins", ())):
+                if os.path.basename(getattr(plugin, "__file__", None) or "") != "conftest.py":
+                    changed.append(f"{plugin!r} counted as a conftest")
         return changed
+
+    def _changed(self, pm, owner, attr, value):
+        if pm is None or owner + "." + attr in _MUTABLE:
+            return []
+        source = _plugin_replacement(getattr(value, "fget", None) or value, pm)
+        if source is None:
+            return [f"{owner}.{attr}"]
+        if source not in self.replacers:
+            self.replacers.add(source)
+            self.channel.send("plugin", file=source)
+        return []
 
     def changed_internals(self):
         pm = self.config.pluginmanager
@@ -1116,10 +1149,10 @@ class _State:
             frame = frame.f_back
         return "<no caller: a thread or a finaliser>"
 
-    def check(self, where, full=False):
+    def check(self, where, full=False, graded=False):
         changed = self.changed_internals()
-        if full and not self.trust.in_repository:
-            changed += self.sweep_internals(self.config.pluginmanager)
+        if (full or graded) and not self.trust.in_repository:
+            changed += self.sweep_internals(self.config.pluginmanager, fast=not full)
         audit = self.trust.audit
         if audit is not None and audit.findings:
             changed += audit.findings
@@ -1643,7 +1676,7 @@ def pytest_runtest_logreport(report):
         if report.when == "teardown":
             item, fingerprint = _state.items.get(report.nodeid, (None, None))
             graded = item is not None and _state.trust.graded(item)
-            _state.check("test " + report.nodeid, full=graded)
+            _state.check("test " + report.nodeid, graded=graded)
             if item is not None and _fingerprint(item) != fingerprint:
                 _state.channel.send("tamper", where="test", what=["test code of " + report.nodeid])
     yield
