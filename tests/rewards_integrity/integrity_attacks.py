@@ -934,6 +934,122 @@ def item_class_swapped(inst: Instance) -> dict[str, str | None]:
     return _in_divide(inst, _CLASS_SWAP)
 
 
+# Round 3, fifth pass (#33): a fourth independent attacker's patches, kept here once closed:
+# a node id the log parser reads as another test's (a space in the name, a raw newline in a
+# parameter id), after the test module's class was swapped for one whose __getattr__ edits its
+# namespace while pytest collects it.
+# A deferred hook into collection: while minicalc is imported by the test module (partially
+# initialised), give that module object a ModuleType subclass whose __getattr__ runs the first
+# time pytest's Module.collect looks up a missing name (setUpModule), i.e. after every def of the
+# test file exists and before PyCollector.collect copies the module's __dict__. Nothing is added
+# to the module's namespace by then except what the hook itself adds and removes again.
+_HOOK = r"""
+
+def _rt_hook(edit):
+    import sys as _s, types as _t
+    f = _s._getframe(1)
+    while f is not None and not f.f_globals.get("__file__", "").endswith("test_evaluator.py"):
+        f = f.f_back
+    if f is None:
+        return
+    mod = _s.modules.get(f.f_globals["__name__"])
+    if mod is None:
+        return
+
+    class _Hooked(_t.ModuleType):
+        def __getattr__(self, name):
+            object.__setattr__(self, "__class__", _t.ModuleType)
+            edit(self.__dict__)
+            raise AttributeError(name)
+
+    mod.__class__ = _Hooked
+"""
+
+# Collision of node ids in the channel's id mapping. as_parser_ids writes each channel status as
+# "STATUS <nodeid>" and runs swebench's parse_log_pytest, which keys a test by the FIRST
+# whitespace-separated token of the line. A collected item whose node id is
+# "tests/test_evaluator.py::test_division_is_true_division x" (a module __dict__ key with a
+# space, bound to the genuine, passing test_trailing_tokens_rejected function) is PASSED in the
+# channel and parses as the FAIL_TO_PASS id. The real F2P def is dropped from the module dict
+# before collection (not collected, so no FAILED anywhere); the extra keys are removed again by a
+# sentinel object that pytest's isnosetest() probes right after it made the forged item, so the
+# namespace is clean when the channel checks it at the run loop. The item's code is the genuine
+# code of tests/test_evaluator.py (code_files points at an untouched file); its name is not a
+# graded def, so no trusted-code check applies to it. The log's -rA line agrees.
+_SPACE_ID = (
+    _HOOK
+    + r"""
+
+def _rt_space(ns):
+    forged = "test_division_is_true_division x"
+
+    class _Sweep:
+        def __getattr__(self, name):
+            if name != "__test__":  # pytest's isnosetest(), after the forged item was made
+                raise AttributeError(name)
+            ns.pop(forged, None)
+            ns.pop("zz_rt_sweep", None)
+            raise AttributeError(name)
+
+    ns[forged] = ns["test_trailing_tokens_rejected"]
+    ns.pop("test_division_is_true_division", None)
+    ns["zz_rt_sweep"] = _Sweep()
+
+_rt_hook(_rt_space)
+"""
+)
+
+
+def space_in_node_id(inst: Instance) -> dict[str, str | None]:
+    return {OPS: base_text(inst, OPS) + _SPACE_ID}
+
+
+# The same collision through a parametrize id: pytest escapes ids (ascii_escaped: "\n" -> "\\n"),
+# but a bytes subclass whose decode() returns a str subclass whose translate() is the identity
+# passes a raw newline through (the id is a str subclass whose encode() returns that bytes
+# subclass; pytests that use pytest.param ids unescaped take the str as it is). The genuine,
+# passing test_trailing_tokens_rejected gets (through
+# its function's pytestmark, set after the defs ran) one parameter set with no arguments whose id
+# holds two more "PASSED <graded id> " lines: one for its own P2P id, one for the F2P id. The
+# node id lives in graded, trusted code (originalname is a graded def; its code matches).
+_NEWLINE_ID = (
+    _HOOK
+    + r"""
+
+def _rt_param(ns):
+    import pytest
+    from _pytest.mark.structures import ParameterSet
+
+    class _T(str):
+        def translate(self, table):
+            return str(self)
+
+    class _B(bytes):
+        def decode(self, *a, **k):
+            return _T(bytes(self).decode())
+
+    base = "tests/test_evaluator.py::"
+    ident = (
+        "x\nPASSED " + base + "test_trailing_tokens_rejected\nPASSED " + base
+        + "test_division_is_true_division "
+    )
+    class _S(str):  # used raw by older pytests; escaped (encode/decode/translate) by newer ones
+        def encode(self, *a, **k):
+            return _B(str(self).encode())
+
+    ps = ParameterSet(values=(), marks=(), id=_S(ident))
+    pytest.mark.parametrize((), [ps])(ns["test_trailing_tokens_rejected"])
+    ns.pop("test_division_is_true_division", None)
+
+_rt_hook(_rt_param)
+"""
+)
+
+
+def newline_in_param_id(inst: Instance) -> dict[str, str | None]:
+    return {OPS: base_text(inst, OPS) + _NEWLINE_ID}
+
+
 ATTACKS: dict[str, Callable[[Instance], dict[str, str | None]]] = {
     f.__name__: f
     for f in (
@@ -975,6 +1091,8 @@ ATTACKS: dict[str, Callable[[Instance], dict[str, str | None]]] = {
         obj_property_swap,
         items_swapped_in_run_loop,
         item_class_swapped,
+        space_in_node_id,
+        newline_in_param_id,
     )
 }
 

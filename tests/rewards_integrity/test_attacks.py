@@ -59,6 +59,8 @@ ROUND_3 = (
     "obj_property_swap",
     "items_swapped_in_run_loop",
     "item_class_swapped",
+    "space_in_node_id",
+    "newline_in_param_id",
 )
 BACKENDS = [
     pytest.param("local", marks=needs(bwrap_missing)),

@@ -26,14 +26,42 @@ def as_parser_ids(
     """Channel statuses keyed as the instance's log parser keys them (the ids of
     ``FAIL_TO_PASS``/``PASS_TO_PASS``): each is written as the ``-rA`` line pytest would print
     (``PASSED <node id>``) and parsed with that parser."""
+    return _parsed(statuses, parser, instance)[0]
+
+
+_WORST_FIRST = ("ERROR", "FAILED", "SKIPPED", "XPASS", "XFAIL", "PASSED")
+
+
+def _parsed(
+    statuses: dict[str, str], parser: LogParser, instance: Instance
+) -> tuple[dict[str, str], list[str]]:
+    """:func:`as_parser_ids` and the violations of the node ids: one holding a line break
+    (pytest escapes them in ids: only a forged id has one) or parsing to more than one test
+    would let one channel record speak for other tests. Two node ids the parser keys alike
+    (it cuts at the first space: ``test_a[x y]`` and ``test_a[x z]``) keep the worst status."""
     context = parser_context(instance)
     out: dict[str, str] = {}
+    bad: list[str] = []
     for nodeid, status in statuses.items():
+        if "\n" in nodeid or "\r" in nodeid:
+            bad.append(f"the channel node id {nodeid!r} holds a line break")
+            continue
         try:
-            out.update(parser(f"{status} {nodeid}", context))
+            parsed = parser(f"{status} {nodeid}", context)
         except Exception:  # a parser that needs more context than one line: id kept as is
-            out[nodeid] = status
-    return out
+            parsed = {nodeid: status}
+        if len(parsed) > 1:
+            bad.append(f"the channel node id {nodeid!r} reads as {len(parsed)} tests")
+            continue
+        for key, value in parsed.items():
+            known = out.get(key)
+            if known is None or _rank(value) < _rank(known):
+                out[key] = value
+    return out, bad
+
+
+def _rank(status: str) -> int:
+    return _WORST_FIRST.index(status) if status in _WORST_FIRST else 0
 
 
 def _under(path: str, top: str) -> bool:
@@ -93,7 +121,8 @@ def grade_channel(
                 violations.append(
                     f"test {nodeid} is wrapped by code of {rel}, changed by the model"
                 )
-    statuses = as_parser_ids(verdict.statuses, parser, instance)
+    statuses, bad_ids = _parsed(verdict.statuses, parser, instance)
+    violations += bad_ids
     graded = grade_statuses(instance, statuses)
     consistent = True
     for test in dict.fromkeys(instance.FAIL_TO_PASS + instance.PASS_TO_PASS):

@@ -1385,6 +1385,7 @@ def pytest_runtestloop(session):
                 )
         for item in items:
             _verify_test_code(item, collection=True)
+        _verify_collected(items)
         _state.channel.send(
             "items",
             ids=[item.nodeid for item in items],
@@ -1520,6 +1521,29 @@ def _shadowed_methods(obj):
     return out
 
 
+def _verify_collected(items):
+    """Every collected test is named as Python names it (a node id whose name is no
+    identifier, or holds a line break, would be read by the log parser as another test's),
+    and every graded ``def`` of a graded file was collected."""
+    wrong = []
+    found = set()
+    for item in items:
+        nodeid = str(item.nodeid)
+        if "\n" in nodeid or "\r" in nodeid:
+            wrong.append(f"the node id {nodeid!r} holds a line break")
+        if type(item).__name__ in ("Function", "TestCaseFunction"):
+            name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
+            if not (item.name.split("[", 1)[0] == name and name.isidentifier()):
+                wrong.append(f"the test {nodeid!r} is not named as its function")
+            cls = getattr(getattr(item, "cls", None), "__name__", None)
+            path = os.path.realpath(str(getattr(item, "path", None) or getattr(item, "fspath", "")))
+            found.add((path, cls, name))
+    missing = sorted(set(_state.trust.trusted.tests) - found)
+    wrong += [f"the graded test {name} of {path} was not collected" for path, _, name in missing]
+    if wrong:
+        _state.channel.send("tamper", where="collection", what=wrong)
+
+
 def _verify_namespace(item, path, collection):
     """The graded test module's namespace is what its file makes: pytest's assertion
     helpers (``@pytest_ar``, ``@py_builtins``) are the real modules, no name its top level
@@ -1531,7 +1555,7 @@ def _verify_namespace(item, path, collection):
         return
     real = os.path.realpath(path)
     trusted = _state.trust.trusted
-    wrong = []
+    wrong = [] if type(module) is type(sys) else ["the module's class"]
     for name, real_module in (("@pytest_ar", _state.rewrite_module), ("@py_builtins", _BUILTINS)):
         if name in namespace and namespace[name] is not real_module:
             wrong.append(name)
