@@ -135,6 +135,67 @@ _HONEST = {
         "    return run\n"
     ),
     "helpers/settings.py": "VALUE = 7\n",
+    "helpers/page.html": "<p>{{ x }}</p>\n",
+    "helpers/prof.py": (
+        "import cProfile\n\n"
+        "def profiled(f):\n"
+        "    p = cProfile.Profile()\n"
+        "    p.enable()\n"
+        "    try:\n"
+        "        return f()\n"
+        "    finally:\n"
+        "        p.disable()\n"
+    ),
+    "test_more.py": """
+import sys
+import warnings
+
+import pytest
+
+from helpers.prof import profiled
+
+assert sys.version_info >= (3,)  # a top-level assert leaves @py_assert names behind
+
+if sys.version_info >= (3,):
+
+    def helper():
+        return 3
+
+CASES = [lambda: 1, lambda: 2]
+SQUARES = {n: n * n for n in range(3)}
+
+
+def XFAIL(f):  # sympy's spelling of an expected failure
+    return pytest.mark.xfail(f)
+
+
+def test_warns():
+    warnings.warn("deprecated", DeprecationWarning)  # makes __warningregistry__
+    assert helper() == 3
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lambdas(case):
+    assert case() in (1, 2)
+
+
+@XFAIL
+def test_known_bug():
+    assert SQUARES[2] == 5
+
+
+def test_profiles_and_compiles_a_template():
+    assert profiled(lambda: 4) == 4
+    code = compile("x = 1\\n", "helpers/page.html", "exec")  # jinja2 names code by its file
+    exec(code, {})
+
+
+def test_plugin_unregistered_and_registered_again(pytestconfig):
+    pm = pytestconfig.pluginmanager
+    plugin = pm.get_plugin("logging-plugin")
+    pm.unregister(name="logging-plugin")
+    pm.register(plugin, "logging-plugin")  # flask's logging tests do this
+""",
     "test_honest.py": """
 import ctypes
 import gc
@@ -210,12 +271,18 @@ def test_an_honest_suite_is_verified_under_every_check(tmp_path: Path) -> None:
         "test_honest.py::test_renames_its_own_helper",
         "test_honest.py::TestGroup::test_method",
         "test_honest.py::TestCaseStyle::test_patched",
+        "test_more.py::test_warns",
+        "test_more.py::test_lambdas[case0]",
+        "test_more.py::test_known_bug",
+        "test_more.py::test_profiles_and_compiles_a_template",
+        "test_more.py::test_plugin_unregistered_and_registered_again",
     )
     out, records, run = _run(tmp_path, _HONEST, graded=graded)
     verdict = judge_records(records, run.key)
     assert verdict.violations == [], out
-    assert set(verdict.statuses.values()) == {"PASSED"}, verdict.statuses
-    assert len(verdict.statuses) == 12, verdict.statuses
+    assert set(verdict.statuses.values()) == {"PASSED", "XFAIL"}, verdict.statuses
+    assert verdict.statuses["test_more.py::test_known_bug"] == "XFAIL"
+    assert len(verdict.statuses) == 18, verdict.statuses
 
 
 def _pytest_inside(project: Path, how: str) -> str:

@@ -321,6 +321,8 @@ class _Audit:
                 )
         elif event.startswith(("sys.set", "sys.monitoring")):
             who = self.caller(3)
+            if event == "sys.setprofile" and who is not None and self.kind(who) == "repository":
+                return  # a profiler of the code under test (cProfile): it cannot jump lines
             if (
                 who is not None
                 and self.kind(who) in ("repository", "other")
@@ -373,9 +375,9 @@ class _Audit:
         ):
             return  # this bootstrap, or pytest's rewriter compiling the tree of a file it read
         posing = self.posing(filename)
-        if not posing and not filename.endswith(".py"):
-            return
         exists = not filename.startswith("<") and os.path.isfile(filename)
+        if not filename.endswith(".py") and (exists or not posing):
+            return  # a template compiled under its own name (jinja2), or no file's name
         if not exists:
             if posing:
                 self.findings.append(f"code named {filename} was compiled by {first}")
@@ -472,12 +474,17 @@ class _TrustedCode:
         real = os.path.realpath(path)
         found = False
         for const in module.co_consts:
-            if isinstance(const, type(module)) and const.co_name not in classes:
+            if not isinstance(const, type(module)):
+                continue
+            if (None, const.co_name) in wanted:
                 self.tests.setdefault((real, None, const.co_name), []).append(const)
                 found = True
-            elif isinstance(const, type(module)):
+            elif const.co_name in classes:
                 for method in const.co_consts:
-                    if isinstance(method, type(module)):
+                    if (
+                        isinstance(method, type(module))
+                        and (const.co_name, method.co_name) in wanted
+                    ):
                         key = (real, const.co_name, method.co_name)
                         self.tests.setdefault(key, []).append(method)
                         found = True
@@ -499,10 +506,12 @@ class _TrustedCode:
 
         defs = (ast.FunctionDef, ast.AsyncFunctionDef)
         top = [n for n in tree.body if not isinstance(n, (*defs, ast.ClassDef))]
-        module_xfail = any("xfail" in text(n) for n in top) or _conftests_say_xfail(real, self.root)
+        module_xfail = any("xfail" in text(n).lower() for n in top) or _conftests_say_xfail(
+            real, self.root
+        )
         for node in tree.body:
             if isinstance(node, defs) and (None, node.name) in wanted:
-                self.xfail[(real, None, node.name)] = module_xfail or "xfail" in text(node)
+                self.xfail[(real, None, node.name)] = module_xfail or "xfail" in text(node).lower()
             elif isinstance(node, ast.ClassDef):
                 head = "\n".join(
                     [text(n) for n in node.body if not isinstance(n, (*defs, ast.ClassDef))]
@@ -511,7 +520,9 @@ class _TrustedCode:
                 for n in node.body:
                     if isinstance(n, defs) and (node.name, n.name) in wanted:
                         key = (real, node.name, n.name)
-                        self.xfail[key] = module_xfail or "xfail" in head or "xfail" in text(n)
+                        self.xfail[key] = (
+                            module_xfail or "xfail" in head.lower() or "xfail" in text(n).lower()
+                        )
         # Names: dynamic binding (star imports, globals(), setattr, a `global` statement)
         # makes the set open, and it is not checked.
         if any(w in source for w in (b"import *", b"globals()", b"setattr(", b"global ")):
@@ -521,6 +532,8 @@ class _TrustedCode:
             for node in ast.walk(ast.Module(body=top, type_ignores=[])):
                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                     bound.add(node.id)
+                elif isinstance(node, (*defs, ast.ClassDef)):  # under an if/try/with
+                    bound.add(node.name)
                 elif isinstance(node, ast.alias):
                     bound.add((node.asname or node.name).split(".")[0])
             bound.update(n.name for n in tree.body if isinstance(n, (*defs, ast.ClassDef)))
@@ -552,6 +565,7 @@ class _TrustedCode:
 
 
 # Names every module has, and those pytest's assertion rewriter adds.
+_SHADOWABLE = frozenset(dir(sys.modules["builtins"])) | {"pytestmark", "pytest_plugins"}
 _DUNDERS = (
     "__name__",
     "__doc__",
@@ -574,7 +588,7 @@ def _conftests_say_xfail(path, root):
     while here.startswith(root.rstrip(os.sep)) and len(here) >= len(root.rstrip(os.sep)):
         try:
             with open(os.path.join(here, "conftest.py"), "rb") as f:
-                if b"xfail" in f.read():
+                if b"xfail" in f.read().lower():
                     return True
         except OSError:
             pass
@@ -1075,7 +1089,9 @@ class _State:
             before = len(changed)
             for impl in impls:
                 if id(impl.plugin) in self.baseline_plugin_ids:
-                    if (name, id(impl.function)) not in self.baseline:
+                    if (name, id(getattr(impl.function, "__func__", impl.function))) not in (
+                        self.baseline
+                    ):
                         changed.append(f"{name} implementation added to a plugin")
                 elif id(impl.function) not in self.allowed:
                     changed.append(f"{name} implemented outside plugin registration")
@@ -1096,7 +1112,7 @@ class _State:
                 continue
             self.callers[name] = caller
             for impl in _impls(caller):
-                self.baseline.add((name, id(impl.function)))
+                self.baseline.add((name, id(getattr(impl.function, "__func__", impl.function))))
                 if impl.plugin not in self._baseline_plugins:
                     self._baseline_plugins.append(impl.plugin)
         for plugin in pm.get_plugins():
@@ -1168,6 +1184,8 @@ class _State:
         conftest re-exports ``pytest_configure`` from ``matplotlib/testing/conftest.py``).
         Every such file is reported, and the grader rejects the run if the model changed one.
         """
+        if any(p is plugin for p in self._baseline_plugins):
+            return  # a plugin of the session's start registered again (flask's logging tests)
         module_type = type(sys)
         filename = getattr(plugin, "__file__", None)
         if (
@@ -1538,7 +1556,7 @@ def _verify_collected(items):
             cls = getattr(getattr(item, "cls", None), "__name__", None)
             path = os.path.realpath(str(getattr(item, "path", None) or getattr(item, "fspath", "")))
             found.add((path, cls, name))
-    missing = sorted(set(_state.trust.trusted.tests) - found)
+    missing = sorted(set(_state.trust.trusted.tests) - found, key=repr)
     wrong += [f"the graded test {name} of {path} was not collected" for path, _, name in missing]
     if wrong:
         _state.channel.send("tamper", where="collection", what=wrong)
@@ -1561,7 +1579,10 @@ def _verify_namespace(item, path, collection):
             wrong.append(name)
     bound = trusted.names.get(real)
     if bound is not None:
-        wrong += sorted(set(namespace) - bound)
+        # Only names that change what a test means: a builtin shadowed (isinstance, len,
+        # AssertionError) or module-level marks. Python and pytest add others of their own
+        # (__warningregistry__, the rewriter's @py_assert temporaries of a top-level assert).
+        wrong += sorted(n for n in set(namespace) - bound if n in _SHADOWABLE)
     if collection:
         for name, modname, attr in trusted.imports.get(real, ()):
             if name not in namespace or modname not in sys.modules:
@@ -1686,7 +1707,7 @@ def pytest_runtest_logreport(report):
             _state.channel.send(
                 "tamper",
                 where="test " + report.nodeid,
-                what=["an expected failure (xfail) that the graded test's source does not declare"],
+                what=[f"{report.nodeid}: an expected failure its source does not declare (xfail)"],
             )
         _state.channel.send(
             "phase",
