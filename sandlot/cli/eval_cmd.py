@@ -16,6 +16,7 @@ from sandlot.cli.gc_cmd import leak_note
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.errors import BackendNotFoundError
+from sandlot.preflight import exit_on, no_preflight_option, run_problems
 from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import RunOutcome, run_evaluations
@@ -109,6 +110,7 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     type=click.Path(file_okay=False, path_type=Path),
     help="Where logs and reports go.",
 )
+@no_preflight_option
 def eval_command(
     dataset: Path,
     predictions: tuple[str, ...],
@@ -119,6 +121,7 @@ def eval_command(
     image: str | None,
     run_id: str | None,
     output_dir: Path,
+    no_preflight: bool,
 ) -> None:
     """Evaluate model patches on SWE-bench style instances and write SWE-bench style reports."""
     console = Console(stderr=True)
@@ -143,6 +146,12 @@ def eval_command(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--run-id") from exc
     todo = sum(1 for preds in pred_sets for i in instances if i.instance_id in preds)
+    if not no_preflight:  # problems every instance would hit, found once (sandlot.preflight)
+        wanted = [i for i in instances if any(i.instance_id in preds for preds in pred_sets)]
+        output = ("--output-dir", output_dir)
+        exit_on(
+            run_problems(dataset=dataset, instances=wanted, backend=backend_name, output=output)
+        )
     files = f" from {len(pred_sets)} files" if len(pred_sets) > 1 else ""
     console.print(
         f"[bold]sandlot eval[/] run [cyan]{run_id}[/]: {todo} prediction(s){files} on "

@@ -9,11 +9,20 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.progress import (
+    DownloadColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from sandlot.cli.gc_cmd import parse_duration
 from sandlot.errors import SandboxError
 from sandlot.images import is_image_reference, pull
+from sandlot.images.progress import PullObserver, human_size
 from sandlot.images.pulling import PullResult
 from sandlot.images.store import ImageStore
 
@@ -31,15 +40,6 @@ def parse_size(text: str) -> int:
     if not match:
         raise click.BadParameter(f"{text!r} is not a size like 512M, 200G, 1.5T")
     return int(float(match[1]) * _SIZE_UNITS[match[2]])
-
-
-def human_size(size: float) -> str:
-    """``1536`` → ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
 
 
 @click.group("image")
@@ -92,9 +92,24 @@ def pull_command(
     store = ImageStore()
     results: dict[str, PullResult | str] = {}
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    # On a terminal a live line per image (bytes, layers); elsewhere the one line per image
+    # printed below.
+    bars = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        DownloadColumn(),
+        TextColumn("{task.fields[layers]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    observer: PullObserver = _BarObserver(bars) if console.is_terminal else _Silent()
+    with bars, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {
-            pool.submit(pull, name, store, force=force, unpack=not fetch_only): name
+            pool.submit(
+                pull, name, store, force=force, unpack=not fetch_only, observer=observer
+            ): name
             for name in names
         }
         for future in as_completed(futures):
@@ -131,6 +146,40 @@ def pull_command(
     )
     if failed:
         raise SystemExit(1)
+
+
+class _BarObserver:
+    """A rich progress line per image being fetched: bytes so far, layers in the cache."""
+
+    def __init__(self, bars: Progress) -> None:
+        self._bars = bars
+        self._tasks: dict[str, TaskID] = {}
+
+    def started(self, image: str) -> None:
+        self._tasks[image] = self._bars.add_task(image, total=None, layers="")
+
+    def advanced(self, image: str, transferred: int, layers_done: int, layers: int) -> None:
+        task = self._tasks.get(image)
+        if task is not None:
+            self._bars.update(task, completed=transferred, layers=f"{layers_done}/{layers} layers")
+
+    def finished(self, image: str, transferred: int, seconds: float) -> None:
+        task = self._tasks.pop(image, None)
+        if task is not None:
+            self._bars.remove_task(task)
+
+
+class _Silent:
+    """No progress lines: the command prints one line per image itself."""
+
+    def started(self, image: str) -> None:
+        pass
+
+    def advanced(self, image: str, transferred: int, layers_done: int, layers: int) -> None:
+        pass
+
+    def finished(self, image: str, transferred: int, seconds: float) -> None:
+        pass
 
 
 def _pull_on_ray(names: list[str], jobs: int, address: str, unpack: bool) -> None:

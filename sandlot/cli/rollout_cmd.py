@@ -34,6 +34,7 @@ from sandlot.cli.eval_cmd import split_ids
 from sandlot.cli.gc_cmd import leak_note
 from sandlot.datasets.rows import TaskRow
 from sandlot.errors import BackendNotFoundError, SandboxError
+from sandlot.preflight import Endpoint, exit_on, no_preflight_option, run_problems
 from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config, with_flags
 from sandlot.rollout.display import LiveDisplay
 from sandlot.rollout.episodes import InProcessEpisodes
@@ -209,6 +210,7 @@ def _public_url(url: str) -> str:
     help="Label the run's sandboxes with this id (sandlot gc --run-id ID); default: "
     "$SANDLOT_RUN_ID or a new one.",
 )
+@no_preflight_option
 def rollout_command(
     dataset: Path,
     config_path: Path,
@@ -236,6 +238,7 @@ def rollout_command(
     image: str | None,
     instance_ids: tuple[str, ...],
     run_id: str | None,
+    no_preflight: bool,
 ) -> None:
     """Run a model over a dataset: agent episodes in sandboxes, each graded by its tests."""
     console = Console(stderr=True)
@@ -294,6 +297,17 @@ def rollout_command(
         raise click.ClickException(str(exc)) from None
     concurrency = concurrency or config.concurrency
     out = output or Path("rollouts") / f"{_slug(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not no_preflight:  # problems every episode would hit, found once (sandlot.preflight)
+        found = run_problems(
+            dataset=dataset,
+            instances=[r.instance for r in rows],
+            what="rows",
+            backend=backend_name,
+            options=options,
+            output=("--output", out),
+            endpoint=Endpoint(base_url, model, os.environ.get(api_key_env), api_key_env),
+        )
+        exit_on(found)
     try:
         log_file = TrajectoryLog(out / TRAJECTORIES_FILE)
     except (RolloutError, OSError) as exc:

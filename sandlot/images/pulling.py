@@ -9,6 +9,10 @@ the layers (creating the image's files, which costs 10-20x the copy on a local d
 at the image's first use (:mod:`sandlot.images.unpacking`), or right after the fetch when the
 pull is asked to (``unpack=True``, the default of :func:`pull`). A name already cached is not
 fetched again (docker's ``missing`` pull policy); ``force`` re-resolves it.
+
+A registry nobody listens on fails at once, naming the registry (a refused connection is not
+retried). The layers and bytes a fetch has transferred are shown as it goes
+(:mod:`sandlot.images.progress`, on stderr).
 """
 
 from __future__ import annotations
@@ -17,27 +21,27 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandlot.images import progress
 from sandlot.images.errors import ImageError
+from sandlot.images.progress import PullObserver
 from sandlot.images.reference import Reference, parse
+from sandlot.images.remote import registry_error
 from sandlot.images.root import ImageRoot
 from sandlot.images.store import ImageStore, hex_of
 from sandlot.images.tools import find_tool
 from sandlot.images.unpacking import image_root, unpack_image
 
 RETRIES = 3
-"""skopeo's ``--retry-times``, and how often a copy that failed for a transient reason is
-repeated."""
-
-_TRANSIENT = (
-    "connection reset", "connection refused", "EOF", "timeout", "502 Bad Gateway",
-    "503 Service Unavailable", "504 Gateway", "TLS handshake",
-)  # fmt: skip
+"""How often a copy that failed for a transient reason is repeated, after 1, 2, 4 s (skopeo's
+own ``--retry-times`` is 0: it would also repeat a refused connection, for seconds, where
+nothing listens)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ def open_image(image: str, store: ImageStore | None = None) -> ImageRoot:
         OSError: the disk refused a write.
     """
     store = store or ImageStore()
-    record, _ = _fetch(store, _parse(image), force=False, log=None)
+    record, _ = _fetch(store, _parse(image), force=False, log=None, observer=progress.observer())
     unpack_image(store, record)
     return image_root(store, image, record)
 
@@ -110,6 +114,7 @@ def pull(
     force: bool = False,
     unpack: bool = True,
     log: Callable[[str], None] | None = None,
+    observer: PullObserver | None = None,
 ) -> PullResult:
     """Fetch ``image`` into the cache (once, whatever other processes and threads do), then
     unpack its layers unless ``unpack`` is false.
@@ -123,6 +128,8 @@ def pull(
             ready to run. ``False`` fetches only (the work of ``skopeo copy``); the first
             sandbox of the image then unpacks.
         log: called with one line per step (for progress output).
+        observer: told the layers and bytes of the fetch as it goes; ``None``: the default
+            one (:func:`sandlot.images.progress.observer`, lines on stderr).
 
     Raises:
         ImageError: the fetch or an unpack failed; nothing of it is used by a later run.
@@ -131,7 +138,8 @@ def pull(
     """
     store = store or ImageStore()
     started = time.monotonic()
-    record, fresh = _fetch(store, _parse(image), force=force, log=log)
+    watcher = observer or progress.observer()
+    record, fresh = _fetch(store, _parse(image), force=force, log=log, observer=watcher)
     unpacked = unpack_image(store, record, log) if unpack else 0
     return PullResult(
         manifest=record["manifest"],
@@ -144,10 +152,16 @@ def pull(
 
 
 def _fetch(
-    store: ImageStore, ref: Reference, *, force: bool, log: Callable[[str], None] | None
+    store: ImageStore,
+    ref: Reference,
+    *,
+    force: bool,
+    log: Callable[[str], None] | None,
+    observer: PullObserver | None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
     """The record of ``ref``, fetched unless cached (and not ``force``), and the layer blobs
-    this call transferred (``None`` when it fetched nothing); records the image's use."""
+    this call transferred (``None`` when it fetched nothing); records the image's use; the
+    fetch's progress goes to ``observer``."""
     key = name_key(ref)
     record = None if force else store.resolve(key)
     if record is not None:  # cached: no lock needed to read what is written atomically
@@ -161,22 +175,32 @@ def _fetch(
         if record is not None:
             store.touch(record["manifest"])
             return record, None
+        started = time.monotonic()
         had = set(os.listdir(store.blobs / "sha256"))
+        if observer:
+            observer.started(ref.text)
         with store.scratch() as layout:
-            _skopeo_copy(ref, store, layout, log)
+            _skopeo_copy(ref, store, layout, log, observer)
             record = _read_layout(store, layout, ref)
         store.put_image(key, record)
-    return record, [b for b in record["layer_blobs"] if hex_of(b["digest"]) not in had]
+    fresh = [b for b in record["layer_blobs"] if hex_of(b["digest"]) not in had]
+    if observer:
+        observer.finished(ref.text, sum(b["size"] for b in fresh), time.monotonic() - started)
+    return record, fresh
 
 
 def _skopeo_copy(
-    ref: Reference, store: ImageStore, layout: Path, log: Callable[[str], None] | None
+    ref: Reference,
+    store: ImageStore,
+    layout: Path,
+    log: Callable[[str], None] | None,
+    observer: PullObserver | None,
 ) -> None:
     """Copy ``ref`` into the OCI layout ``layout`` with its blobs in the shared store; a copy
-    that fails for a transient reason (a connection dropped mid-blob, which skopeo's own
-    ``--retry-times`` does not retry) is repeated up to :data:`RETRIES` times, the blobs it
-    finished not transferred again."""
-    argv = [find_tool("skopeo"), "copy", "--quiet", "--retry-times", str(RETRIES)]
+    that fails for a transient reason (a 5xx, a connection dropped, also mid-blob) is repeated
+    up to :data:`RETRIES` times, the blobs it finished not transferred again; a refused
+    connection is not (the error names the registry)."""
+    argv = [find_tool("skopeo"), "copy", "--retry-times", "0"]
     argv += ["--dest-shared-blob-dir", str(store.blobs)]
     if ref.plain_http:
         argv.append("--src-tls-verify=false")
@@ -184,17 +208,43 @@ def _skopeo_copy(
     for attempt in range(RETRIES + 1):
         if log:
             log(f"{ref.text}: copying with skopeo" + (f" (retry {attempt})" if attempt else ""))
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if done.returncode == 0:
+        returncode, stderr = _run_copy(argv, store, layout, ref.text, observer)
+        if returncode == 0:
             return
-        message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output"
-        error = ImageError(
-            f"cannot pull {ref.text!r}: skopeo exited with {done.returncode}: {message}",
-            retryable=any(t in done.stderr for t in _TRANSIENT),
-        )
+        error = registry_error(ref, stderr)
         if not error.retryable or attempt == RETRIES:
             raise error
-        time.sleep(0.5 * (attempt + 1))
+        time.sleep(2**attempt)
+
+
+def _run_copy(
+    argv: list[str], store: ImageStore, layout: Path, image: str, observer: PullObserver | None
+) -> tuple[int, str]:
+    """Run one ``skopeo copy``, its progress told to ``observer``; its exit status and stderr.
+    skopeo names each blob it copies on stdout ("Copying blob sha256:..."), which is how the
+    layers are counted; the child is killed if this thread is interrupted."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    layers: list[str] = []
+
+    def read_names() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("Copying blob "):
+                layers.append(line.split()[2])
+
+    reader = threading.Thread(target=read_names, daemon=True)
+    reader.start()
+    try:
+        with progress.watching(store.blobs / "sha256", layout / "layout", layers, image, observer):
+            assert process.stderr is not None
+            stderr = process.stderr.read()
+            returncode = process.wait()
+            reader.join()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return returncode, stderr
 
 
 def _verified_json(store: ImageStore, digest: str, what: str) -> dict[str, Any]:
