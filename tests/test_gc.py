@@ -345,6 +345,7 @@ def test_rollout_labels_its_sandboxes_with_the_run_id_the_user_chose(
         str(config),
         "--base-url",
         "http://127.0.0.1:9/v1",  # nothing listens: the episode fails after its sandbox started
+        "--no-preflight",  # which would refuse that URL before any sandbox
         "--model",
         "m",
         "--backend",

@@ -305,7 +305,7 @@ def rollout_command(
             backend=backend_name,
             options=options,
             output=("--output", out),
-            endpoint=Endpoint(base_url, model, os.environ.get(api_key_env), api_key_env),
+            endpoint=Endpoint(base_url, os.environ.get(api_key_env), api_key_env),
         )
         exit_on(found)
     try:

@@ -19,17 +19,15 @@ from sandlot.sandboxes.registry import get_backend
 
 @dataclass(frozen=True)
 class Endpoint:
-    """The model server a run asks (``sandlot rollout``'s ``--base-url`` and ``--model``).
+    """The model server a run asks (``sandlot rollout``'s ``--base-url``).
 
     Attributes:
         base_url: OpenAI-compatible base URL, ending with ``/v1``.
-        model: the model name the run sends.
         api_key: the key, or ``None`` (never printed).
         api_key_env: the variable the key comes from, for the fix.
     """
 
     base_url: str
-    model: str
     api_key: str | None
     api_key_env: str = "OPENAI_API_KEY"
 
@@ -68,10 +66,7 @@ def run_problems(
         problems += image_problems(images, backend, options)
     if endpoint is not None:
         problems += endpoint_problems(
-            endpoint.base_url,
-            endpoint.model,
-            api_key=endpoint.api_key,
-            api_key_env=endpoint.api_key_env,
+            endpoint.base_url, api_key=endpoint.api_key, api_key_env=endpoint.api_key_env
         )
     return problems
 

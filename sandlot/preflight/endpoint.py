@@ -3,15 +3,13 @@
 ``GET {base_url}/models`` (OpenAI's "list models", which vLLM, SGLang and the OpenAI API serve)
 with a short timeout: a refused or silent ``--base-url`` is found in seconds instead of each
 episode waiting out its retry budget (300 s by default) on every turn. A refused API key
-(401/403) is found too; and when the server lists its models and ``--model`` is not one of
-them, every request would be refused (404), so that is reported with the names it serves.
-Any other answer counts as an answering server: a proxy without ``/models`` may still serve
-chat completions.
+(401/403) is found too. Any other answer counts as an answering server: a proxy without
+``/models`` may still serve chat completions, and a server may serve more models than it lists
+(so ``--model`` is not checked against the list).
 """
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from sandlot._optional import require
@@ -32,15 +30,12 @@ def public_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def endpoint_problems(
-    base_url: str, model: str, *, api_key: str | None, api_key_env: str
-) -> list[Problem]:
+def endpoint_problems(base_url: str, *, api_key: str | None, api_key_env: str) -> list[Problem]:
     """Problems asking the OpenAI-compatible server at ``base_url`` (ending in ``/v1``) for its
     models, once.
 
     Args:
         base_url: the ``--base-url``.
-        model: the ``--model`` the run will ask for.
         api_key: the key sent as ``Authorization: Bearer`` (never in a message), or ``None``.
         api_key_env: the variable it came from, for the fix.
     """
@@ -66,16 +61,6 @@ def endpoint_problems(
         ]
     if status >= 500:
         return [_down(shown, f"HTTP {status}")]
-    if status == 200:
-        served = _model_ids(response)
-        if served and model not in served:
-            return [
-                Problem(
-                    "--model",
-                    f"{shown} serves {', '.join(served[:10])}, not {model!r}",
-                    "pass one of those as --model",
-                )
-            ]
     return []
 
 
@@ -85,13 +70,3 @@ def _down(url: str, why: str) -> Problem:
         f"the model server does not answer at {url} ({why})",
         "start it (e.g. `vllm serve MODEL`) or correct --base-url (it ends with /v1)",
     )
-
-
-def _model_ids(response: Any) -> list[str]:
-    """The ``id`` of each model in a ``{"data": [{"id": ...}]}`` answer; ``[]`` when the
-    answer is not that (the check then trusts the server)."""
-    try:
-        data = response.json()["data"]
-        return [str(entry["id"]) for entry in data]
-    except (ValueError, KeyError, TypeError):
-        return []

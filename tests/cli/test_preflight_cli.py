@@ -393,15 +393,6 @@ def test_a_refused_api_key_is_one_error(
     assert "wrong" not in line  # the key itself is never printed
 
 
-def test_a_model_the_server_does_not_serve_is_one_error(
-    tmp_path: Path, agent_config: Path, model_server: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PF_KEY", "good")
-    args = rollout_args(tmp_path, agent_config, model_server)
-    args[args.index("solver")] = "other"
-    one_error(args, "--model", "serves solver, not 'other'")
-
-
 def test_an_answering_model_server_passes(
     tmp_path: Path,
     agent_config: Path,

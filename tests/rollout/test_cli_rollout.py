@@ -218,8 +218,9 @@ def test_an_output_dir_of_another_model_is_refused(tmp_path: Path) -> None:
         + "\n"
     )
     config = write_config(tmp_path / "c.yaml")
+    url = "http://127.0.0.1:9/v1"  # never asked: the output is refused first
     code, output = _invoke(
-        *rollout_args(SWE_MINI / "instances.jsonl", config, "http://127.0.0.1:9/v1", out)
+        *rollout_args(SWE_MINI / "instances.jsonl", config, url, out, "--no-preflight")
     )
     assert code == 1 and "another model" in output and "other" in output
 
@@ -492,7 +493,7 @@ def test_the_client_flags_override_the_yaml(
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
         args = rollout_args(dataset, config, url, out, "--instance-ids", "ledger__ledger-1")
         args += ["--request-timeout", "0.5", "--retry-budget", "0", "--max-retries", "0"]
-        code, output = _invoke(*args)
+        code, output = _invoke(*args, "--no-preflight")  # the preflight would refuse it
     assert code == 0, output
     (traj,) = [json.loads(line) for line in complete_lines(out / "trajectories.jsonl")]
     assert traj["exit_reason"] == "infra_error" and traj["retryable"]
