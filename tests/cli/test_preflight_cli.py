@@ -7,6 +7,7 @@ closed ports or small servers on 127.0.0.1, or fakes at the SDK boundary.
 
 from __future__ import annotations
 
+import errno
 import http.server
 import json
 import shutil
@@ -94,6 +95,19 @@ def test_an_output_dir_that_cannot_be_created_is_one_error(tmp_path: Path) -> No
         "choose another --output-dir",
     )
     assert line.count("Error:") == 1
+
+
+def test_a_read_only_output_dir_is_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only mount refuses root too (mode bits do not): the check writes, and the file
+    system's refusal (faked here: mounting needs privileges) is the error."""
+
+    def read_only(**kwargs: Any) -> Any:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(preflight_output.tempfile, "TemporaryFile", read_only)
+    one_error(eval_args(tmp_path), "--output-dir", "is not writable (Read-only file system")
 
 
 def test_a_full_output_file_system_is_one_error(
