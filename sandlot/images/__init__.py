@@ -10,8 +10,10 @@ Pieces, bottom up: ``reference`` (what a name means), ``tools`` (skopeo, found o
 install hint), ``unpack`` (one OCI layer tar into an overlayfs-format directory), ``root`` (what
 a sandbox mounts: layers, config, lookups through the stack), ``store`` (the cache: paths,
 locks, records, list, prune), ``unpacking`` (an image's missing layers, in parallel, each
-once: at first use), ``pulling`` (the fetch: skopeo into the shared blob store; and
-``open_image``), ``prefetch`` (pulls on every node of a Ray cluster). The jail's side is
+once: at first use), ``remote`` (one manifest request: does the registry hold a name; what a
+failed skopeo call means), ``progress`` (what a running fetch has transferred, on stderr),
+``pulling`` (the fetch: skopeo into the shared blob store; and ``open_image``), ``prefetch``
+(pulls on every node of a Ray cluster). The jail's side is
 ``sandlot.sandboxes.local.jail`` (``bwrap --overlay`` from bubblewrap 0.9, else
 ``overlay_argv``).
 """

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +65,12 @@ def image_problems(images: Iterable[str], backend: str, options: Any) -> list[Pr
         )
     names = list(counts)
     try:
-        resolve = resolver(backend, options)
-        if resolve is None:
-            return problems
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            verdicts = list(pool.map(resolve, names))
+        with ExitStack() as cleanup:
+            resolve = resolver(backend, options, cleanup)
+            if resolve is None:
+                return problems
+            with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+                verdicts = list(pool.map(resolve, names))
     except SandlotError as exc:  # a missing tool (skopeo) or SDK: once, not per image
         return [*problems, Problem(f"backend {backend}", str(exc))]
     for name, why in zip(names, verdicts, strict=True):
@@ -77,10 +79,10 @@ def image_problems(images: Iterable[str], backend: str, options: Any) -> list[Pr
     return problems
 
 
-def resolver(backend: str, options: Any) -> Resolve | None:
+def resolver(backend: str, options: Any, cleanup: ExitStack) -> Resolve | None:
     """How images are looked at for ``backend``; ``None`` where nothing is asked from here.
-    The returned function raises :class:`~sandlot.errors.BackendUnavailableError` when a tool
-    it needs (skopeo) is missing.
+    What it opens (an engine client) is closed by ``cleanup``. The returned function raises
+    :class:`~sandlot.errors.BackendUnavailableError` when a tool it needs (skopeo) is missing.
 
     Raises:
         SandlotError: the backend's SDK is missing (the message names the extra).
@@ -88,7 +90,7 @@ def resolver(backend: str, options: Any) -> Resolve | None:
     if get_backend(backend).on_host:
         return _local_resolver()
     if backend == "docker":
-        return _docker_resolver(options)
+        return _docker_resolver(options, cleanup)
     return None
 
 
@@ -126,7 +128,7 @@ def _local_resolver() -> Resolve:
     return resolve
 
 
-def _docker_resolver(options: Any) -> Resolve:
+def _docker_resolver(options: Any, cleanup: ExitStack) -> Resolve:
     from sandlot.sandboxes.docker.engine import sdk
 
     docker = sdk()
@@ -141,6 +143,7 @@ def _docker_resolver(options: Any) -> Resolve:
         client = docker.from_env(timeout=REGISTRY_TIMEOUT_S)
     else:
         client = docker.DockerClient(base_url=base_url, timeout=REGISTRY_TIMEOUT_S)
+    cleanup.callback(client.close)
 
     def resolve(image: str) -> str | None:
         try:
