@@ -12,11 +12,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
+from sandlot.cli.eval_exit import eval_exit
+from sandlot.cli.exit_codes import ExitCode, InputError, OutputError, write_failure
 from sandlot.cli.gc_cmd import leak_note
+from sandlot.cli.repo_mirror import mirror_dir, repo_mirror_option, settle_sources
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.errors import BackendNotFoundError
-from sandlot.rewards.predictions import load_predictions
+from sandlot.rewards.predictions import Prediction, load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import RunOutcome, run_evaluations
 from sandlot.sandboxes.labels import use_run_id
@@ -51,6 +54,52 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     return [i for i in instances if i.instance_id in keep]
 
 
+def _load(
+    dataset: Path, sources: list[str], wanted: list[str], image: str | None
+) -> tuple[list[Instance], list[dict[str, Prediction]]]:
+    """The selected instances and each source's predictions for them.
+
+    Predictions are checked against the whole dataset, then cut to ``--instance-ids`` (as the
+    SWE-bench harness does: a file with more instances evaluates the subset).
+
+    Raises:
+        InputError: the dataset is empty, a predictions file is unreadable or names an instance
+            the dataset lacks, or nothing is left to evaluate.
+        click.BadParameter: an ``--instance-ids`` entry is not in the dataset.
+    """
+    try:
+        every = load_instances(dataset)
+        if not every:
+            raise ValueError(f"{dataset}: the dataset holds no instances; pass a non-empty one")
+        if len(set(sources)) < len(sources):
+            raise ValueError(f"--predictions names a file twice: {', '.join(sources)}")
+        full = [load_predictions(source, every) for source in sources]
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        raise InputError(str(exc)) from None
+    instances = _select(every, wanted)
+    if image:
+        instances = [i.model_copy(update={"image": image}) for i in instances]
+    keep = {i.instance_id for i in instances}
+    pred_sets = [{k: p for k, p in preds.items() if k in keep} for preds in full]
+    if not any(pred_sets):
+        raise InputError(
+            f"nothing to evaluate: {' and '.join(sources)} hold no prediction for the "
+            f"{len(instances)} selected instance(s); check --predictions and --instance-ids"
+        )
+    return instances, pred_sets
+
+
+def _needing_repo(instances: list[Instance], pred_sets: list[dict[str, Prediction]]) -> set[str]:
+    """Ids of the instances some non-empty patch is evaluated on (an empty one opens no
+    sandbox)."""
+    return {
+        i.instance_id
+        for i in instances
+        for preds in pred_sets
+        if (p := preds.get(i.instance_id)) is not None and (p.model_patch or "").strip()
+    }
+
+
 @click.command("eval")
 @click.option(
     "--dataset",
@@ -58,6 +107,7 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     type=click.Path(exists=True, path_type=Path),
     help="Instances: a .jsonl/.json/.parquet file or a directory of them.",
 )
+@repo_mirror_option
 @click.option(
     "--predictions",
     required=True,
@@ -111,6 +161,7 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
 )
 def eval_command(
     dataset: Path,
+    repo_mirror: Path | None,
     predictions: tuple[str, ...],
     backend: str | None,
     workers: int,
@@ -120,29 +171,42 @@ def eval_command(
     run_id: str | None,
     output_dir: Path,
 ) -> None:
-    """Evaluate model patches on SWE-bench style instances and write SWE-bench style reports."""
+    """Evaluate model patches on SWE-bench style instances and write SWE-bench style reports.
+
+    Exit status: 0 every prediction got a verdict, 1 some evaluations errored, 2 bad input
+    (nothing ran), 3 nothing resolved for a reason other than the patches, 4 logs or reports
+    could not be written, 130 interrupted (see the README).
+    """
     console = Console(stderr=True)
     try:
         backend_name = resolve_backend_name(backend)
         get_backend(backend_name)
     except BackendNotFoundError as exc:
         raise click.BadParameter(str(exc), param_hint="--backend") from exc
-    try:
-        instances = _select(load_instances(dataset), split_ids(instance_ids))
-        if image:
-            instances = [i.model_copy(update={"image": image}) for i in instances]
-        sources = split_predictions(predictions)
-        if len(set(sources)) < len(sources):
-            raise ValueError(f"--predictions names a file twice: {', '.join(sources)}")
-        pred_sets = [load_predictions(source, instances) for source in sources]
-    except (ValueError, FileNotFoundError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    sources = split_predictions(predictions)
+    instances, pred_sets = _load(dataset, sources, split_ids(instance_ids), image)
+    needed = _needing_repo(instances, pred_sets)
+    settled = iter(
+        settle_sources(
+            [i for i in instances if i.instance_id in needed],
+            backend=backend_name,
+            mirror=mirror_dir(repo_mirror),
+        )
+    )
+    instances = [next(settled) if i.instance_id in needed else i for i in instances]
     run_id = run_id or time.strftime("sandlot-%Y%m%d-%H%M%S")
     try:
         use_run_id(run_id)  # the sandboxes' sandlot.run_id label, for `sandlot gc --run-id`
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--run-id") from exc
-    todo = sum(1 for preds in pred_sets for i in instances if i.instance_id in preds)
+    try:
+        (output_dir / run_id).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"cannot create the run's directory under --output-dir {output_dir}: {exc}; "
+            "choose a writable --output-dir"
+        ) from None
+    todo = sum(len(preds) for preds in pred_sets)
     files = f" from {len(pred_sets)} files" if len(pred_sets) > 1 else ""
     console.print(
         f"[bold]sandlot eval[/] run [cyan]{run_id}[/]: {todo} prediction(s){files} on "
@@ -188,7 +252,15 @@ def eval_command(
             )
             raise SystemExit(130) from None
         except ValueError as exc:  # two files name the same model
-            raise click.ClickException(str(exc)) from exc
+            raise InputError(str(exc)) from None
+        except Exception as exc:
+            if (failed := write_failure(exc)) is None:
+                raise
+            raise OutputError(
+                f"cannot write the run's logs or reports under {output_dir / run_id}: "
+                f"{failed}; free disk space or choose another --output-dir, then re-run with "
+                f"--run-id {run_id} (finished instances are kept)"
+            ) from None
     elapsed = time.monotonic() - started
     for outcome in outcomes:
         _print_summary(console, outcome, elapsed)
@@ -198,6 +270,10 @@ def eval_command(
     note = leak_note(backend_name, run_id)
     if note:
         console.print(note, soft_wrap=True)
+    code, why = eval_exit(outcomes, run_id)
+    if code is not ExitCode.OK:
+        click.echo(f"Error: {why}", err=True)
+        raise SystemExit(code)
 
 
 def _print_summary(console: Console, outcome: RunOutcome, elapsed: float) -> None:
@@ -230,7 +306,10 @@ def _print_summary(console: Console, outcome: RunOutcome, elapsed: float) -> Non
             detail.add_column(col)
         for r in sorted(problems, key=lambda r: r.instance_id):
             why = (r.error or "; ".join(r.log_warnings) or _failing(r)).splitlines()
-            detail.add_row(r.instance_id, r.status.value, why[0][:120] if why else "")
+            text = why[0][:120] if why else ""
+            if r.status.is_error:  # the cause is in the log, not in one cut line
+                text += f"\nlog: {outcome.log_path(r)}"
+            detail.add_row(r.instance_id, r.status.value, text)
         console.print(detail)
     # The headline goes to stdout so scripts can read it.
     click.echo(
