@@ -25,6 +25,8 @@ from sandlot.rewards.runner import RunOutcome, run_evaluations
 from sandlot.sandboxes.labels import use_run_id
 from sandlot.sandboxes.registry import get_backend, resolve_backend_name
 
+_LOGS_SHOWN = 10
+
 
 def split_ids(values: tuple[str, ...]) -> list[str]:
     """``--instance-ids`` values (repeated, or separated by commas/spaces) as one list."""
@@ -306,16 +308,27 @@ def _print_summary(console: Console, outcome: RunOutcome, elapsed: float) -> Non
             detail.add_column(col)
         for r in sorted(problems, key=lambda r: r.instance_id):
             why = (r.error or "; ".join(r.log_warnings) or _failing(r)).splitlines()
-            text = why[0][:120] if why else ""
-            if r.status.is_error:  # the cause is in the log, not in one cut line
-                text += f"\nlog: {outcome.log_path(r)}"
-            detail.add_row(r.instance_id, r.status.value, text)
+            detail.add_row(r.instance_id, r.status.value, why[0][:120] if why else "")
         console.print(detail)
+        _print_logs(console, outcome, [r for r in problems if r.status.is_error])
     # The headline goes to stdout so scripts can read it.
     click.echo(
         f"{report['resolved_instances']}/{report['total_instances']} resolved; "
         f"report: {outcome.report_path}"
     )
+
+
+def _print_logs(console: Console, outcome: RunOutcome, errored: list[EvalResult]) -> None:
+    """Where each error's whole cause is (the table cuts it to a line), one unwrapped path a
+    line so it can be copied."""
+    if not errored:
+        return
+    console.print("the cause of each error is in its log:")
+    for r in sorted(errored, key=lambda r: r.instance_id)[:_LOGS_SHOWN]:
+        console.print(f"  {r.instance_id}: {outcome.log_path(r)}", soft_wrap=True)
+    if len(errored) > _LOGS_SHOWN:
+        more = len(errored) - _LOGS_SHOWN
+        console.print(f"  ... and {more} more beside them", soft_wrap=True)
 
 
 def _failing(r: EvalResult) -> str:
