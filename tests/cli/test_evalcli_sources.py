@@ -233,3 +233,14 @@ def test_rollout_refuses_rows_without_a_repository(
         env={"SANDLOT_REPO_MIRROR": ""},
     )
     assert code == 2 and "acme__alpha-1" in out and "--repo-mirror DIR" in out
+
+
+def test_data_prepare_finds_mirrors_as_git_clone_mirror_names_them(
+    made: tuple[Path, Path, Path],
+) -> None:
+    from sandlot.datasets.local import mirror_source
+
+    _, mirrors, _ = made
+    assert mirror_source(mirrors, "acme/alpha") == str(mirrors / "acme__alpha.git")
+    assert mirror_source(mirrors, "acme/beta") == str(mirrors / "acme__beta")
+    assert mirror_source(mirrors, "acme/gamma") == str(mirrors / "acme__gamma")
