@@ -8,6 +8,8 @@ from enum import IntEnum
 
 import click
 
+from sandlot.errors import SandlotError
+
 
 class ExitCode(IntEnum):
     """What a run's exit status says; 128 + N is reserved for "stopped by signal N"."""
@@ -30,13 +32,13 @@ class ExitCode(IntEnum):
     """The run could not write its logs or reports (disk full, read-only output directory)."""
 
 
-class InputError(click.ClickException):
+class InputError(click.ClickException, SandlotError):
     """Bad input found before the run: ``Error: <message>``, exit status 2."""
 
     exit_code = ExitCode.BAD_INPUT
 
 
-class OutputError(click.ClickException):
+class OutputError(click.ClickException, SandlotError):
     """Logs or reports cannot be written: ``Error: <message>``, exit status 4."""
 
     exit_code = ExitCode.OUTPUT_FAILED

@@ -197,3 +197,20 @@ def test_resume_re_evaluates_a_changed_patch_and_a_truncated_report(
     code, out = _eval(dataset, str(second), logs, mirrors)
     assert code == ExitCode.OK
     assert "resumed from earlier run             │ 2 " in out, out
+
+
+def test_a_rollout_output_that_cannot_be_created_is_refused(
+    made: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    mirrors, rows = made
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = tmp_path / "c.yaml"
+    config.write_text("interaction:\n  max_turns: 3\n")
+    code, out = invoke(
+        "rollout",
+        *("--dataset", str(write_rows(tmp_path / "rows.jsonl", rows)), "--config", str(config)),
+        *("--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--repo-mirror", str(mirrors)),
+        *("--output", str(blocker / "out")),
+    )
+    assert code == ExitCode.BAD_INPUT and str(blocker) in out
