@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -203,9 +204,11 @@ def eval_command(
         raise click.BadParameter(str(exc), param_hint="--run-id") from exc
     try:
         (output_dir / run_id).mkdir(parents=True, exist_ok=True)
+        # A resumed run's directory exists: a read-only one shows only on writing.
+        tempfile.TemporaryFile(dir=output_dir / run_id).close()
     except OSError as exc:
         raise InputError(
-            f"cannot create the run's directory under --output-dir {output_dir}: {exc}; "
+            f"cannot write the run's directory under --output-dir {output_dir}: {exc}; "
             "choose a writable --output-dir"
         ) from None
     todo = sum(len(preds) for preds in pred_sets)

@@ -244,3 +244,15 @@ def test_data_prepare_finds_mirrors_as_git_clone_mirror_names_them(
     assert mirror_source(mirrors, "acme/alpha") == str(mirrors / "acme__alpha.git")
     assert mirror_source(mirrors, "acme/beta") == str(mirrors / "acme__beta")
     assert mirror_source(mirrors, "acme/gamma") == str(mirrors / "acme__gamma")
+
+
+def test_a_repo_mirror_that_does_not_exist_is_a_usage_error(
+    made: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    rows, _, _ = made
+    code, out = invoke(
+        "eval",
+        *("--dataset", str(rows), "--predictions", "gold"),
+        *("--repo-mirror", str(tmp_path / "nowhere")),
+    )
+    assert code == 2 and "--repo-mirror" in out and "nowhere" in out
