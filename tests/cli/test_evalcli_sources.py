@@ -256,3 +256,18 @@ def test_a_repo_mirror_that_does_not_exist_is_a_usage_error(
         *("--repo-mirror", str(tmp_path / "nowhere")),
     )
     assert code == 2 and "--repo-mirror" in out and "nowhere" in out
+
+
+@needs(bwrap_missing, importable("swebench", EVAL))
+def test_the_python_api_follows_a_symlinked_repo_source(made: tuple[Path, Path, Path]) -> None:
+    """``sandlot train`` and ``evaluate`` do not pass through the CLI: the upload resolves."""
+    import anyio
+
+    import sandlot.rewards
+    from sandlot.datasets.loaders import load_instances
+
+    rows, mirrors, _ = made
+    beta = load_instances(rows)[1]
+    linked = beta.model_copy(update={"repo_source": str(mirrors / "acme__beta")})
+    result = anyio.run(lambda: sandlot.rewards.evaluate(linked, linked.patch, backend="local"))
+    assert result.resolved, result.error
