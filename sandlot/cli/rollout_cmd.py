@@ -244,7 +244,12 @@ def rollout_command(
     instance_ids: tuple[str, ...],
     run_id: str | None,
 ) -> None:
-    """Run a model over a dataset: agent episodes in sandboxes, each graded by its tests."""
+    """Run a model over a dataset: agent episodes in sandboxes, each graded by its tests.
+
+    Exit status: 0 every episode ran, 1 some episodes ended in infra_error, 2 bad input
+    (nothing ran), 4 the outputs could not be written, 128 + N stopped by signal N (see the
+    README).
+    """
     console = Console(stderr=True)
     try:
         config = load_agent_config(config_path)

@@ -271,3 +271,19 @@ def test_the_python_api_follows_a_symlinked_repo_source(made: tuple[Path, Path, 
     linked = beta.model_copy(update={"repo_source": str(mirrors / "acme__beta")})
     result = anyio.run(lambda: sandlot.rewards.evaluate(linked, linked.patch, backend="local"))
     assert result.resolved, result.error
+
+
+def test_rollout_rows_take_the_mirror_in_their_sandbox_and_reward_fields(
+    made: tuple[Path, Path, Path],
+) -> None:
+    from sandlot.cli.rollout_cmd import _with_sources
+    from sandlot.rollout.rows import load_rows
+
+    rows, mirrors, _ = made
+    settled = _with_sources(load_rows(rows, backend="local"), "local", mirrors)
+    expected = [
+        os.path.realpath(mirrors / "acme__alpha.git"),
+        os.path.realpath(mirrors / "acme__beta"),
+    ]
+    assert [r.instance.repo_source for r in settled] == expected
+    assert [r.extra_info.tools_kwargs.env.repo_source for r in settled] == expected
