@@ -56,7 +56,7 @@ def test_unknown_instance_id_in_predictions_names_it_and_the_line(
         + "\n"
     )
     code, out = _eval("--dataset", str(dataset), "--predictions", str(preds))
-    assert code == 1
+    assert code == 2
     assert "ghost__ghost-9" in out and "line 2" in out
 
 
@@ -66,7 +66,7 @@ def test_missing_instance_field_names_field_and_record(tmp_path: Path) -> None:
         json.dumps({"instance_id": "x__y-1", "test_patch": "", "FAIL_TO_PASS": ["t"]}) + "\n"
     )
     code, out = _eval("--dataset", str(bad), "--predictions", "gold")
-    assert code == 1
+    assert code == 2
     assert "base_commit" in out and "x__y-1" in out
 
 
@@ -175,7 +175,7 @@ def test_two_prediction_files_of_one_model_are_refused(dataset: Path, tmp_path: 
         "--output-dir",
         str(tmp_path / "logs"),
     )
-    assert code == 1 and "'gold'" in out and "model_name_or_path" in out
+    assert code == 2 and "'gold'" in out and "model_name_or_path" in out
 
 
 def test_unknown_instance_id_in_filter(dataset: Path) -> None:

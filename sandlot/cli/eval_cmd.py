@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,16 +13,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
+from sandlot.cli.eval_exit import eval_exit
+from sandlot.cli.exit_codes import ExitCode, InputError, OutputError, write_failure
 from sandlot.cli.gc_cmd import leak_note
+from sandlot.cli.repo_mirror import mirror_dir, repo_mirror_option, settle_sources
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.errors import BackendNotFoundError
 from sandlot.preflight import exit_on, no_preflight_option, run_problems
-from sandlot.rewards.predictions import load_predictions
+from sandlot.rewards.predictions import Prediction, load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import RunOutcome, run_evaluations
 from sandlot.sandboxes.labels import use_run_id
 from sandlot.sandboxes.registry import get_backend, resolve_backend_name
+
+_LOGS_SHOWN = 10
 
 
 def split_ids(values: tuple[str, ...]) -> list[str]:
@@ -52,6 +58,52 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     return [i for i in instances if i.instance_id in keep]
 
 
+def _load(
+    dataset: Path, sources: list[str], wanted: list[str], image: str | None
+) -> tuple[list[Instance], list[dict[str, Prediction]]]:
+    """The selected instances and each source's predictions for them.
+
+    Predictions are checked against the whole dataset, then cut to ``--instance-ids`` (as the
+    SWE-bench harness does: a file with more instances evaluates the subset).
+
+    Raises:
+        InputError: the dataset is empty, a predictions file is unreadable or names an instance
+            the dataset lacks, or nothing is left to evaluate.
+        click.BadParameter: an ``--instance-ids`` entry is not in the dataset.
+    """
+    try:
+        every = load_instances(dataset)
+        if not every:
+            raise ValueError(f"{dataset}: the dataset holds no instances; pass a non-empty one")
+        if len(set(sources)) < len(sources):
+            raise ValueError(f"--predictions names a file twice: {', '.join(sources)}")
+        full = [load_predictions(source, every) for source in sources]
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        raise InputError(str(exc)) from None
+    instances = _select(every, wanted)
+    if image:
+        instances = [i.model_copy(update={"image": image}) for i in instances]
+    keep = {i.instance_id for i in instances}
+    pred_sets = [{k: p for k, p in preds.items() if k in keep} for preds in full]
+    if not any(pred_sets):
+        raise InputError(
+            f"nothing to evaluate: {' and '.join(sources)} hold no prediction for the "
+            f"{len(instances)} selected instance(s); check --predictions and --instance-ids"
+        )
+    return instances, pred_sets
+
+
+def _needing_repo(instances: list[Instance], pred_sets: list[dict[str, Prediction]]) -> set[str]:
+    """Ids of the instances some non-empty patch is evaluated on (an empty one opens no
+    sandbox)."""
+    return {
+        i.instance_id
+        for i in instances
+        for preds in pred_sets
+        if (p := preds.get(i.instance_id)) is not None and (p.model_patch or "").strip()
+    }
+
+
 @click.command("eval")
 @click.option(
     "--dataset",
@@ -59,6 +111,7 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     type=click.Path(exists=True, path_type=Path),
     help="Instances: a .jsonl/.json/.parquet file or a directory of them.",
 )
+@repo_mirror_option
 @click.option(
     "--predictions",
     required=True,
@@ -113,6 +166,7 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
 @no_preflight_option
 def eval_command(
     dataset: Path,
+    repo_mirror: Path | None,
     predictions: tuple[str, ...],
     backend: str | None,
     workers: int,
@@ -123,29 +177,44 @@ def eval_command(
     output_dir: Path,
     no_preflight: bool,
 ) -> None:
-    """Evaluate model patches on SWE-bench style instances and write SWE-bench style reports."""
+    """Evaluate model patches on SWE-bench style instances and write SWE-bench style reports.
+
+    Exit status: 0 every prediction got a verdict, 1 some evaluations errored, 2 bad input
+    (nothing ran), 3 nothing resolved for a reason other than the patches, 4 logs or reports
+    could not be written, 130 interrupted (see the README).
+    """
     console = Console(stderr=True)
     try:
         backend_name = resolve_backend_name(backend)
         get_backend(backend_name)
     except BackendNotFoundError as exc:
         raise click.BadParameter(str(exc), param_hint="--backend") from exc
-    try:
-        instances = _select(load_instances(dataset), split_ids(instance_ids))
-        if image:
-            instances = [i.model_copy(update={"image": image}) for i in instances]
-        sources = split_predictions(predictions)
-        if len(set(sources)) < len(sources):
-            raise ValueError(f"--predictions names a file twice: {', '.join(sources)}")
-        pred_sets = [load_predictions(source, instances) for source in sources]
-    except (ValueError, FileNotFoundError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    sources = split_predictions(predictions)
+    instances, pred_sets = _load(dataset, sources, split_ids(instance_ids), image)
+    needed = _needing_repo(instances, pred_sets)
+    settled = iter(
+        settle_sources(
+            [i for i in instances if i.instance_id in needed],
+            backend=backend_name,
+            mirror=mirror_dir(repo_mirror),
+        )
+    )
+    instances = [next(settled) if i.instance_id in needed else i for i in instances]
     run_id = run_id or time.strftime("sandlot-%Y%m%d-%H%M%S")
     try:
         use_run_id(run_id)  # the sandboxes' sandlot.run_id label, for `sandlot gc --run-id`
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--run-id") from exc
-    todo = sum(1 for preds in pred_sets for i in instances if i.instance_id in preds)
+    try:
+        (output_dir / run_id).mkdir(parents=True, exist_ok=True)
+        # A resumed run's directory exists: a read-only one shows only on writing.
+        tempfile.TemporaryFile(dir=output_dir / run_id).close()
+    except OSError as exc:
+        raise InputError(
+            f"cannot write the run's directory under --output-dir {output_dir}: {exc}; "
+            "choose a writable --output-dir"
+        ) from None
+    todo = sum(len(preds) for preds in pred_sets)
     if not no_preflight:  # problems every instance would hit, found once (sandlot.preflight)
         wanted = [i for i in instances if any(i.instance_id in preds for preds in pred_sets)]
         output = ("--output-dir", output_dir)
@@ -197,7 +266,15 @@ def eval_command(
             )
             raise SystemExit(130) from None
         except ValueError as exc:  # two files name the same model
-            raise click.ClickException(str(exc)) from exc
+            raise InputError(str(exc)) from None
+        except Exception as exc:
+            if (failed := write_failure(exc)) is None:
+                raise
+            raise OutputError(
+                f"cannot write the run's logs or reports under {output_dir / run_id}: "
+                f"{failed}; free disk space or choose another --output-dir, then re-run with "
+                f"--run-id {run_id} (finished instances are kept)"
+            ) from None
     elapsed = time.monotonic() - started
     for outcome in outcomes:
         _print_summary(console, outcome, elapsed)
@@ -207,6 +284,10 @@ def eval_command(
     note = leak_note(backend_name, run_id)
     if note:
         console.print(note, soft_wrap=True)
+    code, why = eval_exit(outcomes, run_id)
+    if code is not ExitCode.OK:
+        click.echo(f"Error: {why}", err=True)
+        raise SystemExit(code)
 
 
 def _print_summary(console: Console, outcome: RunOutcome, elapsed: float) -> None:
@@ -241,11 +322,25 @@ def _print_summary(console: Console, outcome: RunOutcome, elapsed: float) -> Non
             why = (r.error or "; ".join(r.log_warnings) or _failing(r)).splitlines()
             detail.add_row(r.instance_id, r.status.value, why[0][:120] if why else "")
         console.print(detail)
+        _print_logs(console, outcome, [r for r in problems if r.status.is_error])
     # The headline goes to stdout so scripts can read it.
     click.echo(
         f"{report['resolved_instances']}/{report['total_instances']} resolved; "
         f"report: {outcome.report_path}"
     )
+
+
+def _print_logs(console: Console, outcome: RunOutcome, errored: list[EvalResult]) -> None:
+    """Where each error's whole cause is (the table cuts it to a line), one unwrapped path a
+    line so it can be copied."""
+    if not errored:
+        return
+    console.print("the cause of each error is in its log:")
+    for r in sorted(errored, key=lambda r: r.instance_id)[:_LOGS_SHOWN]:
+        console.print(f"  {r.instance_id}: {outcome.log_path(r)}", soft_wrap=True)
+    if len(errored) > _LOGS_SHOWN:
+        more = len(errored) - _LOGS_SHOWN
+        console.print(f"  ... and {more} more beside them", soft_wrap=True)
 
 
 def _failing(r: EvalResult) -> str:

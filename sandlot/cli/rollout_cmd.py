@@ -5,8 +5,9 @@
 * ``trajectories.jsonl``: one trajectory per finished episode, appended as each finishes
   (re-running the same command resumes: episodes already there are skipped);
 * ``predictions.jsonl``: SWE-bench predictions (``instance_id``, ``model_name_or_path``,
-  ``model_patch``), one per instance: its first sample's patch. ``sandlot eval`` and the
-  SWE-bench harness read it as it is;
+  ``model_patch``), one per instance: its first sample's patch; an instance whose first sample
+  ended in ``infra_error`` is left out (the harness would count it as submitted). ``sandlot
+  eval`` and the SWE-bench harness read it as it is;
 * ``summary.json``: the run (model, dataset, backend, run id, ...) and its statistics;
 * ``report.html``: every episode, browsable offline (``sandlot report DIR`` rebuilds it).
 """
@@ -31,7 +32,10 @@ from rich.table import Table
 
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.cli.eval_cmd import split_ids
+from sandlot.cli.exit_codes import ExitCode, InputError, OutputError, write_failure
 from sandlot.cli.gc_cmd import leak_note
+from sandlot.cli.repo_mirror import mirror_dir, repo_mirror_option, settle_sources
+from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
 from sandlot.errors import BackendNotFoundError, SandboxError
 from sandlot.preflight import Endpoint, exit_on, no_preflight_option, run_problems
@@ -53,6 +57,7 @@ from sandlot.sandboxes.setups import SetupCache
 
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"
+_RESUME = "free disk space or choose a writable place, then run the same command to resume"
 
 
 def _slug(text: str) -> str:
@@ -77,6 +82,7 @@ def _public_url(url: str) -> str:
     help="Rows (a parquet file from `sandlot data prepare`) or instances "
     "(.jsonl/.json/.parquet of SWE-bench records), or a directory of them.",
 )
+@repo_mirror_option
 @click.option(
     "--config",
     "config_path",
@@ -213,6 +219,7 @@ def _public_url(url: str) -> str:
 @no_preflight_option
 def rollout_command(
     dataset: Path,
+    repo_mirror: Path | None,
     config_path: Path,
     base_url: str,
     model: str,
@@ -240,12 +247,17 @@ def rollout_command(
     run_id: str | None,
     no_preflight: bool,
 ) -> None:
-    """Run a model over a dataset: agent episodes in sandboxes, each graded by its tests."""
+    """Run a model over a dataset: agent episodes in sandboxes, each graded by its tests.
+
+    Exit status: 0 every episode ran, 1 some episodes ended in infra_error, 2 bad input
+    (nothing ran), 4 the outputs could not be written, 128 + N stopped by signal N (see the
+    README).
+    """
     console = Console(stderr=True)
     try:
         config = load_agent_config(config_path)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(str(exc)) from None
     try:
         config = config.model_copy(
             update={
@@ -269,7 +281,7 @@ def rollout_command(
             }
         )
     except ConfigError as exc:
-        raise click.ClickException(f"{config_path}: {exc}") from None
+        raise InputError(f"{config_path}: {exc}") from None
     backend_name = backend.strip().lower() if backend else config.sandbox.resolved_backend()
     try:
         backend_cls = get_backend(backend_name)
@@ -277,11 +289,8 @@ def rollout_command(
     except BackendNotFoundError as exc:
         raise click.BadParameter(str(exc), param_hint="--backend") from None
     except ConfigError as exc:
-        raise click.ClickException(f"{config_path}: {exc}") from None
-    try:
-        rows = _load(dataset, backend_name, image, split_ids(instance_ids))
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(f"{config_path}: {exc}") from None
+    rows = _load(dataset, backend_name, image, split_ids(instance_ids))
     sampling = config.generation.request_fields()
     client = config.client.model_dump()
     try:
@@ -294,7 +303,7 @@ def rollout_command(
             **client,
         )
     except (ValueError, SandboxError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(str(exc)) from None
     concurrency = concurrency or config.concurrency
     out = output or Path("rollouts") / f"{_slug(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not no_preflight:  # problems every episode would hit, found once (sandlot.preflight)
@@ -311,14 +320,15 @@ def rollout_command(
     try:
         log_file = TrajectoryLog(out / TRAJECTORIES_FILE)
     except (RolloutError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(str(exc)) from None
     with log_file:
         others = {r.model_name_or_path for r in log_file.records.values()} - {model, ""}
         if others:
-            raise click.ClickException(
+            raise InputError(
                 f"{out} holds trajectories of another model ({', '.join(sorted(others))}); "
                 "choose another --output"
             )
+        rows = _with_sources(rows, backend_name, mirror_dir(repo_mirror))
         try:
             run_id = use_run_id(run_id) if run_id else pin_run_id()
         except ValueError as exc:
@@ -418,6 +428,8 @@ def rollout_command(
                 _, signum = anyio.run(lambda: run_until_signalled(run, on_signal=on_signal))
         except Exception as exc:
             root = _root_cause(exc)
+            if (failed := write_failure(exc)) is not None:
+                raise OutputError(f"cannot write under {out}: {failed}; {_RESUME}") from None
             if isinstance(root, RolloutError | SandboxError | ValueError | OSError):
                 raise click.ClickException(str(root)) from None
             raise
@@ -432,28 +444,31 @@ def rollout_command(
         note = leak_note(backend_name, run_id)
         if note:
             console.print(note, soft_wrap=True)
-        summary = _write_outputs(
-            out,
-            log_file,
-            rows,
-            samples=samples,
-            run={
-                "model": model,
-                "base_url": _public_url(base_url),
-                "dataset": str(dataset),
-                "config": str(config_path),
-                "backend": backend_name,
-                "samples": samples,
-                "concurrency": concurrency,
-                "ray": use_ray,
-                "run_id": run_id,
-                "interrupted": signal.Signals(signum).name if signum else None,
-                "wall_s": round(elapsed, 3),
-                "episodes_this_run": stats.new,
-                "retries_this_run": stats.retries,
-                "predictions": "the first sample of each instance",
-            },
-        )
+        try:
+            summary = _write_outputs(
+                out,
+                log_file,
+                rows,
+                samples=samples,
+                run={
+                    "model": model,
+                    "base_url": _public_url(base_url),
+                    "dataset": str(dataset),
+                    "config": str(config_path),
+                    "backend": backend_name,
+                    "samples": samples,
+                    "concurrency": concurrency,
+                    "ray": use_ray,
+                    "run_id": run_id,
+                    "interrupted": signal.Signals(signum).name if signum else None,
+                    "wall_s": round(elapsed, 3),
+                    "episodes_this_run": stats.new,
+                    "retries_this_run": stats.retries,
+                    "predictions": "the first sample of each instance",
+                },
+            )
+        except OSError as exc:
+            raise OutputError(f"cannot write the outputs in {out}: {exc}; {_RESUME}") from None
     _print_summary(console, summary, stats, elapsed, config)
     if samples > 1:
         console.print(
@@ -468,6 +483,15 @@ def rollout_command(
         raise SystemExit(128 + signum)
     # The headline goes to stdout so scripts can read it (as `sandlot eval` prints its own).
     click.echo(f"{summary.resolved_first}/{len(rows)} resolved; output: {out}")
+    if summary.infra_errors:
+        click.echo(
+            f"Error: {summary.infra_errors} episode(s) ended in infra_error (not the model's "
+            f"doing; their instances' first samples are left out of {PREDICTIONS_FILE}); see "
+            f"report.html for the causes, then run the same command with --retry-errors to "
+            "re-run the retryable ones",
+            err=True,
+        )
+        raise SystemExit(ExitCode.ERRORS)
 
 
 def _json_object(value: str | None, param: click.Parameter) -> dict[str, Any] | None:
@@ -497,10 +521,43 @@ def _root_cause(exc: BaseException) -> BaseException:
 
 
 def _load(dataset: Path, backend: str, image: str | None, ids: list[str]) -> list[TaskRow]:
-    rows = load_rows(dataset, backend=backend, image=image, instance_ids=ids or None)
+    """The rows to run.
+
+    Raises:
+        InputError: the dataset is empty or invalid, or an ``--instance-ids`` entry is unknown.
+    """
+    try:
+        rows = load_rows(dataset, backend=backend, image=image, instance_ids=ids or None)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        raise InputError(str(exc)) from None
     if not rows:
-        raise ValueError(f"{dataset}: no rows to run")
+        raise InputError(f"{dataset}: the dataset holds no rows; pass a non-empty one")
     return rows
+
+
+def _with_sources(rows: list[TaskRow], backend: str, mirror: Path | None) -> list[TaskRow]:
+    """``rows`` with their repository sources settled (``--repo-mirror``).
+
+    Raises:
+        InputError: a row has no repository source.
+    """
+    instances = settle_sources([r.instance for r in rows], backend=backend, mirror=mirror)
+    return [_with_source(row, inst) for row, inst in zip(rows, instances, strict=True)]
+
+
+def _with_source(row: TaskRow, instance: Instance) -> TaskRow:
+    """``row`` whose instance and sandbox fields take ``instance``'s ``repo_source``."""
+    if instance.repo_source == row.instance.repo_source:
+        return row
+    tools = row.extra_info.tools_kwargs
+    tools = tools.model_copy(
+        update={
+            "env": tools.env.model_copy(update={"repo_source": instance.repo_source}),
+            "reward": tools.reward.model_copy(update={"metadata": instance}),
+        }
+    )
+    extra = row.extra_info.model_copy(update={"tools_kwargs": tools})
+    return row.model_copy(update={"extra_info": extra})
 
 
 def _write_outputs(

@@ -98,7 +98,8 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         "--repo-mirror",
         envvar=REPO_MIRROR_ENV,
         default=None,
-        help=f"Directory of git mirrors <owner>__<name> for local rows [env {REPO_MIRROR_ENV}].",
+        help="Directory of git mirrors for local rows, named <owner>__<name> or "
+        f"<owner>__<name>.git (git clone --mirror) [env {REPO_MIRROR_ENV}].",
     )
     @click.option(
         "--local-images",

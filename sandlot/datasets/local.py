@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from sandlot.datasets.errors import DatasetMessageError
+from sandlot.datasets.repo_sources import mirror_dir_name, mirror_entry
 from sandlot.settings import settings
 
 REPO_MIRROR_ENV = "SANDLOT_REPO_MIRROR"
@@ -30,11 +31,6 @@ REPO_MIRROR_ENV = "SANDLOT_REPO_MIRROR"
 
 class LocalRowError(DatasetMessageError):
     """A local row cannot be built (no mirror directory given)."""
-
-
-def mirror_dir_name(repo: str) -> str:
-    """``"owner/name"`` → ``"owner__name"``, the repository's directory in the mirror."""
-    return repo.replace("/", "__")
 
 
 def resolve_mirror(value: str | os.PathLike[str] | None) -> Path:
@@ -47,11 +43,15 @@ def resolve_mirror(value: str | os.PathLike[str] | None) -> Path:
     if not raw:
         raise LocalRowError(
             f"DEPLOYMENT=local needs a directory of git mirrors: set {REPO_MIRROR_ENV} or pass "
-            "--repo-mirror (it holds one repository per repo, named <owner>__<name>)"
+            "--repo-mirror (it holds one repository per repo, named <owner>__<name> or, as git "
+            "clone --mirror names it, <owner>__<name>.git)"
         )
     return Path(raw).expanduser().absolute()
 
 
 def mirror_source(mirror: Path, repo: str) -> str:
-    """The ``repo_source`` of ``repo`` in ``mirror`` (the path need not exist yet)."""
-    return str(mirror / mirror_dir_name(repo))
+    """The ``repo_source`` of ``repo`` in ``mirror``: the repository found there
+    (``owner__name`` or ``git clone --mirror``'s ``owner__name.git``), else ``owner__name``
+    (the path need not exist yet)."""
+    found = mirror_entry(mirror, repo)
+    return str(found if found is not None else mirror / mirror_dir_name(repo))

@@ -101,7 +101,8 @@ async def prepare_repo(sb: Sandbox, instance: Instance, backend: str | None = No
                     f"repo_source {source} of instance {instance.instance_id} does not exist "
                     "on this machine (for examples/swe-mini run examples/swe-mini/make_repos.py)"
                 )
-            await sb.upload(source, _UPLOADED_REPO)
+            # An upload copies a symlink as a link: send what it points at.
+            await sb.upload(str(await anyio.Path(source).resolve()), _UPLOADED_REPO)
             script = fetch_repo_script(
                 _UPLOADED_REPO, instance.workdir, instance.base_commit, uploaded=True
             )

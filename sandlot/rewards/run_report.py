@@ -11,13 +11,44 @@ many completed instances each defence against forged results triggered on (see
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import ChannelState, EvalResult
 
 RUN_REPORT_SCHEMA_VERSION = 2
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a temporary file in the same directory,
+    flushed to disk, then renamed over ``path``. A full disk or a crash leaves the previous
+    content (or no file), never a truncated one, so a report that exists is a finished one.
+
+    Raises:
+        OSError: the directory is not writable, or the disk is full (the temporary file is
+            removed).
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide reports from the user's group
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """:func:`write_text_atomic` of ``data`` as indented JSON with a final newline."""
+    write_text_atomic(path, json.dumps(data, indent=4) + "\n")
 
 
 def instance_report(result: EvalResult, prediction: Prediction) -> dict[str, Any]:

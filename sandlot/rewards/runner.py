@@ -7,8 +7,11 @@ Layout (the harness's ``logs/run_evaluation`` layout under ``output_dir``)::
                                                  report.json, result.json, run_instance.log}
     <output_dir>/<run_id>/<model>.<run_id>.json        # the run report
 
-``report.json`` exists only for completed evaluations, so a re-run with the same ``run_id``
-skips those and retries errors.
+``report.json`` exists only for completed evaluations and is written last, atomically, so a
+re-run with the same ``run_id`` skips those and retries errors. A finished instance counts only
+while its ``patch.diff`` is the prediction's ``model_patch``: a changed patch under the same run
+id and model is evaluated again, and a ``report.json`` or ``result.json`` that does not parse
+(a truncated file of an older version) is not finished.
 """
 
 from __future__ import annotations
@@ -29,12 +32,19 @@ from sandlot.datasets.swebench_specs import resolve_test_cmd
 from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalResult
-from sandlot.rewards.run_report import instance_report, run_report
+from sandlot.rewards.run_report import (
+    instance_report,
+    run_report,
+    write_json_atomic,
+    write_text_atomic,
+)
 from sandlot.rewards.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, eval_script, patch_files
 from sandlot.sandboxes.setups import SetupCache
 
 REPORT_FILE = "report.json"
 RESULT_FILE = "result.json"
+PATCH_FILE = "patch.diff"
+LOG_FILE = "run_instance.log"
 
 
 def model_dir_name(model_name_or_path: str) -> str:
@@ -54,25 +64,34 @@ class RunOutcome:
     """Sandboxes set up by the call when prediction sets shared set-ups (``None``: each
     evaluation set up its own)."""
 
+    def log_path(self, result: EvalResult) -> Path:
+        """The ``run_instance.log`` of ``result`` (beside this run's report)."""
+        model = model_dir_name(result.model_name_or_path)
+        return self.report_path.parent / model / result.instance_id / LOG_FILE
+
 
 def _instance_dir(output_dir: Path, run_id: str, pred: Prediction) -> Path:
     return output_dir / run_id / model_dir_name(pred.model_name_or_path) / pred.instance_id
 
 
-def _load_previous(directory: Path) -> EvalResult | None:
-    if not (directory / REPORT_FILE).is_file() or not (directory / RESULT_FILE).is_file():
-        return None
+def _load_previous(directory: Path, pred: Prediction) -> EvalResult | None:
+    """The finished result of ``pred`` in ``directory``, or ``None`` (evaluate it again)."""
     try:
-        return EvalResult.model_validate_json((directory / RESULT_FILE).read_text())
-    except ValueError:
-        return None  # a half-written result from a killed run: evaluate again
+        json.loads((directory / REPORT_FILE).read_text(encoding="utf-8"))
+        patch = (directory / PATCH_FILE).read_bytes().decode("utf-8")  # "\r\n" kept
+        result = EvalResult.model_validate_json((directory / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None  # not finished, or a file cut short by a killed run or a full disk
+    return result if patch == (pred.model_patch or "") else None
 
 
 def _write_artifacts(
     directory: Path, instance: Instance, pred: Prediction, result: EvalResult
 ) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "patch.diff").write_text(pred.model_patch or "")
+    # An earlier verdict (of another patch) stops counting before anything else changes.
+    (directory / REPORT_FILE).unlink(missing_ok=True)
+    (directory / PATCH_FILE).write_text(pred.model_patch or "", encoding="utf-8")
     try:
         script = eval_script(
             workdir=instance.workdir,
@@ -99,11 +118,11 @@ def _write_artifacts(
     lines.append("timings_s: " + json.dumps({k: round(v, 3) for k, v in result.timings_s.items()}))
     if result.error:
         lines.append(f"error: {result.error}")
-    (directory / "run_instance.log").write_text("\n".join(lines) + "\n")
-    (directory / RESULT_FILE).write_text(result.model_dump_json(indent=2, exclude={"log"}))
+    (directory / LOG_FILE).write_text("\n".join(lines) + "\n")
+    write_text_atomic(directory / RESULT_FILE, result.model_dump_json(indent=2, exclude={"log"}))
     if result.status.completed:
         # Written last: its presence marks the instance as done for resumed runs.
-        (directory / REPORT_FILE).write_text(json.dumps(instance_report(result, pred), indent=4))
+        write_json_atomic(directory / REPORT_FILE, instance_report(result, pred))
 
 
 async def run_evaluation(
@@ -237,7 +256,7 @@ class _Plan:
         report_path = output_dir / run_id / f"{model_dir_name(first)}.{run_id}.json"
         report = run_report([i.instance_id for i in instances], predictions, self.results)
         report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(json.dumps(report, indent=4) + "\n")
+        write_json_atomic(report_path, report)
         return RunOutcome(
             report=report,
             results=self.results,
@@ -261,7 +280,7 @@ def _plan(
         pred = predictions.get(inst.instance_id)
         if pred is None:
             continue
-        previous = _load_previous(_instance_dir(output_dir, run_id, pred))
+        previous = _load_previous(_instance_dir(output_dir, run_id, pred), pred)
         if previous is not None:
             plan.results[inst.instance_id] = previous
             plan.resumed.append(inst.instance_id)

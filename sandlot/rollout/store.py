@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from sandlot.rollout.errors import TrajectoryFileError
 from sandlot.rollout.record import EpisodeKey, EpisodeRecord
-from sandlot.rollout.trajectory import Trajectory
+from sandlot.rollout.trajectory import ExitReason, Trajectory
 
 log = logging.getLogger("sandlot.rollout")
 
@@ -219,6 +219,10 @@ def write_predictions(
     """Write SWE-bench predictions (``instance_id``, ``model_name_or_path``, ``model_patch``):
     one per instance, its first recorded sample's patch. Written atomically.
 
+    An instance whose first sample ended in ``infra_error`` is left out: the model submitted
+    nothing there, and the SWE-bench harness counts every line as a submission (an empty patch
+    would score as the model's). ``sandlot eval`` and the harness count it as incomplete.
+
     Args:
         records: the episodes (keys say which sample of an instance is the first).
         trajectories: the ``trajectories.jsonl`` holding their patches.
@@ -235,7 +239,8 @@ def write_predictions(
             first[iid] = sample
     patches: dict[str, tuple[str, str]] = {}
     for traj in iter_trajectories(trajectories):
-        if first.get(traj.instance_id) == traj.sample:
+        infra = traj.exit_reason is ExitReason.INFRA_ERROR
+        if first.get(traj.instance_id) == traj.sample and not infra:
             patches[traj.instance_id] = (
                 traj.model_name_or_path or model_name_or_path,
                 traj.model_patch,

@@ -163,7 +163,7 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
 
     bad = write_config(tmp_path / "bad.yaml", interaction={"max_turn": 3})
     code, out = _invoke("rollout", "--dataset", instances, "--config", str(bad), *base)
-    assert code == 1 and "interaction.max_turn" in out
+    assert code == 2 and "interaction.max_turn" in out
 
     code, out = _invoke(
         "rollout",
@@ -188,7 +188,7 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
         "--model",
         "m",
     )
-    assert code == 1 and "http://" in out
+    assert code == 2 and "http://" in out
 
     code, out = _invoke(
         "rollout",
@@ -200,7 +200,7 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
         "ghost__ghost-1",
         *base,
     )
-    assert code == 1 and "ghost__ghost-1" in out
+    assert code == 2 and "ghost__ghost-1" in out
     assert not (tmp_path / "o").exists()  # nothing written before the input was checked
 
 
@@ -222,7 +222,7 @@ def test_an_output_dir_of_another_model_is_refused(tmp_path: Path) -> None:
     code, output = _invoke(
         *rollout_args(SWE_MINI / "instances.jsonl", config, url, out, "--no-preflight")
     )
-    assert code == 1 and "another model" in output and "other" in output
+    assert code == 2 and "another model" in output and "other" in output
 
 
 # --------------------------------------------------------------------------- local
@@ -470,9 +470,9 @@ def test_bad_generation_flags_are_one_line_errors(tmp_path: Path, config: Path) 
     code, out = _invoke(*common, "--chat-template-kwargs", "{enable_thinking: no}")
     assert code == 2 and "--chat-template-kwargs" in out and "not JSON" in out
     code, out = _invoke(*common, "--extra-body", '{"model": "x"}')
-    assert code == 1 and "generation.extra_body: " in out and "model" in out
+    assert code == 2 and "generation.extra_body: " in out and "model" in out
     code, out = _invoke(*common, "--top-p", "2")
-    assert code == 1 and "generation.top_p" in out
+    assert code == 2 and "generation.top_p" in out
 
 
 @needs(bwrap_missing)
@@ -494,8 +494,9 @@ def test_the_client_flags_override_the_yaml(
         args = rollout_args(dataset, config, url, out, "--instance-ids", "ledger__ledger-1")
         args += ["--request-timeout", "0.5", "--retry-budget", "0", "--max-retries", "0"]
         code, output = _invoke(*args, "--no-preflight")  # the preflight would refuse it
-    assert code == 0, output
+    assert code == 1 and "1 episode(s) ended in infra_error" in output, output
     (traj,) = [json.loads(line) for line in complete_lines(out / "trajectories.jsonl")]
     assert traj["exit_reason"] == "infra_error" and traj["retryable"]
+    assert (out / "predictions.jsonl").read_text() == ""  # the model submitted nothing
     assert "failed 1 time(s)" in traj["error"]
     assert "no answer within request_timeout_s=0.5s" in traj["error"]
