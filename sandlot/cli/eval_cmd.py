@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 
@@ -205,22 +204,11 @@ def eval_command(
         use_run_id(run_id)  # the sandboxes' sandlot.run_id label, for `sandlot gc --run-id`
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--run-id") from exc
-    try:
-        (output_dir / run_id).mkdir(parents=True, exist_ok=True)
-        # A resumed run's directory exists: a read-only one shows only on writing.
-        tempfile.TemporaryFile(dir=output_dir / run_id).close()
-    except OSError as exc:
-        raise InputError(
-            f"cannot write the run's directory under --output-dir {output_dir}: {exc}; "
-            "choose a writable --output-dir"
-        ) from None
     todo = sum(len(preds) for preds in pred_sets)
     if not no_preflight:  # problems every instance would hit, found once (sandlot.preflight)
         wanted = [i for i in instances if any(i.instance_id in preds for preds in pred_sets)]
         output = ("--output-dir", output_dir)
-        exit_on(
-            run_problems(dataset=dataset, instances=wanted, backend=backend_name, output=output)
-        )
+        exit_on(run_problems(instances=wanted, backend=backend_name, output=output))
     files = f" from {len(pred_sets)} files" if len(pred_sets) > 1 else ""
     console.print(
         f"[bold]sandlot eval[/] run [cyan]{run_id}[/]: {todo} prediction(s){files} on "

@@ -306,11 +306,10 @@ def rollout_command(
         raise InputError(str(exc)) from None
     concurrency = concurrency or config.concurrency
     out = output or Path("rollouts") / f"{_slug(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows = _with_sources(rows, backend_name, mirror_dir(repo_mirror))
     if not no_preflight:  # problems every episode would hit, found once (sandlot.preflight)
         found = run_problems(
-            dataset=dataset,
             instances=[r.instance for r in rows],
-            what="rows",
             backend=backend_name,
             options=options,
             output=("--output", out),
@@ -328,7 +327,6 @@ def rollout_command(
                 f"{out} holds trajectories of another model ({', '.join(sorted(others))}); "
                 "choose another --output"
             )
-        rows = _with_sources(rows, backend_name, mirror_dir(repo_mirror))
         try:
             run_id = use_run_id(run_id) if run_id else pin_run_id()
         except ValueError as exc:

@@ -3,13 +3,15 @@ many sandboxes): what is known before the first sandbox starts, reported before 
 
 A problem that would fail every instance (credentials, an unreachable control plane, engine,
 registry or model server, ``image: host`` on a container backend, an output directory that
-cannot be written, an empty dataset) is otherwise found once per instance, after minutes of
+cannot be written) is otherwise found once per instance, after minutes of
 retries, or after the first result. The preflight looks once: each check is cheap (seconds;
 one request per distinct image, one to the model server), each problem is reported once as
 one ``Error:`` line with its fix, and the command exits with :data:`EXIT_CODE` (2, click's code
 for bad input) after printing them all. ``--no-preflight`` skips it.
 
-One check per module: ``dataset``, ``output``, ``credentials`` (the backend), ``images``,
+An empty dataset is refused by the commands as they load it, with or without the preflight.
+
+One check per module: ``output``, ``credentials`` (the backend), ``images``,
 ``endpoint``; ``checks.run_problems`` runs them in order; ``sandlot train --preflight``
 (:mod:`sandlot.trainer.preflight`) is the training run's counterpart, which also starts one
 sandbox.
@@ -37,7 +39,7 @@ def no_preflight_option(command: F) -> F:
         "--no-preflight",
         is_flag=True,
         help="Skip the checks made before the run (backend credentials, images, output "
-        "directory, model server, dataset); each problem found is one Error: line, exit 2.",
+        "directory, model server); each problem found is one Error: line, exit 2.",
     )(command)
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from sandlot.datasets.instance import Instance
 from sandlot.preflight.credentials import backend_problems
-from sandlot.preflight.dataset import dataset_problems
 from sandlot.preflight.endpoint import endpoint_problems
 from sandlot.preflight.images import image_problems
 from sandlot.preflight.output import output_problems
@@ -34,28 +33,24 @@ class Endpoint:
 
 def run_problems(
     *,
-    dataset: Path,
     instances: Sequence[Instance],
     backend: str,
     options: Any = None,
     output: tuple[str, Path] | None = None,
     endpoint: Endpoint | None = None,
-    what: str = "instances",
 ) -> list[Problem]:
     """Every problem known before the run starts (none: go).
 
     Args:
-        dataset: the ``--dataset`` path (for messages).
         instances: the instances the run will process (after every selection).
         backend: the resolved backend name.
         options: the backend's options; ``None``: its defaults.
         output: ``(flag, directory)`` the run writes into, when it writes one.
         endpoint: the model server, when the run asks one.
-        what: what ``instances`` are to the user (``instances``, ``rows``), for messages.
     """
     if options is None:
         options = get_backend(backend).Options()
-    problems = dataset_problems(dataset, len(instances), what)
+    problems: list[Problem] = []  # an empty dataset is refused by the commands as they load it
     if output is not None:
         problems += output_problems(output[1], output[0])
     found = backend_problems(backend, options)

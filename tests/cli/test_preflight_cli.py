@@ -28,7 +28,21 @@ import sandlot.preflight.output as preflight_output
 from sandlot.cli.main import cli
 from sandlot.preflight import Problem
 
-SWE_MINI = Path(__file__).resolve().parents[2] / "examples" / "swe-mini" / "instances.jsonl"
+_SWE_MINI_ROWS = Path(__file__).resolve().parents[2] / "examples" / "swe-mini" / "instances.jsonl"
+SWE_MINI = _SWE_MINI_ROWS  # replaced by _swe_mini_copy: a copy whose repositories exist
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _swe_mini_copy(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """swe-mini's rows beside empty directories at their ``repo_source`` paths: the commands
+    refuse a row whose repository is missing before the preflight runs, and the preflight
+    itself never reads a repository."""
+    global SWE_MINI
+    root = tmp_path_factory.mktemp("swe-mini")
+    for line in _SWE_MINI_ROWS.read_text().splitlines():
+        (root / json.loads(line)["repo_source"]).mkdir(parents=True, exist_ok=True)
+    SWE_MINI = root / "instances.jsonl"
+    SWE_MINI.write_text(_SWE_MINI_ROWS.read_text())
 
 
 class Stopped(Exception):
@@ -77,7 +91,8 @@ def one_error(args: list[str], *words: str) -> str:
     return lines[0]
 
 
-def eval_args(tmp_path: Path, *extra: str, dataset: Path = SWE_MINI) -> list[str]:
+def eval_args(tmp_path: Path, *extra: str, dataset: Path | None = None) -> list[str]:
+    dataset = dataset or SWE_MINI
     out = ["--output-dir", str(tmp_path / "out")]
     args = ["eval", "--dataset", str(dataset), "--predictions", "gold", *extra]
     return args + ([] if "--output-dir" in extra else out)
@@ -135,7 +150,7 @@ def test_a_writable_output_dir_with_space_passes(
 def test_an_empty_dataset_is_one_error(tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    one_error(eval_args(tmp_path, dataset=empty), "--dataset", "gives no instances")
+    one_error(eval_args(tmp_path, dataset=empty), str(empty), "holds no instances")
 
 
 # ------------------------------------------------------------------ images
@@ -148,6 +163,8 @@ def _dataset(tmp_path: Path, images: list[str]) -> Path:
     path.write_text(
         "".join(json.dumps({**r, "image": i}) + "\n" for r, i in zip(rows, images, strict=True))
     )
+    for row in rows:
+        (tmp_path / row["repo_source"]).mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -452,10 +469,16 @@ def test_every_problem_is_reported_before_exiting(
     ]
 
 
-def test_no_preflight_skips_every_check(tmp_path: Path) -> None:
-    """With --no-preflight the run starts (here: on an empty dataset, which it finishes)."""
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    result = CliRunner().invoke(cli, eval_args(tmp_path, "--no-preflight", dataset=empty))
-    assert "gives no instances" not in result.output, result.output
+def test_no_preflight_skips_every_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --no-preflight the run starts, although the preflight would refuse its image."""
+
+    def run_evaluations(*_args: Any, **_kwargs: Any) -> None:
+        raise Stopped
+
+    monkeypatch.setattr(eval_cmd, "run_evaluations", run_evaluations)
+    missing = str(tmp_path / "no-rootfs")
+    code, _, output = _errors(eval_args(tmp_path, "--image", missing))
+    assert code == 2 and "no-rootfs" in output  # the preflight refuses it ...
+    result = CliRunner().invoke(cli, eval_args(tmp_path, "--image", missing, "--no-preflight"))
+    assert isinstance(result.exception, Stopped), result.output  # ... and is skipped
     assert "sandlot eval" in result.output  # the run's own banner: it started

@@ -153,9 +153,9 @@ def _invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
+def test_bad_input_is_a_one_line_error(tmp_path: Path, dataset: Path) -> None:
     good_config = write_config(tmp_path / "good.yaml")
-    instances = str(SWE_MINI / "instances.jsonl")
+    instances = str(dataset)
     base = ["--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--output", str(tmp_path / "o")]
 
     code, out = _invoke("rollout", "--dataset", "nope.jsonl", "--config", str(good_config), *base)
@@ -204,7 +204,7 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()  # nothing written before the input was checked
 
 
-def test_an_output_dir_of_another_model_is_refused(tmp_path: Path) -> None:
+def test_an_output_dir_of_another_model_is_refused(tmp_path: Path, dataset: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "trajectories.jsonl").write_text(
@@ -219,9 +219,7 @@ def test_an_output_dir_of_another_model_is_refused(tmp_path: Path) -> None:
     )
     config = write_config(tmp_path / "c.yaml")
     url = "http://127.0.0.1:9/v1"  # never asked: the output is refused first
-    code, output = _invoke(
-        *rollout_args(SWE_MINI / "instances.jsonl", config, url, out, "--no-preflight")
-    )
+    code, output = _invoke(*rollout_args(dataset, config, url, out, "--no-preflight"))
     assert code == 2 and "another model" in output and "other" in output
 
 
