@@ -11,16 +11,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sandlot.cli.backend_choice import chosen_backend
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.cli.gc_cmd import leak_note
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
-from sandlot.errors import BackendNotFoundError
 from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import RunOutcome, run_evaluations
 from sandlot.sandboxes.labels import use_run_id
-from sandlot.sandboxes.registry import get_backend, resolve_backend_name
+from sandlot.sandboxes.registry import get_backend
 
 
 def split_ids(values: tuple[str, ...]) -> list[str]:
@@ -122,11 +122,7 @@ def eval_command(
 ) -> None:
     """Evaluate model patches on SWE-bench style instances and write SWE-bench style reports."""
     console = Console(stderr=True)
-    try:
-        backend_name = resolve_backend_name(backend)
-        get_backend(backend_name)
-    except BackendNotFoundError as exc:
-        raise click.BadParameter(str(exc), param_hint="--backend") from exc
+    backend_name = chosen_backend(backend)
     try:
         instances = _select(load_instances(dataset), split_ids(instance_ids))
         if image:

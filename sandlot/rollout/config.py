@@ -46,9 +46,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandlot.datasets.prompts import PROMPT_FIELDS
-from sandlot.errors import SandlotError
+from sandlot.errors import BackendNotFoundError, SandlotError
 from sandlot.rollout.generation import GenerationConfig
-from sandlot.sandboxes.registry import available_backends, get_backend, resolve_backend_name
+from sandlot.sandboxes.registry import (
+    available_backends,
+    backend_source,
+    check_backend_name,
+    get_backend,
+    resolve_backend_name,
+)
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.settings import settings
 from sandlot.tools.parsers import PARSERS
@@ -93,9 +99,19 @@ class SandboxConfig(BaseModel):
         return value
 
     def resolved_backend(self) -> str:
-        """``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``, then this block's ``backend``."""
+        """``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``, then this block's ``backend``.
+
+        Raises:
+            ConfigError: the variable names no backend (the message says which, lists the
+                known ones and the fix).
+        """
         override = settings().backend or settings().deployment
-        return resolve_backend_name(override or self.backend)
+        name = resolve_backend_name(override or self.backend)
+        try:
+            check_backend_name(name, backend_source(None))
+        except BackendNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        return name
 
     def options_for(self, backend: str) -> BaseModel:
         """``backend``'s options from the ``options`` block, validated by its ``Options`` model.
