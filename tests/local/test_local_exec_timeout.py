@@ -13,11 +13,6 @@ import sandlot
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.parametrize("timeout", [0, -1, -0.5, math.nan, -math.inf])
 async def test_a_timeout_that_is_not_positive_is_refused(timeout: float) -> None:
     sb = sandlot.open("local", isolation="none")  # not started: the check comes first
