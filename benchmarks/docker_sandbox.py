@@ -1,6 +1,6 @@
 """sandlot's docker backend against the raw docker SDK, on the same engine in one run.
 
-    eval "$(bash ../shared/ci/container-engine.sh)"     # or any Docker Engine via DOCKER_HOST
+    export DOCKER_HOST=...   # any Docker API engine (docs/docker.md); unset: the default socket
     python benchmarks/docker_sandbox.py [--rounds 30] [--execs 100] [--image IMAGE]
 
 Measures, as median and p95 in milliseconds:

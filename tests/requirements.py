@@ -49,7 +49,10 @@ SWEREX = "pip install -e '.[bench]'"
 TEST = "pip install -e '.[test]'"
 TRAIN = "pip install torch, then pip install -e '.[train]' (see .ci/run)"
 BWRAP = "apt-get install bubblewrap"
-ENGINE = 'eval "$(bash ../shared/ci/container-engine.sh)"'
+ENGINE = (
+    "a Docker API engine (Docker, or `podman system service`) with the test image: see "
+    '"Tests and benchmark" in docs/docker.md'
+)
 
 TEST_IMAGE = os.environ.get("SANDLOT_TEST_IMAGE", "localhost/sandlot-base:bookworm")
 

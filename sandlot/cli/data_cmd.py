@@ -16,7 +16,9 @@ from rich.table import Table
 
 from sandlot.datasets.command import prepare_command, print_summary
 from sandlot.datasets.convert import SOURCES, convert_file
+from sandlot.datasets.errors import DatasetError
 from sandlot.datasets.images import ROW_BACKENDS
+from sandlot.datasets.loaders import load_instances
 from sandlot.datasets.prepare import Preprocessor
 from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.uni_agent import LAYOUT as UNI_AGENT
@@ -60,7 +62,14 @@ def prepare_group() -> None:
 @data_group.command("validate")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def validate_command(file: Path) -> None:
-    """Check every row of FILE; print each problem with its fix, or a summary."""
+    """Check every row of FILE; print each problem with its fix, or a summary.
+
+    FILE is a parquet file of rows (`sandlot data prepare`), or SWE-bench instances
+    (.jsonl/.json), checked as `sandlot eval` and `sandlot rollout` read them.
+    """
+    if file.suffix in (".jsonl", ".json"):  # instances; rows are parquet
+        _validate_instances(file)
+        return
     console = Console(stderr=True)
     report = validate_file(file)
     if report.layout == UNI_AGENT:
@@ -79,6 +88,21 @@ def validate_command(file: Path) -> None:
     if len(report.errors) > _MAX_ERRORS_SHOWN:
         click.echo(f"... and {len(report.errors) - _MAX_ERRORS_SHOWN} more", err=True)
     raise click.ClickException(f"{file}: {len(report.errors)} problem(s) in {report.rows} rows")
+
+
+def _validate_instances(file: Path) -> None:
+    """Load every instance of ``file``; the first bad record is the error (file, line, field).
+
+    Raises:
+        click.ClickException: a record is not a valid instance, or there is none.
+    """
+    try:
+        count = len(load_instances(file))
+    except DatasetError as exc:
+        raise click.ClickException(f"{exc} (fix that record)") from None
+    if count == 0:
+        raise click.ClickException(f"{file}: no instances (one JSON object per line)")
+    click.echo(f"{file}: {count} instances OK")
 
 
 @data_group.command("convert")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sandlot.cli.backend_choice import chosen_backend
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.cli.eval_exit import eval_exit
 from sandlot.cli.exit_codes import ExitCode, InputError, OutputError, write_failure
@@ -18,13 +19,12 @@ from sandlot.cli.gc_cmd import leak_note
 from sandlot.cli.repo_mirror import mirror_dir, repo_mirror_option, settle_sources
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
-from sandlot.errors import BackendNotFoundError
 from sandlot.preflight import exit_on, no_preflight_option, run_problems
 from sandlot.rewards.predictions import Prediction, load_predictions
 from sandlot.rewards.result import EvalResult, EvalStatus
 from sandlot.rewards.runner import RunOutcome, run_evaluations
 from sandlot.sandboxes.labels import use_run_id
-from sandlot.sandboxes.registry import get_backend, resolve_backend_name
+from sandlot.sandboxes.registry import get_backend
 
 _LOGS_SHOWN = 10
 
@@ -183,11 +183,7 @@ def eval_command(
     could not be written, 130 interrupted (see the README).
     """
     console = Console(stderr=True)
-    try:
-        backend_name = resolve_backend_name(backend)
-        get_backend(backend_name)
-    except BackendNotFoundError as exc:
-        raise click.BadParameter(str(exc), param_hint="--backend") from exc
+    backend_name = chosen_backend(backend)
     sources = split_predictions(predictions)
     instances, pred_sets = _load(dataset, sources, split_ids(instance_ids), image)
     needed = _needing_repo(instances, pred_sets)

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from sandlot.cli.backend_choice import chosen_backend
 from sandlot.errors import SandboxError
 from sandlot.sandboxes import leaks
 from sandlot.sandboxes.labels import owner as this_owner
@@ -24,7 +25,6 @@ from sandlot.sandboxes.reaper import (
     reap_leaked,
     select,
 )
-from sandlot.sandboxes.registry import resolve_backend_name
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -158,7 +158,9 @@ def gc_command(
             )
         _collect_leaked(backend, run_id, settings, dry_run)
         return
-    name = resolve_backend_name(backend)
+    # A name from the environment is checked here, to say which variable set it; --backend's
+    # name is get_reaper's to check.
+    name = backend.strip().lower() if backend else chosen_backend(None)
     me = None if any_owner else this_owner()
     console = Console()
     try:

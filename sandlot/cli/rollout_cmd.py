@@ -30,6 +30,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from sandlot.cli.backend_choice import chosen_backend
 from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.cli.eval_cmd import split_ids
 from sandlot.cli.exit_codes import ExitCode, InputError, OutputError, write_failure
@@ -37,7 +38,7 @@ from sandlot.cli.gc_cmd import leak_note
 from sandlot.cli.repo_mirror import mirror_dir, repo_mirror_option, settle_sources
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
-from sandlot.errors import BackendNotFoundError, SandboxError
+from sandlot.errors import SandboxError
 from sandlot.preflight import Endpoint, exit_on, no_preflight_option, run_problems
 from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config, with_flags
 from sandlot.rollout.display import LiveDisplay
@@ -282,12 +283,10 @@ def rollout_command(
         )
     except ConfigError as exc:
         raise InputError(f"{config_path}: {exc}") from None
-    backend_name = backend.strip().lower() if backend else config.sandbox.resolved_backend()
+    backend_name = chosen_backend(backend, config.sandbox.backend)
     try:
         backend_cls = get_backend(backend_name)
         options = config.sandbox.options_for(backend_name)
-    except BackendNotFoundError as exc:
-        raise click.BadParameter(str(exc), param_hint="--backend") from None
     except ConfigError as exc:
         raise InputError(f"{config_path}: {exc}") from None
     rows = _load(dataset, backend_name, image, split_ids(instance_ids))

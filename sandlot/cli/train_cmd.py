@@ -205,7 +205,10 @@ def _preflight(opts: Any, cfg: Any) -> None:
     except ConnectionError as exc:
         found = [preflight.Problem("ray cluster", str(exc), "run --preflight on the head node")]
     record("ray cluster", found)
-    backend = config.sandbox.resolved_backend()
+    try:
+        backend = config.sandbox.resolved_backend()
+    except ConfigError as exc:  # $SANDLOT_BACKEND or $DEPLOYMENT names no backend
+        raise click.ClickException(str(exc)) from None
     record(f"{backend} credentials", preflight.credential_problems(config))
     record("trainer.logger", preflight.logger_problems(cfg))
     found, seconds = anyio.run(preflight.sandbox_problems, config, opts.train_file)

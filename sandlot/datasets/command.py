@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
@@ -39,6 +40,9 @@ def _backend_option(pre: Preprocessor) -> Any:
         try:
             backend = resolve_row_backend(value)
         except UnknownBackendError as exc:
+            if ctx.get_parameter_source("backend") is ParameterSource.ENVIRONMENT:
+                # Not the flag's value: "Invalid value for --backend" would hide the culprit.
+                raise click.ClickException(f"${DEPLOYMENT_ENV}: {exc}") from None
             raise click.BadParameter(str(exc)) from None
         if backend not in pre.backends:
             raise click.BadParameter(

@@ -20,6 +20,7 @@ row's environment gives the agent and the tests the same interpreter without a l
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Literal, get_args
 
@@ -69,8 +70,10 @@ def resolve_row_backend(value: str | None = None) -> RowBackend:
     for known in ROW_BACKENDS:
         if name == known:
             return known
+    close = difflib.get_close_matches(name, ROW_BACKENDS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise UnknownBackendError(
-        f"unknown backend {raw!r}; set {DEPLOYMENT_ENV} (or --backend) to one of: "
+        f"unknown backend {raw!r}{hint}; set {DEPLOYMENT_ENV} (or --backend) to one of: "
         f"{', '.join(ROW_BACKENDS)}"
     )
 

@@ -120,7 +120,8 @@ def validate_file(path: str | os.PathLike[str]) -> ValidationReport:
     try:
         parquet = pq.ParquetFile(report.path)
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError subclasses
-        report.errors.append(Problem(None, "<file>", f"not a parquet file ({exc})", _REMAKE))
+        problem = f"not a parquet file ({exc})"
+        report.errors.append(Problem(None, report.path.name, problem, _REMAKE))
         return report
     actual = parquet.schema_arrow
     expected = row_arrow_schema()

@@ -37,18 +37,25 @@ backend-neutral ``SandboxSpec``.
 
 from __future__ import annotations
 
+import difflib
 import os
 import string
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandlot.datasets.prompts import PROMPT_FIELDS
-from sandlot.errors import SandlotError
+from sandlot.errors import BackendNotFoundError, SandlotError
 from sandlot.rollout.generation import GenerationConfig
-from sandlot.sandboxes.registry import available_backends, get_backend, resolve_backend_name
+from sandlot.sandboxes.registry import (
+    available_backends,
+    backend_source,
+    check_backend_name,
+    get_backend,
+    resolve_backend_name,
+)
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.settings import settings
 from sandlot.tools.parsers import PARSERS
@@ -89,13 +96,27 @@ class SandboxConfig(BaseModel):
                 f"{', '.join(row_owned)}: set by each row, not by the config; "
                 f"allowed here: {', '.join(sorted(set(SandboxSpec.model_fields) - _ROW_FIELDS))}"
             )
-        SandboxSpec.model_validate(value)  # unknown keys and bad values fail at load
+        allowed = sorted(set(SandboxSpec.model_fields) - _ROW_FIELDS)
+        unknown = sorted(set(value) - set(SandboxSpec.model_fields))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: {unknown_key_message(unknown[0], allowed)}")
+        SandboxSpec.model_validate(value)  # bad values fail at load
         return value
 
     def resolved_backend(self) -> str:
-        """``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``, then this block's ``backend``."""
+        """``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``, then this block's ``backend``.
+
+        Raises:
+            ConfigError: the variable names no backend (the message says which, lists the
+                known ones and the fix).
+        """
         override = settings().backend or settings().deployment
-        return resolve_backend_name(override or self.backend)
+        name = resolve_backend_name(override or self.backend)
+        try:
+            check_backend_name(name, backend_source(None))
+        except BackendNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        return name
 
     def options_for(self, backend: str) -> BaseModel:
         """``backend``'s options from the ``options`` block, validated by its ``Options`` model.
@@ -111,7 +132,8 @@ class SandboxConfig(BaseModel):
         try:
             return cls.Options.model_validate(self.options.get(backend, {}))
         except ValidationError as exc:
-            raise ConfigError(_describe(exc, prefix=f"sandbox.options.{backend}")) from None
+            where = f"sandbox.options.{backend}"
+            raise ConfigError(_describe(exc, cls.Options, prefix=where)) from None
 
 
 class PromptConfig(BaseModel):
@@ -255,19 +277,59 @@ def with_flags(block: Block, name: str, **flags: Any) -> Block:
     try:
         return type(block).model_validate({**block.model_dump(), **given})
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, prefix=name)) from None
+        raise ConfigError(_describe(exc, type(block), prefix=name)) from None
 
 
 def _default_tools() -> list[str | dict[str, Any]]:
     return [*DEFAULT_TOOLS]
 
 
-def _describe(exc: ValidationError, prefix: str = "") -> str:
+def _describe(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
+    """``exc``'s errors as ``key.path: message`` joined by ``; ``; an unknown key (``model``
+    validated the data) lists the keys allowed at its level and the closest one."""
     lines = []
     for error in exc.errors(include_url=False):
         path = ".".join(str(p) for p in (prefix, *error["loc"]) if p != "")
-        lines.append(f"{path or '<top>'}: {error['msg']}")
+        message = error["msg"]
+        if error["type"] == "value_error":  # our own message, without pydantic's prefix
+            message = str(error.get("ctx", {}).get("error", message))
+        elif error["type"] == "extra_forbidden":
+            allowed = _keys_at(model, error["loc"][:-1])
+            message = unknown_key_message(str(error["loc"][-1]), allowed)
+        lines.append(f"{path or '<top>'}: {message}")
     return "; ".join(lines)
+
+
+def unknown_key_message(key: str, allowed: list[str] | None) -> str:
+    """``unknown key`` with the closest allowed key (``difflib``) and the allowed ones, sorted.
+
+    Args:
+        key: the key that is not allowed.
+        allowed: the keys allowed at its level; ``None`` when unknown.
+    """
+    if not allowed:
+        return "unknown key"
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key{hint}; allowed: {', '.join(sorted(allowed))}"
+
+
+def _keys_at(model: type[BaseModel], path: tuple[int | str, ...]) -> list[str] | None:
+    """The keys of the model reached from ``model`` along ``path`` (nested model fields);
+    ``None`` when the path leads to something else (a list, a free-form mapping)."""
+    for part in path:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        nested = [
+            a
+            for a in (field.annotation, *get_args(field.annotation))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
+        if not nested:
+            return None
+        model = nested[0]
+    return [field.alias or name for name, field in model.model_fields.items()]
 
 
 def parse_agent_config(data: Any, *, source: str = "agent config") -> AgentConfig:
@@ -286,7 +348,7 @@ def parse_agent_config(data: Any, *, source: str = "agent config") -> AgentConfi
                 raise ConfigError(f"sandbox.options.{backend}: unknown backend; allowed: {known}")
             config.sandbox.options_for(backend)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
+        raise ConfigError(f"{source}: {_describe(exc, AgentConfig)}") from None
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return config

@@ -522,8 +522,9 @@ class Sandbox(Transport):
 
         Args:
             cmd: a shell command line, or an argv list (quoted for the shell).
-            timeout: wall-clock limit in seconds; ``None`` for no limit. At the limit the command
-                and every process it started are killed and the partial output is returned.
+            timeout: wall-clock limit in seconds (> 0); ``None`` for no limit. At the limit the
+                command and every process it started are killed and the partial output is
+                returned.
             cwd: working directory inside the sandbox; relative ones start at
                 ``spec.workdir`` (the default). A missing one fails the command (exit status 1
                 or 2 and a message on stderr).
@@ -538,9 +539,16 @@ class Sandbox(Transport):
             discarded the remaining M bytes]``. A command killed by signal N exits ``128 + N``.
 
         Raises:
+            ValueError: ``timeout`` is zero, negative or NaN (before anything runs).
             SandboxDeadError: the sandbox is closed or died.
             SandboxError: an infrastructure fault of the backend.
         """
+        # `not > 0` also catches NaN; 0 would stop the command as soon as it started.
+        if timeout is not None and not timeout > 0:
+            raise ValueError(
+                "exec(timeout=...) must be a positive number of seconds, or None for no limit; "
+                f"got {timeout!r}"
+            )
         self._check_usable()
         began = time.monotonic()
         run = RunRequest(

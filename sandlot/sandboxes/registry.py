@@ -10,6 +10,7 @@ Backend classes are imported lazily, so a cloud SDK is imported only when its ba
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 from importlib.metadata import entry_points
@@ -56,22 +57,61 @@ def resolve_backend_name(name: str | None = None) -> str:
     return DEFAULT_BACKEND
 
 
+def backend_source(name: str | None = None) -> str | None:
+    """Where :func:`resolve_backend_name` takes its answer from: ``"$SANDLOT_BACKEND"`` or
+    ``"$DEPLOYMENT"``; ``None`` when it is ``name`` itself or the default."""
+    if name:
+        return None
+    env = settings()
+    if env.backend:
+        return "$SANDLOT_BACKEND"
+    return "$DEPLOYMENT" if env.deployment else None
+
+
+def check_backend_name(name: str, source: str | None = None) -> None:
+    """Raise unless ``name`` (already resolved: stripped, lower case) is a known backend.
+
+    Args:
+        name: the backend name.
+        source: where the name was set, for the message (``"$SANDLOT_BACKEND"``, a config
+            file's key, ...); ``None`` when the caller passed it (``--backend``, ``backend=``).
+
+    Raises:
+        BackendNotFoundError: unknown name; the message names where it was set, the known
+            backends, the closest one and how to fix it.
+    """
+    if name in _registered or name in _BUILTIN or name in _entry_point_targets():
+        return
+    known = available_backends()
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if source is None:
+        where, fix = "", f"other backends register in the {ENTRY_POINT_GROUP!r} entry-point group"
+    else:
+        where = f" (set by {source})"
+        if source.startswith("$"):
+            suggestion = close[0] if close else DEFAULT_BACKEND
+            fix = f"fix or unset {source[1:]} (e.g. `export {source[1:]}={suggestion}`)"
+        else:
+            fix = f"fix {source}"
+        fix += ", or name a backend with --backend (backend= in Python)"
+    raise BackendNotFoundError(
+        f"unknown sandbox backend {name!r}{where}; known backends: {', '.join(known)}{hint}; {fix}"
+    )
+
+
 def get_backend(name: str | None = None) -> type[Sandbox]:
     """Return the ``Sandbox`` subclass for ``name`` (resolved with :func:`resolve_backend_name`).
 
     Raises:
-        BackendNotFoundError: no backend has that name; the message lists the known ones.
+        BackendNotFoundError: no backend has that name; the message says where the name came
+            from (``name``, ``$SANDLOT_BACKEND`` or ``$DEPLOYMENT``) and lists the known ones.
     """
     resolved = resolve_backend_name(name)
+    check_backend_name(resolved, backend_source(name))
     if resolved in _registered:
         return _registered[resolved]
-    target = _BUILTIN.get(resolved) or _entry_point_targets().get(resolved)
-    if target is None:
-        raise BackendNotFoundError(
-            f"unknown sandbox backend {resolved!r}; known backends: "
-            f"{', '.join(available_backends())}. Set it with --backend, SANDLOT_BACKEND or "
-            f"DEPLOYMENT, or register one in the {ENTRY_POINT_GROUP!r} entry-point group."
-        )
+    target = _BUILTIN.get(resolved) or _entry_point_targets()[resolved]
     module_name, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
     if not (isinstance(cls, type) and issubclass(cls, Sandbox)):

@@ -56,7 +56,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from fakes.jail import jail_argv, make_root
+from fakes.jail import default_signals, jail_argv, make_root
 
 _CHUNK = 64 * 1024
 _MARKER = "FAKE_MODAL_SANDBOX"
@@ -317,6 +317,7 @@ class FakeSandbox:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            preexec_fn=default_signals,
         )
 
     async def _exec(

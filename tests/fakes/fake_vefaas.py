@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlparse
 
-from fakes.jail import jail_argv, make_root
+from fakes.jail import default_signals, jail_argv, make_root
 
 AK, SK = "fake-ak", "fake-sk"
 STS_AK, STS_SK, STS_TOKEN = "fake-sts-ak", "fake-sts-sk", "fake-sts-session-token"
@@ -392,6 +392,7 @@ class FakeVefaas:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=default_signals,
             ).result()
         inst = Instance(
             sandbox_id, FUNCTION_ID, info["Image"], body.get("Metadata") or {}, port, root, process

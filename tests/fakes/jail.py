@@ -11,6 +11,7 @@ with this very interpreter.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -70,6 +71,16 @@ def jail_argv(
         argv += ["--setenv", key, value]
     argv += ["--chdir", cwd, "--"]
     return argv
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a fake container's process: every signal at its default action, none
+    blocked, as a container runtime starts its processes (bwrap keeps what it inherits, e.g. a
+    background job's ignored SIGINT).
+    """
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 def make_root(parent: Path, name: str) -> Path:

@@ -81,12 +81,12 @@ def bad(data: dict[str, Any]) -> str:
 
 
 def test_an_unknown_block_is_named() -> None:
-    assert "cfg.yaml: interactoin: Extra inputs are not permitted" in bad({"interactoin": {}})
+    assert "cfg.yaml: interactoin: unknown key" in bad({"interactoin": {}})
 
 
 def test_an_unknown_nested_key_is_named() -> None:
     message = bad({"interaction": {"max_turn": 5}})
-    assert "interaction.max_turn: Extra inputs are not permitted" in message
+    assert "interaction.max_turn: unknown key" in message
 
 
 def test_an_out_of_range_value_names_its_path() -> None:
@@ -121,13 +121,13 @@ def test_backend_options_are_checked_by_the_backends_model() -> None:
     assert "sandbox.options.docker.pull" in message
     assert "'missing', 'always' or 'never'" in message
     message = bad({"sandbox": {"backend": "local", "options": {"local": {"isolaton": "none"}}}})
-    assert "sandbox.options.local.isolaton: Extra inputs are not permitted" in message
+    assert "sandbox.options.local.isolaton: unknown key" in message
 
 
 def test_inactive_backend_blocks_are_checked_too() -> None:
     """A typo in the modal block fails at load, not when DEPLOYMENT=modal picks it later."""
     message = bad({"sandbox": {"backend": "local", "options": {"modal": {"app": "x"}}}})
-    assert "sandbox.options.modal.app: Extra inputs are not permitted" in message
+    assert "sandbox.options.modal.app: unknown key" in message
     message = bad({"sandbox": {"options": {"k8s": {}}}})
     assert "sandbox.options.k8s: unknown backend; allowed: " in message
     assert lists_the_backends(message)
@@ -185,9 +185,9 @@ def test_an_unknown_backend_from_the_environment_names_the_backends(
 ) -> None:
     config = load_agent_config(EXAMPLES / "local.yaml")
     monkeypatch.setenv("DEPLOYMENT", "k8s")
-    with pytest.raises(ConfigError, match="unknown backend 'k8s'; allowed: ") as info:
+    with pytest.raises(ConfigError, match=r"backend 'k8s' \(set by \$DEPLOYMENT\)") as info:
         config.sandbox.options_for(config.sandbox.resolved_backend())
-    assert lists_the_backends(str(info.value))
+    assert "known backends: docker, local, modal, vefaas;" in str(info.value)
 
 
 # ----------------------------------------------------------------------------- the model client
@@ -205,5 +205,5 @@ def test_the_client_block_defaults_and_overrides() -> None:
 
 
 def test_an_unknown_client_key_is_named() -> None:
-    with pytest.raises(ConfigError, match=r"client\.max_retries: Extra inputs"):
+    with pytest.raises(ConfigError, match=r"client\.max_retries: unknown key; allowed: backoff_s"):
         parse_agent_config({"client": {"max_retries": 5}})

@@ -9,7 +9,8 @@ from sandlot.rollout.generation import GenerationConfig
 
 
 def test_a_misspelt_key_is_named() -> None:
-    with pytest.raises(ConfigError, match=r"generation\.temprature: Extra inputs"):
+    misspelt = r"generation\.temprature: unknown key \(did you mean 'temperature'\?\)"
+    with pytest.raises(ConfigError, match=misspelt):
         parse_agent_config({"generation": {"temprature": 0.7}})
     with pytest.raises(ConfigError, match=r"generation\.top_p: Input should be less than"):
         parse_agent_config({"generation": {"top_p": 1.5}})

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-ENGINE_SCRIPT_HINT = 'eval "$(bash ../shared/ci/container-engine.sh)"'
-
 _limiter: RunVar[anyio.CapacityLimiter] = RunVar("sandlot_docker_api_limiter")
 _clients: dict[str, DockerClient] = {}  # by address; "" is the SDK's default socket
 _clients_lock = threading.Lock()
@@ -93,10 +91,10 @@ def unreachable(base_url: str | None, exc: BaseException) -> EngineUnreachableEr
     """The error for an engine that does not answer, with how to start one."""
     return EngineUnreachableError(
         f"cannot reach the container engine at {describe_address(base_url)}: {exc}. "
-        "Start an engine and point DOCKER_HOST at it: Docker Desktop / `systemctl start docker`, "
-        "or Podman's API (`podman system service unix:///tmp/podman.sock` and "
-        "DOCKER_HOST=unix:///tmp/podman.sock); in the sandlot repository run "
-        f"`{ENGINE_SCRIPT_HINT}`."
+        "Start a Docker API engine and point DOCKER_HOST at it: Docker (`systemctl start "
+        "docker`, or Docker Desktop), or Podman's API (`podman system service --time=0 "
+        "unix:///tmp/podman.sock &` and `export DOCKER_HOST=unix:///tmp/podman.sock`); "
+        "see docs/docker.md."
     )
 
 

@@ -57,6 +57,14 @@ _BUF = 1 << 20
 _KILL_PASSES = 50
 _PR_SET_DUMPABLE = 4
 _RESERVED_PIDS = 300
+# Every command starts with every signal at its default action and none blocked, as a container
+# runtime starts its processes: dispositions and the mask are inherited across fork and exec,
+# and Python ignores SIGPIPE and SIGXFSZ, a background job's parent (`nohup`, `cmd &` in a
+# script) SIGINT and SIGQUIT. A shell that inherits an ignored SIGINT cannot trap it, so a
+# session's timeout would have to kill it. SIGKILL and SIGSTOP cannot be caught or ignored.
+_DEFAULT_SIGNALS = tuple(
+    sig for sig in _signal.valid_signals() if sig not in (_signal.SIGKILL, _signal.SIGSTOP)
+)
 
 
 def _limits(spec: str) -> list[tuple[int, int, int]]:
@@ -76,9 +84,9 @@ def _child(fields: list[bytes], fds: list[int], limits: list[tuple[int, int, int
         # syscall per number on kernels without close_range).
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-        # Python ignores SIGPIPE and SIGXFSZ; commands get the default dispositions.
-        for sig in (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ):
+        for sig in _DEFAULT_SIGNALS:  # see _DEFAULT_SIGNALS
             _signal.signal(sig, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         cwd, argv, env = _request(fields)
         try:
             for kind, soft, hard in limits:
@@ -142,7 +150,8 @@ def _spawn(fields: list[bytes], fds: list[int]) -> int:
             env,
             file_actions=actions,
             setsid=True,
-            setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD),
+            setsigdef=_DEFAULT_SIGNALS,  # see _DEFAULT_SIGNALS
+            setsigmask=(),
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         os.write(fds[2], f"sandlot: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
