@@ -34,6 +34,7 @@ EXTENSIONS = ("json", "jsonl", "log", "parquet", "html", "txt")
 
 INPUTS = {
     "preds.jsonl": "the user's predictions (README's eval example)",
+    "rows.jsonl": "the user's own SWE-bench-style rows (README's --repo-mirror example)",
     "a.jsonl": "the user's predictions (docs/groups.md)",
     "b.jsonl": "the user's predictions (docs/groups.md)",
     "train.parquet": "the user's training rows",

@@ -17,6 +17,7 @@ import click
 import pytest
 from click.testing import CliRunner
 from requirements import TEST_IMAGE, bwrap_missing, docker_engine, needs
+from swe_mini_copy import swe_mini_copy
 
 from sandlot.cli import gc_cmd
 from sandlot.cli.main import cli
@@ -272,9 +273,6 @@ def test_gc_removes_everything_a_kill_9_run_left_on_docker(tmp_path: Path) -> No
     assert client.api.containers(all=True, filters=label) == []
 
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-mini"
-
-
 def test_eval_labels_its_sandboxes_with_the_run_id_the_user_chose(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -295,7 +293,7 @@ def test_eval_labels_its_sandboxes_with_the_run_id_the_user_chose(
             [
                 "eval",
                 "--dataset",
-                str(EXAMPLES / "instances.jsonl"),
+                str(swe_mini_copy(tmp_path)),
                 "--predictions",
                 "gold",
                 "--backend",
@@ -316,7 +314,7 @@ def test_eval_labels_its_sandboxes_with_the_run_id_the_user_chose(
         assert not fake.live()
     finally:
         fake.close()
-    args = ["--dataset", str(EXAMPLES / "instances.jsonl"), "--predictions", "gold"]
+    args = ["--dataset", str(tmp_path / "instances.jsonl"), "--predictions", "gold"]
     bad = CliRunner().invoke(cli, ["eval", *args, "--run-id", "no spaces/please"])
     assert bad.exit_code == 2 and "--run-id" in bad.output and "letters, digits" in bad.output
 
@@ -340,7 +338,7 @@ def test_rollout_labels_its_sandboxes_with_the_run_id_the_user_chose(
     args = [
         "rollout",
         "--dataset",
-        str(EXAMPLES / "instances.jsonl"),
+        str(swe_mini_copy(tmp_path)),
         "--config",
         str(config),
         "--base-url",

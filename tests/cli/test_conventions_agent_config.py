@@ -44,7 +44,7 @@ def test_unknown_keys_list_the_allowed_ones(tmp_path: Path, yaml_text: str, expe
     config.write_text(yaml_text)
     args = ["rollout", "--dataset", str(DATASET), "--config", str(config)]
     result = CliRunner().invoke(cli, [*args, "--base-url", "http://127.0.0.1:9/v1", "--model", "m"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     [line] = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert line.startswith(f"Error: {config}: ") and expected in line
     assert "Traceback" not in result.output and "Extra inputs" not in line

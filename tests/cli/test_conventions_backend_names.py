@@ -37,7 +37,7 @@ def test_a_typo_in_the_environment_names_the_variable(
     monkeypatch.delenv("DEPLOYMENT", raising=False)
     monkeypatch.setenv(variable, "lcoal")
     result = CliRunner().invoke(cli, COMMANDS[command])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     [line] = _error_lines(result.output)
     assert f"unknown sandbox backend 'lcoal' (set by ${variable})" in line

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from requirements import MODAL, docker_engine_missing, importable, needs
+from swe_mini_copy import SWE_MINI_ROWS, swe_mini_copy
 
 import sandlot.cli.eval_cmd as eval_cmd
 import sandlot.cli.rollout_cmd as rollout_cmd
@@ -28,21 +29,13 @@ import sandlot.preflight.output as preflight_output
 from sandlot.cli.main import cli
 from sandlot.preflight import Problem
 
-_SWE_MINI_ROWS = Path(__file__).resolve().parents[2] / "examples" / "swe-mini" / "instances.jsonl"
-SWE_MINI = _SWE_MINI_ROWS  # replaced by _swe_mini_copy: a copy whose repositories exist
+SWE_MINI = SWE_MINI_ROWS  # replaced by _swe_mini_copy: a copy whose repositories exist
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _swe_mini_copy(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """swe-mini's rows beside empty directories at their ``repo_source`` paths: the commands
-    refuse a row whose repository is missing before the preflight runs, and the preflight
-    itself never reads a repository."""
     global SWE_MINI
-    root = tmp_path_factory.mktemp("swe-mini")
-    for line in _SWE_MINI_ROWS.read_text().splitlines():
-        (root / json.loads(line)["repo_source"]).mkdir(parents=True, exist_ok=True)
-    SWE_MINI = root / "instances.jsonl"
-    SWE_MINI.write_text(_SWE_MINI_ROWS.read_text())
+    SWE_MINI = swe_mini_copy(tmp_path_factory.mktemp("swe-mini"))
 
 
 class Stopped(Exception):
