@@ -263,3 +263,18 @@ def test_the_script_command_is_the_one_4_1_composes_from_its_specs(
     assert resolve_test_cmd(Instance(**inst.model_dump(), eval_script="\n".join(lines))) == (
         from_script
     )
+
+
+@pytest.mark.skipif(not SWEBENCH_5, reason="swebench 5.x's SUITE_RAN check")
+def test_under_swebench_5_a_fail_only_row_whose_suite_never_ran_is_not_resolved(
+    task_repo: Path,
+) -> None:
+    inst = Instance(**rows(task_repo)["acme__widget-1"])  # fail_only
+    graded = grade(
+        inst,
+        "error: browser failed to launch\n",
+        parser=resolve_log_parser(inst),
+        tests_exit_code=0,
+    )
+    assert not graded.resolved
+    assert "no sign that a test suite ran" in graded.warnings[-1]
