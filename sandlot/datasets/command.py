@@ -86,7 +86,8 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         "--input",
         "input_",
         default=None,
-        help=f"A local .jsonl/.json/.parquet file of source rows, or a Hugging Face dataset id "
+        help=f"A local .jsonl/.json/.parquet file of source rows, a swebench 5.x task "
+        f"repository (a directory with tasks/), or a Hugging Face dataset id "
         f"[default: {pre.hf_id}].",
     )
     @click.option("--split", default=pre.default_split, show_default=True, help="Hub split.")

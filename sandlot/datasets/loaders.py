@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from sandlot.datasets.errors import DatasetError
 from sandlot.datasets.instance import Instance, is_remote_source
 from sandlot.datasets.rows import TaskRow
+from sandlot.datasets.swebench_tasks import is_task_repo
 from sandlot.datasets.validate import consistency_problems
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -100,6 +101,12 @@ def walk_dataset(path: str | os.PathLike[str]) -> Iterator[DatasetEntry]:
             record, or a repeated ``instance_id`` (naming where it was first seen).
     """
     root = Path(path)
+    if is_task_repo(root):
+        raise DatasetError(
+            root,
+            "is a swebench task repository, not a dataset file; make its rows with: sandlot "
+            f"data prepare swe_bench_verified --input {root} (add --backend and its options)",
+        )
     if root.is_dir():
         files = sorted(p for p in root.iterdir() if p.is_file() and p.suffix in SUFFIXES)
         if not files:

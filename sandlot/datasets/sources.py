@@ -5,7 +5,9 @@
 dataset id (``owner/name``), loaded with ``datasets.load_dataset(id, split=split)``
 (``sandlot[data]``; imported only then, and it needs the Hub or a local Hugging Face cache).
 
-Local files hold the source's own rows as the Hugging Face dataset exports them, in the shapes
+A directory holding ``tasks/`` is a swebench 5.x task repository: one record per
+``tasks/<instance_id>/`` (:mod:`sandlot.datasets.swebench_tasks`). Local files hold the source's
+own rows as the Hugging Face dataset exports them, in the shapes
 :func:`sandlot.datasets.loaders.iter_records` reads (JSONL, a JSON list, parquet). ``split`` only
 applies to Hugging Face ids. Each record comes with its position (``"line 3"``, ``"row 7"``,
 ``"<id>[<split>] row 7"``) for error messages.
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.datasets.loaders import SUFFIXES, DatasetError, iter_records
+from sandlot.datasets.swebench_tasks import is_task_repo, iter_task_records
 
 Record = tuple[str, Any]
 
@@ -36,12 +39,15 @@ def read_source(value: str, *, split: str) -> Iterator[Record]:
 
     Raises:
         FileNotFoundError: ``value`` looks like a local file that does not exist.
-        DatasetError: the file has an unsupported type or unreadable content.
+        DatasetError: the file has an unsupported type or unreadable content, or a task of a
+            task repository cannot be read.
         ImportError: a Hugging Face id is given and ``datasets`` is missing (names the extra).
     """
     if not is_local_input(value):
         return _hugging_face(value, split)
     file = Path(value).expanduser()
+    if is_task_repo(file):  # a swebench 5.x task repository: tasks/<instance_id>/ directories
+        return iter_task_records(file)
     if not file.is_file():
         raise FileNotFoundError(f"input file not found: {file}")
     if file.suffix not in SUFFIXES:

@@ -3,7 +3,9 @@
 Pinned release: ``sandlot[eval]`` requires ``swebench>=4.1,<5``. 4.1.0 is the last release whose
 ``swebench.harness.constants`` exposes ``MAP_REPO_VERSION_TO_SPECS`` (repo → version → spec dict
 with ``test_cmd``, ``install``, ...); 5.x removed the per-repo specifications from
-``harness.constants``, so instances without an explicit ``test_cmd`` could no longer be run.
+``harness.constants``. Rows of 5.x datasets and task repositories carry their own eval script,
+log parser and grading rule, read by :mod:`sandlot.datasets.swebench_tasks` with either release
+installed (``sandlot[eval5]`` installs beside swebench 5.x).
 
 How swebench 4.1.0 composes the command it runs between its test-output markers
 (``swebench/harness/test_spec/``), which :func:`resolve_test_cmd` reproduces:
@@ -38,6 +40,7 @@ from sandlot.datasets.errors import DatasetMessageError
 from sandlot.datasets.instance import DEFAULT_LOG_PARSER, Instance
 from sandlot.datasets.r2e_gym import R2E_GYM_LOG_PARSER
 from sandlot.datasets.r2e_gym import parse_log as parse_log_r2e_gym
+from sandlot.datasets.swebench_tasks import repo_version_specs, row_test_cmd, specs_missing_reason
 from sandlot.sandboxes.environment import EnvironmentRecipe
 
 LogParser = Callable[[str, Any], dict[str, str]]
@@ -65,7 +68,9 @@ def resolve_test_cmd(instance: Instance) -> str:
 
     Args:
         instance: an :class:`Instance`. Its ``test_cmd``, when set, is returned unchanged
-            (``swebench`` is not imported). Otherwise ``repo`` and ``version`` select
+            (``swebench`` is not imported); else the command of its ``eval_script`` (a swebench
+            5.x row: :func:`~sandlot.datasets.swebench_tasks.command_of_eval_script`).
+            Otherwise ``repo`` and ``version`` select
             ``MAP_REPO_VERSION_TO_SPECS[repo][version]`` of swebench 4.1 and the command is
             composed as the harness does (see the module docstring): for Python repos the
             spec's ``test_cmd`` followed by the test directives of ``test_patch``, e.g.
@@ -80,6 +85,9 @@ def resolve_test_cmd(instance: Instance) -> str:
     """
     if instance.test_cmd:
         return instance.test_cmd
+    from_script = row_test_cmd(instance.model_extra)  # swebench 5.x rows carry their script
+    if from_script:
+        return from_script
 
     def fail(reason: str) -> SpecError:
         return SpecError(
@@ -91,7 +99,10 @@ def resolve_test_cmd(instance: Instance) -> str:
     if not instance.repo or instance.version is None:
         raise fail("both repo and version are needed to look up a spec")
     constants = _swebench("swebench.harness.constants")
-    by_version = constants.MAP_REPO_VERSION_TO_SPECS.get(instance.repo)
+    missing = specs_missing_reason()
+    if missing:
+        raise fail(missing)
+    by_version = repo_version_specs().get(instance.repo)
     if by_version is None:
         raise fail("the repo has no specs")
     spec = by_version.get(instance.version)
@@ -161,7 +172,8 @@ def resolve_log_parser(instance: Instance) -> LogParser:
         return parse_log_r2e_gym
     parsers = _log_parsers()
     if name is None:
-        by_repo = _swebench("swebench.harness.log_parsers").MAP_REPO_TO_PARSER
+        # swebench 5.x has no repo → parser map: its rows name their parser.
+        by_repo = getattr(_swebench("swebench.harness.log_parsers"), "MAP_REPO_TO_PARSER", {})
         parser: LogParser = by_repo.get(instance.repo, parsers[DEFAULT_LOG_PARSER])
         return parser
     full = name if name.startswith(_PARSER_PREFIX) else _PARSER_PREFIX + name
@@ -184,8 +196,8 @@ def install_commands(repo: str, version: str | None) -> list[str]:
     Raises:
         ImportError: ``swebench`` is not installed (names ``sandlot[eval]``).
     """
-    constants = _swebench("swebench.harness.constants")
-    spec = constants.MAP_REPO_VERSION_TO_SPECS.get(repo, {}).get(version)
+    _swebench("swebench.harness.constants")
+    spec = repo_version_specs().get(repo, {}).get(version)
     if not spec:
         return []
     commands = [str(c) for c in spec.get("pre_install", [])]
@@ -220,7 +232,7 @@ def spec_environment(instance: Instance) -> EnvironmentRecipe | None:
         constants = _swebench("swebench.harness.constants")
     except ImportError:
         return None
-    spec = constants.MAP_REPO_VERSION_TO_SPECS.get(instance.repo, {}).get(instance.version)
+    spec = repo_version_specs().get(instance.repo, {}).get(instance.version)
     if not spec or constants.MAP_REPO_TO_EXT.get(instance.repo) != "py":
         return None
     packages = [str(p) for p in spec.get("pip_packages", [])]

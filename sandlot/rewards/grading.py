@@ -1,14 +1,21 @@
 """Parse a test log and grade it with the ``swebench`` harness's own parsers and grading.
 
-Grading is ``swebench.harness.grading.get_eval_tests_report`` + ``get_resolution_status``
-(swebench 4.1): an instance is resolved when every ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test
-passed (``RESOLVED_FULL``). Two defences against logs forged by the code under test sit in
-front of it, in the spirit of SWE-bench 5's spoof-resistant grading (issue #620):
+Grading is ``swebench.harness.grading.get_eval_tests_report`` + ``get_resolution_status`` of
+the installed swebench (4.1, or 5.x whose rules differ: a skipped ``FAIL_TO_PASS`` test fails,
+a skipped ``PASS_TO_PASS`` test is kept, a truncated parametrized id matches by prefix): an
+instance is resolved when every ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passed
+(``RESOLVED_FULL``). The rule (``EvalType``) is the row's ``eval_type`` when it has one (5.x rows
+do), else ``FAIL_ONLY`` for ``FAIL_ONLY_REPOS``. Two defences against logs forged by the code
+under test sit in front of it, in the spirit of SWE-bench 5's spoof-resistant grading (#620):
 
 * a test reported with conflicting statuses (a real ``FAILED`` line and a printed ``PASSED``
   line) keeps its worst status;
 * a log that shows no failing test while the test command's exit status, which travels out of
   band, says it failed, is distrusted: nothing in it counts as passed.
+
+Under 5.x a third one is its own: a log with no parsed test and no sign that a suite ran
+(``swebench.harness.grading.SUITE_RAN``) passes nothing, so a ``fail_only`` row whose runner never
+started is not resolved.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 from sandlot._optional import require
 from sandlot.datasets.instance import Instance
+from sandlot.datasets.swebench_tasks import eval_type_of
 from sandlot.rewards.r2e_grading import grade_r2e, is_r2e_gym
 from sandlot.rewards.result import TestOutcome
 
@@ -111,6 +119,10 @@ def grade(
             "the log is not trusted and no test counts as passed"
         )
         trusted = {}
+    suite_ran = getattr(require("swebench.harness.grading", "eval"), "SUITE_RAN", None)
+    if not statuses and suite_ran is not None and not suite_ran.search(log):
+        warnings.append("the log shows no test and no sign that a test suite ran")
+        trusted = {test: "FAILED" for test in instance.FAIL_TO_PASS}
     graded = grade_statuses(instance, trusted)
     graded.tests_status = statuses
     graded.warnings = warnings
@@ -124,14 +136,17 @@ def grade_statuses(instance: Instance, statuses: dict[str, str]) -> Grade:
 
     Raises:
         BackendUnavailableError: ``swebench`` is not installed (extra ``sandlot[eval]``).
+        TaskRepoError: the row's ``eval_type`` is not ``pass_and_fail`` or ``fail_only``.
     """
     constants = require("swebench.harness.constants", "eval")
     grading = require("swebench.harness.grading", "eval")
-    eval_type = (
-        constants.EvalType.FAIL_ONLY
-        if instance.repo in constants.FAIL_ONLY_REPOS
-        else constants.EvalType.PASS_AND_FAIL
-    )
+    row_eval_type = eval_type_of(instance.model_extra, instance.instance_id)
+    if row_eval_type is not None:
+        eval_type = constants.EvalType(row_eval_type)
+    elif instance.repo in constants.FAIL_ONLY_REPOS:
+        eval_type = constants.EvalType.FAIL_ONLY
+    else:
+        eval_type = constants.EvalType.PASS_AND_FAIL
     report = grading.get_eval_tests_report(
         statuses,
         {

@@ -32,6 +32,9 @@ request's ``model`` picks the policy:
     Always answers HTTP ``<code>`` with an OpenAI error body (``status-401`` echoes the
     ``Authorization`` header it received, as a careless server might).
 
+Any completion carries vLLM's extras when the request asks for them: ``logprobs`` for
+``logprobs: true``, ``token_ids`` and ``prompt_token_ids`` for ``return_token_ids: true``.
+
 Tool calls are written in the ``hermes`` text format, or as native ``tool_calls`` when the
 request carries ``tools`` and its ``tool_choice`` is not ``"none"`` (as vLLM does). The
 policies are stateless per conversation (the turn is the number of assistant messages so far),
@@ -250,7 +253,13 @@ class ScriptedServer:
     # ----------------------------------------------------------------- policies
 
     def answer(self, body: dict[str, Any], authorization: str | None) -> tuple[int, dict, dict]:
-        """``(status, headers, json body)`` for one request."""
+        """``(status, headers, json body)`` for one request, with vLLM's extras when asked."""
+        status, headers, payload = self._answer(body, authorization)
+        if status == 200 and payload.get("choices"):
+            _add_vllm_extras(body, payload)
+        return status, headers, payload
+
+    def _answer(self, body: dict[str, Any], authorization: str | None) -> tuple[int, dict, dict]:
         model = str(body.get("model", ""))
         messages: list[dict[str, Any]] = body.get("messages") or []
         native = bool(body.get("tools")) and body.get("tool_choice") != "none"
@@ -378,6 +387,24 @@ def _completion(
             "total_tokens": prompt_chars // 4 + len(content) // 4 + 2,
         },
     }
+
+
+def _add_vllm_extras(body: dict[str, Any], payload: dict[str, Any]) -> None:
+    """What vLLM adds to a completion when asked: ``choices[0].logprobs`` in OpenAI's shape for
+    ``logprobs: true``; ``choices[0].token_ids`` and ``prompt_token_ids`` for vLLM's
+    ``return_token_ids: true``. A "token" here is a word of the reply; id = 100 + its index."""
+    choice = payload["choices"][0]
+    tokens = (choice["message"].get("content") or "").split() or [""]
+    if body.get("logprobs"):
+        choice["logprobs"] = {
+            "content": [
+                {"token": t, "logprob": -0.25, "bytes": list(t.encode()), "top_logprobs": []}
+                for t in tokens
+            ]
+        }
+    if body.get("return_token_ids"):
+        choice["token_ids"] = [100 + i for i in range(len(tokens))]
+        payload["prompt_token_ids"] = list(range(len(body.get("messages") or [])))
 
 
 def _vllm_error(message: str) -> dict[str, Any]:
