@@ -278,7 +278,9 @@ def test_a_shim_that_does_not_run_is_skipped_with_a_warning(
     monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{real.parent}{os.pathsep}/usr/bin:/bin")
     with caplog.at_level(logging.WARNING):
         assert find_interpreter("3.97") == (str(real), "3.97.1")
+        assert find_interpreter("3.97") == (str(real), "3.97.1")
     assert f"skipping {shim}" in caplog.text and "exit 127" in caplog.text
+    assert caplog.text.count("skipping") == 1  # once per process
 
 
 def test_pyenv_installs_are_found_behind_a_broken_shim(

@@ -35,6 +35,8 @@ from sandlot.errors import EnvironmentBuildError
 log = logging.getLogger("sandlot.sandboxes.local.pythons")
 
 _PROBE_TIMEOUT_S = 60
+# Candidates already reported as broken: one warning per process, not one per environment.
+_warned: set[str] = set()
 _PATCH = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
 
 
@@ -110,7 +112,9 @@ def find_interpreter(python: str | None) -> tuple[str, str]:
         try:
             version = _probe(candidate)
         except _BrokenInterpreter as exc:
-            log.warning("skipping %s, which does not run (%s)", candidate, exc)
+            if candidate not in _warned:
+                _warned.add(candidate)
+                log.warning("skipping %s, which does not run (%s)", candidate, exc)
             broken_dirs.append(os.path.dirname(candidate))
             continue
         if version.split(".")[: len(wanted)] == wanted:
