@@ -13,7 +13,8 @@ SWE-bench base); the environment they run in is the spec's:
   ``-r`` includes give pytest), ``pip_packages`` pinning ``MarkupSafe==2.1.1`` over the
   requirements' 2.1.3 (a PASS_TO_PASS test checks the pin won), a ``flit_core`` build backend;
 - sympy 1.1 (Python 3.9): ``packages: "mpmath flake8"``, conda names installed by pip, and
-  sympy's own ``bin/test`` runner with swebench's sympy log parser.
+  sympy's ``bin/test`` runner (written into the repository: the sdist has none) with
+  swebench's sympy log parser.
 
 The gold patch resolves; the empty patch and a patch that does not fix it do not.
 """
@@ -57,6 +58,8 @@ class Case:
     fixed_line: str
     fail_to_pass: str
     pass_to_pass: tuple[str, ...] = ()
+    scripts: tuple[tuple[str, str], ...] = ()
+    """Executable files of the repository the sdist leaves out, ``(path, text)``."""
 
 
 FLASK = Case(
@@ -92,6 +95,16 @@ SYMPY = Case(
     fixed_line="sandlot_marker = {}\n",
     fail_to_pass="test_marker",
     pass_to_pass=("test_mpmath",),
+    # The spec's test_cmd is the repository's `bin/test -C --verbose <files>`, not in the sdist:
+    # the same entry point, sympy.test, with the file arguments and --verbose.
+    scripts=(
+        (
+            "bin/test",
+            "#!/usr/bin/env python\nimport sys\n\nimport sympy\n\n"
+            "paths = [a for a in sys.argv[1:] if not a.startswith('-')]\n"
+            "sys.exit(not sympy.test(*paths, verbose='--verbose' in sys.argv))\n",
+        ),
+    ),
 )
 
 
@@ -149,14 +162,18 @@ def _instance(case: Case, tmp: Path) -> tuple[Instance, dict[str, str]]:
     with tarfile.open(_sdist(case, tmp)) as tar:
         tar.extractall(tmp / "src", **safe)
     [repo] = (tmp / "src").iterdir()
+    for rel, text in case.scripts:
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+        (repo / rel).chmod(0o755)
     _git(repo, "init", "-q")
     _git(repo, "add", "-A", "-f")
     _git(repo, "-c", "commit.gpgsign=false", "commit", "-qm", case.sdist)
     base = _git(repo, "rev-parse", "HEAD")
     fixed = (repo / case.fixed_file).read_text()
     patches = {
-        "gold": _diff(repo, case.fixed_file, case.fixed_line.format(1) + fixed),
-        "no fix": _diff(repo, case.fixed_file, case.fixed_line.format(2) + fixed),
+        "gold": _diff(repo, case.fixed_file, fixed + case.fixed_line.format(1)),
+        "no fix": _diff(repo, case.fixed_file, fixed + case.fixed_line.format(2)),
         "empty": "",
     }
     instance = Instance(
@@ -183,16 +200,19 @@ def test_a_spec_built_offline_gives_the_harness_verdicts(
     instance, patches = _instance(case, tmp_path)
     assert instance.environment is None  # the spec's recipe, as for a published row
 
+    details: dict[str, object] = {}
+
     async def run_all() -> dict[str, EvalStatus]:
         results = {}
         for name, patch in patches.items():
             result = await evaluate(instance, patch, backend="local")
             assert result.error is None, f"{name}: {result.error}"
             results[name] = result.status
+            details[name] = (result.tests_status, result.log[-2000:])
         return results
 
     assert anyio.run(run_all) == {
         "gold": EvalStatus.RESOLVED,
         "no fix": EvalStatus.UNRESOLVED,
         "empty": EvalStatus.EMPTY_PATCH,
-    }
+    }, details

@@ -285,7 +285,10 @@ def spec_environment(instance: Instance, *, source: str | None = None) -> Enviro
     project = None
     if install and repo_dir:
         project = ProjectSource(
-            source=repo_dir, commit=instance.base_commit, target=install_target(str(install))
+            source=repo_dir,
+            commit=instance.base_commit,
+            target=install_target(str(install)),
+            edits=pre_install,
         )
     return EnvironmentRecipe(
         python=spec.get("python"),

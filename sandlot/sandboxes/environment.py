@@ -56,6 +56,10 @@ class ProjectSource(BaseModel):
             (the instance's ``base_commit``).
         target: what the install command installs, relative to the repository: ``"."`` or
             ``".[test]"``.
+        edits: shell commands run in the checkout first, as the recipe's ``pre_install`` will
+            run in the repository before ``install`` (swebench's ``sed -i ... setup.py`` pins),
+            so that the dependencies are those the edited files declare. They run on the
+            host, in a temporary checkout, like the project's own ``setup.py`` does there.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -63,6 +67,7 @@ class ProjectSource(BaseModel):
     source: str = Field(min_length=1)
     commit: str = Field(min_length=1)
     target: str = "."
+    edits: list[str] = Field(default_factory=list)
 
 
 class EnvironmentRecipe(BaseModel):
@@ -143,7 +148,11 @@ class EnvironmentRecipe(BaseModel):
     def digest(self, *salt: str) -> str:
         """A 16-hex-digit content hash of the packages (and ``salt``, e.g. the interpreter)."""
         # The project counts by commit and target, not by where its repository lies.
-        project = [self.project.commit, self.project.target] if self.project else None
+        project = (
+            [self.project.commit, self.project.target, *self.project.edits]
+            if self.project
+            else None
+        )
         payload = json.dumps(
             [self.python, self.pip_packages, self.requirements, *salt]
             + ([project] if project else []),

@@ -4,7 +4,8 @@ On ``local`` the repository's ``install`` (``python -m pip install -e .``) runs 
 without network. SWE-bench runs it with network: pip downloads the build backends into an
 isolated build environment, then whatever the project's dependencies (extras included) add to
 the environment. :func:`install_project_dependencies` does both while the environment is built
-on the host, where the network is allowed, from a checkout of the project's commit:
+on the host, where the network is allowed, from a checkout of the project's commit, after the
+recipe's repository edits (``ProjectSource.edits``, its ``pre_install``):
 
 1. the build backends: ``[build-system] requires`` of its ``pyproject.toml`` (PEP 518), or
    ``setuptools`` and ``wheel`` without one (pip's own default); already installed versions
@@ -128,6 +129,11 @@ def install_project_dependencies(
             ["git", "-C", str(checkout), "checkout", "--quiet", "--detach", project.commit],
             f"checking out {project.commit} of {project.source}",
         )
+        for command in project.edits:
+            run(
+                ["bash", "-c", 'cd -- "$0" && eval "$1"', str(checkout), command],
+                f"running {command!r} in the checkout",
+            )
         install(build_requires(checkout), "installing the project's build backends")
         if not _has_report(python):
             log.warning(

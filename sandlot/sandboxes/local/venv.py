@@ -68,11 +68,18 @@ _OVERLAY_LINE = (
 # the build backends): the build backends are in the environment already. The value is
 # inverted: pip stores it in `build_isolation`, so "false" turns isolation off (pip's
 # documented quirk of negative options, as PIP_NO_BUILD_ISOLATION=0).
+# An editable install is a path entry in a .pth file, as swebench's images have it (their pip
+# ran `setup.py develop`): setuptools' PEP 660 default instead installs an import finder, and
+# code that maps files to modules through sys.path (astroid, so pylint's checkers) finds
+# nothing. `editable_mode=compat` is setuptools' documented switch; other backends ignore it.
 _PIP_CONF_TEXT = """\
 # Written by sandlot: the repository's install runs offline, with this environment's build
 # backends (see sandlot/sandboxes/local/venv.py).
 [global]
 no-build-isolation = false
+
+[install]
+config-settings = editable_mode=compat
 """
 
 Progress = Callable[[str], None]
@@ -122,8 +129,9 @@ def _installer() -> str:
     return uv or "pip"
 
 
-# Bumped when what a build makes for the same recipe changes (2: pip.conf, ordered installs).
-_LAYOUT = "layout-2"
+# Bumped when what a build makes for the same recipe changes (2: pip.conf, ordered installs;
+# 3: editable installs as path entries).
+_LAYOUT = "layout-3"
 
 
 def environment_key(recipe: EnvironmentRecipe, interpreter: str, version: str) -> str:
