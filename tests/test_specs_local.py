@@ -331,3 +331,27 @@ def test_prepared_local_rows_carry_the_recipe(tmp_path: Path) -> None:
     assert recipe.requirements[1] == "pytest==7.3.1"
     assert recipe.project is not None and recipe.project.source == str(mirror)
     assert data["post_setup_cmd"] is None
+
+
+def test_the_repository_edits_run_before_the_build_backends_are_read(tmp_path: Path) -> None:
+    """The spec's pre_install (a ``sed -i`` pin) changes what the checkout declares, as it
+    will in the jail; the mirror itself is untouched."""
+    from sandlot.sandboxes.local.project_deps import install_project_dependencies
+
+    pyproject = '[build-system]\nrequires = ["flit_core<4"]\n'
+    commit = git_repo(tmp_path / "repo", {"pyproject.toml": pyproject})
+    installs: list[tuple[list[str], str]] = []
+
+    def run(argv: list[str], what: str) -> None:
+        subprocess.run(argv, check=True, capture_output=True)
+
+    # An environment whose pip has no --report: only the build backends are installed.
+    python = fake_python(tmp_path / "env" / "python", "pip 21.3.1")
+    project = ProjectSource(
+        source=str(tmp_path / "repo"),
+        commit=commit,
+        edits=["sed -i 's/flit_core<4/flit_core<3.9/' pyproject.toml"],
+    )
+    install_project_dependencies(project, str(python), lambda a, w: installs.append((a, w)), run)
+    assert installs == [(["flit_core<3.9"], "installing the project's build backends")]
+    assert (tmp_path / "repo" / "pyproject.toml").read_text() == pyproject
