@@ -89,7 +89,9 @@ SYMPY = Case(
     test_body=(
         "import mpmath\n\nimport sympy\n\n\ndef test_marker():\n"
         "    assert sympy.sandlot_marker == 1\n\n\ndef test_mpmath():\n"
-        "    assert mpmath.mpf(1) + 1 == 2\n"
+        "    assert mpmath.mpf(1) + 1 == 2\n\n\n"
+        # swebench's sympy parser misses the last test of a file ("test_x ok  [OK]"): not graded.
+        "def test_zz_last():\n    pass\n"
     ),
     fixed_file="sympy/__init__.py",
     fixed_line="sandlot_marker = {}\n",
