@@ -21,7 +21,10 @@ repository at ``base_commit`` in ``/testbed`` with history after it already remo
 harness, so rows use the image as is: no ``post_setup_cmd``; ``PATH`` selects the image's conda
 environment. The test command is derived at evaluation time from swebench's specifications
 (``sandlot.datasets.swebench_specs``). ``DEPLOYMENT=local`` rows clone the repository from the
-mirror directory and install it with the spec's ``pre_install`` and ``install`` commands.
+mirror directory and carry the spec's environment recipe
+(:func:`~sandlot.datasets.swebench_specs.spec_environment`: interpreter, the requirements file
+read from the mirror at ``environment_setup_commit``, ``pip_packages``, the project's
+dependencies, ``pre_install`` and ``install``), so the row shows what its environment is.
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from sandlot.datasets.command import run_preprocessor
 from sandlot.datasets.images import IMAGE_PATH, image_name
-from sandlot.datasets.prepare import ConvertContext, Preprocessor
+from sandlot.datasets.instance import Instance
+from sandlot.datasets.prepare import ConvertContext, Preprocessor, SourceError
 from sandlot.datasets.row_fields import image_environment, local_environment
-from sandlot.datasets.swebench_specs import install_commands
+from sandlot.datasets.swebench_requirements import RequirementsError
+from sandlot.datasets.swebench_specs import SpecError, spec_environment
 from sandlot.sandboxes.images import ImageFamily
 
 REQUIRED = (
@@ -54,8 +61,16 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
     data = dict(record)
     instance_id = str(record["instance_id"])
     if ctx.backend == "local":
-        commands = install_commands(str(record["repo"]), str(record["version"]))
-        data.update(local_environment(record, ctx, "\n".join(commands) or None))
+        data.update(local_environment(record, ctx, None))
+        try:
+            recipe = spec_environment(
+                Instance.model_validate(data), source=str(data["repo_source"])
+            )
+        except (SpecError, RequirementsError) as exc:
+            raise SourceError("version", str(exc)) from None
+        except ValidationError:
+            recipe = None  # the row itself is invalid: convert_record names the field
+        data["environment"] = recipe.model_dump() if recipe else None
     else:
         image = image_name(
             ImageFamily.SWE_BENCH, instance_id, ctx.backend, overrides=ctx.image_overrides

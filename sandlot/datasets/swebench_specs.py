@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import pkgutil
 import re
+import shlex
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -40,8 +42,11 @@ from sandlot.datasets.errors import DatasetMessageError
 from sandlot.datasets.instance import DEFAULT_LOG_PARSER, Instance
 from sandlot.datasets.r2e_gym import R2E_GYM_LOG_PARSER
 from sandlot.datasets.r2e_gym import parse_log as parse_log_r2e_gym
+from sandlot.datasets.swebench_requirements import read_requirements
 from sandlot.datasets.swebench_tasks import repo_version_specs, row_test_cmd, specs_missing_reason
-from sandlot.sandboxes.environment import EnvironmentRecipe
+from sandlot.sandboxes.environment import EnvironmentRecipe, ProjectSource
+
+log = logging.getLogger("sandlot.datasets.swebench_specs")
 
 LogParser = Callable[[str, Any], dict[str, str]]
 """``parser(log, test_spec) -> {test_id: status}``, the signature of swebench's log parsers."""
@@ -186,63 +191,134 @@ def resolve_log_parser(instance: Instance) -> LogParser:
     return parsers[full]
 
 
-def install_commands(repo: str, version: str | None) -> list[str]:
-    """The commands swebench 4.1 runs to install ``repo`` at ``version`` in its instance image.
+# swebench's `packages` values that name a file of the repository instead of packages.
+_REQUIREMENTS_FILE = "requirements.txt"
+_CONDA_FILE = "environment.yml"
 
-    They are the spec's ``pre_install`` list followed by its ``install`` command
-    (``swebench.harness.test_spec.python.make_repo_script_list_py``), e.g.
-    ``["python -m pip install -e ."]``. A repo or version swebench does not know has none.
+# pre_install commands that need root, apt or the network: they change the system, not the
+# repository (e.g. django's locale set-up, matplotlib's qhull download, apt-get installs).
+_SYSTEM_STEP = re.compile(r"^\s*(apt-get|locale-gen)\b|\bwget\b|\s/etc/|QHULL")
 
-    Raises:
-        ImportError: ``swebench`` is not installed (names ``sandlot[eval]``).
+
+def _spec(repo: str, version: str | None) -> dict[str, Any] | None:
+    constants = _swebench("swebench.harness.constants")
+    if getattr(constants, "MAP_REPO_TO_EXT", {}).get(repo) != "py":  # 5.x has none
+        return None
+    spec: dict[str, Any] | None = repo_version_specs().get(repo, {}).get(version)
+    return spec
+
+
+def local_pre_install(commands: list[str]) -> tuple[list[str], list[str]]:
+    """Split a spec's ``pre_install`` into what runs in ``local``'s jail and what cannot.
+
+    The jail has no root over the system, no package manager and no network: ``apt-get``,
+    ``locale-gen``, writes into ``/etc`` and downloads (``wget``, and matplotlib's qhull
+    steps that unpack the download) cannot run there; edits of the repository's files
+    (``sed -i ... setup.py``) can.
+
+    Returns:
+        ``(kept, left_out)``, each in the spec's order.
     """
-    _swebench("swebench.harness.constants")
-    spec = repo_version_specs().get(repo, {}).get(version)
-    if not spec:
-        return []
-    commands = [str(c) for c in spec.get("pre_install", [])]
-    if spec.get("install"):
-        commands.append(str(spec["install"]))
-    return commands
+    kept = [c for c in commands if not _SYSTEM_STEP.search(c)]
+    return kept, [c for c in commands if c not in kept]
 
 
-# Values of a spec's ``packages`` that name a file of the repository, not packages.
-_PACKAGE_FILES = frozenset({"requirements.txt", "environment.yml"})
-
-
-def spec_environment(instance: Instance) -> EnvironmentRecipe | None:
+def spec_environment(instance: Instance, *, source: str | None = None) -> EnvironmentRecipe | None:
     """The environment recipe of swebench 4.1's specification for ``repo`` + ``version``.
 
     Used on backends that build environments themselves (``local``) for instances that carry
-    none. From the spec (``swebench.harness.test_spec.python``): ``python``; ``pip_packages``
-    plus the spec's ``packages`` when that is a list of package names (when it names
-    ``requirements.txt`` or ``environment.yml``, which swebench reads from GitHub, those
-    packages are not known offline and are left out); ``install`` unless the instance has its
-    own ``post_setup_cmd`` (rows prepared for ``DEPLOYMENT=local`` carry the install commands
-    there). ``pre_install`` is left out: it holds system-level commands (``apt-get``) that
-    need a container.
+    none, and by ``data prepare --backend local``, whose rows then carry it. As swebench builds
+    it (``swebench.harness.test_spec.python``): ``python``; ``requirements``, either the
+    repository's requirements file at ``environment_setup_commit`` (spec ``packages:
+    requirements.txt``, read with
+    :func:`~sandlot.datasets.swebench_requirements.read_requirements`) or the spec's conda
+    package names (``"mpmath flake8"``, installed by pip); then ``pip_packages``; then the
+    repository steps ``pre_install`` (those that can run in the jail:
+    :func:`local_pre_install`) and ``install``; ``project`` is the repository at
+    ``base_commit``, whose build backends and dependencies the environment gets beforehand
+    (the install runs without network). An instance with its own ``post_setup_cmd`` (rows
+    prepared by older sandlot carry the install commands there) keeps it, without the spec's
+    repository steps.
+
+    Args:
+        instance: the instance (``repo``, ``version``, ``base_commit``,
+            ``environment_setup_commit`` in its extra fields).
+        source: a git repository of ``repo`` on this machine (``None``: there is none; a spec
+            that needs one is then refused, and ``project`` stays unset).
 
     Returns:
         ``None`` when the instance has no ``repo``/``version``, swebench does not know them,
         the repository is not Python, or ``swebench`` is not installed.
+
+    Raises:
+        SpecError: the spec needs the repository (a requirements file, or dependencies to
+            install) and there is none on this machine; or the spec's environment is a conda
+            ``environment.yml``, which ``local`` cannot build.
+        RequirementsError: the requirements file cannot be read from the repository.
     """
     if not instance.repo or instance.version is None:
         return None
     try:
-        constants = _swebench("swebench.harness.constants")
+        spec = _spec(instance.repo, instance.version)
     except ImportError:
         return None
-    spec = repo_version_specs().get(instance.repo, {}).get(instance.version)
-    if not spec or constants.MAP_REPO_TO_EXT.get(instance.repo) != "py":
+    if not spec:
         return None
-    packages = [str(p) for p in spec.get("pip_packages", [])]
+    where = f"instance {instance.instance_id!r} ({instance.repo} {instance.version})"
     listed = str(spec.get("packages") or "")
-    if listed and listed not in _PACKAGE_FILES:
-        packages += listed.split()
-    install = spec.get("install") if not instance.post_setup_cmd else None
+    if listed == _CONDA_FILE:
+        raise SpecError(
+            f"{where}: swebench builds this spec's environment with conda from the "
+            f"repository's {_CONDA_FILE}, which the local backend cannot build; run the row "
+            "in its SWE-bench image (data prepare --local-images, or a container backend)"
+        )
+    repo_dir = source
+    if listed == _REQUIREMENTS_FILE:
+        if not repo_dir:
+            raise SpecError(
+                f"{where}: swebench installs this spec's environment from the repository's "
+                "requirements file, and the instance has no repository on this machine; give "
+                "it one (repo_source, or --repo-mirror DIR with <owner>__<name> mirrors)"
+            )
+        extra = instance.model_extra or {}
+        commit = str(extra.get("environment_setup_commit") or instance.base_commit)
+        requirements = read_requirements(instance.repo, repo_dir, commit).split("\n")
+    else:
+        requirements = shlex.split(listed)
+    pre_install, left_out = local_pre_install([str(c) for c in spec.get("pre_install", [])])
+    if left_out:
+        log.warning(
+            "%s: pre_install steps left out on local (they need root, apt or the network): %s",
+            where,
+            "; ".join(left_out),
+        )
+    install = spec.get("install")
+    own_setup = bool(instance.post_setup_cmd)
+    project = None
+    if install and repo_dir:
+        project = ProjectSource(
+            source=repo_dir,
+            commit=instance.base_commit,
+            target=install_target(str(install)),
+            edits=pre_install,
+        )
     return EnvironmentRecipe(
-        python=spec.get("python"), pip_packages=packages, install=install or None
+        python=spec.get("python"),
+        requirements=requirements,
+        pip_packages=[str(p) for p in spec.get("pip_packages", [])],
+        project=project,
+        pre_install=[] if own_setup else pre_install,
+        install=None if own_setup else (install or None),
     )
+
+
+def install_target(install: str) -> str:
+    """What a spec's ``install`` command installs: ``".[test]"`` for ``python -m pip install -e
+    .[test] --verbose``, ``"."`` for ``python setup.py install`` and anything else."""
+    for word in shlex.split(install.split(";")[0]):
+        if word == "." or word.startswith(".["):
+            return word
+    return "."
 
 
 NON_TEST_EXTS = (

@@ -35,21 +35,26 @@ def is_url(source: str) -> bool:
 def instance_environment(instance: Instance, backend: str) -> EnvironmentRecipe | None:
     """The environment recipe of ``instance`` on ``backend``.
 
-    The instance's own ``environment`` when it has one. Otherwise, on a backend that runs on
-    this machine (``local``) with the image ``"host"``, the recipe of swebench's specification
-    for ``repo`` + ``version`` (:func:`~sandlot.datasets.swebench_specs.spec_environment`);
-    an image (a container image on any backend, a root filesystem on ``local``) is the
-    environment.
+    The instance's own ``environment`` when it has one (``data prepare --backend local`` puts
+    the spec's there). Otherwise, on a backend that runs on this machine (``local``) with the
+    image ``"host"``, the recipe of swebench's specification for ``repo`` + ``version``
+    (:func:`~sandlot.datasets.swebench_specs.spec_environment`), its requirements file read
+    from ``repo_source`` when that is a repository on this machine; an image (a container
+    image on any backend, a root filesystem on ``local``) is the environment.
 
     Raises:
         BackendNotFoundError: unknown backend.
         ValueError: the instance's image map has no image for ``backend``.
+        SpecError: the spec needs a repository on this machine and ``repo_source`` is not one,
+            or it is a conda environment ``local`` cannot build.
+        RequirementsError: the spec's requirements file cannot be read from ``repo_source``.
     """
     if instance.environment is not None:
         return instance.environment
     if not get_backend(backend).on_host or instance.image_for(backend) != "host":
         return None
-    return spec_environment(instance)
+    source = instance.repo_source
+    return spec_environment(instance, source=None if not source or is_url(source) else source)
 
 
 def instance_spec(instance: Instance, backend: str) -> SandboxSpec:

@@ -42,8 +42,41 @@ _BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HAS_ALL = "import importlib.metadata as m, sys; [m.distribution(n) for n in sys.argv[1:]]"
 
 
+class ProjectSource(BaseModel):
+    """A repository snapshot whose declared dependencies go into an environment.
+
+    ``local`` installs the repository itself inside the jail, without network; what its
+    ``install`` command would download there (its build backends and its dependencies, extras
+    included) is installed into the environment beforehand, on the host
+    (:mod:`sandlot.sandboxes.local.venv`).
+
+    Attributes:
+        source: a git repository on this machine (a bare mirror or a clone).
+        commit: the commit whose ``pyproject.toml``/``setup.py``/``setup.cfg`` declare them
+            (the instance's ``base_commit``).
+        target: what the install command installs, relative to the repository: ``"."`` or
+            ``".[test]"``.
+        edits: shell commands run in the checkout first, as the recipe's ``pre_install`` will
+            run in the repository before ``install`` (swebench's ``sed -i ... setup.py`` pins),
+            so that the dependencies are those the edited files declare. They run on the
+            host, in a temporary checkout, like the project's own ``setup.py`` does there.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(min_length=1)
+    commit: str = Field(min_length=1)
+    target: str = "."
+    edits: list[str] = Field(default_factory=list)
+
+
 class EnvironmentRecipe(BaseModel):
     """The test environment of an instance or sandbox (SWE-bench spec fields).
+
+    Installed in SWE-bench's order (``make_env_script_list_py``): the interpreter, then the
+    ``requirements`` in one installer call, then ``pip_packages`` in another (so a later pin
+    may replace an earlier one, as swebench's pip calls do), then, on ``local``, what
+    ``project`` declares.
 
     Attributes:
         python: interpreter version, ``"3.11"``; ``None`` uses the interpreter sandlot runs on
@@ -51,7 +84,10 @@ class EnvironmentRecipe(BaseModel):
             interpreter: the version must exist on the machine (``python3.X`` on ``PATH`` or one
             ``uv python find`` knows).
         pip_packages: pip requirement specifiers, ``["pytest==8.3.3", "numpy<2"]``.
-        requirements: lines of a requirements file (a multi-line string is split into lines).
+        requirements: lines of a requirements file (a multi-line string is split into lines),
+            installed before ``pip_packages``.
+        project: the repository snapshot whose build backends and dependencies ``local``
+            puts into the environment before ``install`` runs offline (``None``: none).
         pre_install: shell commands run in the repository before ``install``.
         install: shell command that installs the repository, ``"python -m pip install -e ."``.
     """
@@ -61,6 +97,7 @@ class EnvironmentRecipe(BaseModel):
     python: str | None = None
     pip_packages: list[str] = Field(default_factory=list)
     requirements: list[str] = Field(default_factory=list)
+    project: ProjectSource | None = None
     pre_install: list[str] = Field(default_factory=list)
     install: str | None = None
 
@@ -89,7 +126,7 @@ class EnvironmentRecipe(BaseModel):
     @property
     def has_packages(self) -> bool:
         """``True`` when the recipe asks for an interpreter or packages (an environment build)."""
-        return bool(self.python or self.pip_packages or self.requirements)
+        return bool(self.python or self.pip_packages or self.requirements or self.project)
 
     @property
     def repo_steps(self) -> list[str]:
@@ -102,14 +139,24 @@ class EnvironmentRecipe(BaseModel):
 
     def describe(self) -> str:
         """A one-line summary for progress displays and errors: ``python 3.11 + pytest, ...``."""
-        parts = [*self.pip_packages, *(["-r <requirements>"] if self.requirements else [])]
+        parts = [*(["-r <requirements>"] if self.requirements else []), *self.pip_packages]
+        if self.project:
+            parts.append(f"the dependencies of {self.project.target} at {self.project.commit[:12]}")
         head = f"python {self.python}" if self.python else "python"
         return head + (f" + {', '.join(parts)}" if parts else "")
 
     def digest(self, *salt: str) -> str:
         """A 16-hex-digit content hash of the packages (and ``salt``, e.g. the interpreter)."""
+        # The project counts by commit and target, not by where its repository lies.
+        project = (
+            [self.project.commit, self.project.target, *self.project.edits]
+            if self.project
+            else None
+        )
         payload = json.dumps(
-            [self.python, self.pip_packages, self.requirements, *salt], separators=(",", ":")
+            [self.python, self.pip_packages, self.requirements, *salt]
+            + ([project] if project else []),
+            separators=(",", ":"),
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

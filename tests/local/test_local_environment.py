@@ -178,7 +178,7 @@ def test_an_interrupted_build_leaves_nothing(
     real_run = venv._run
 
     def interrupted(argv: list[str], what: str, *args: object) -> None:
-        if what == "installing the packages":
+        if what == "installing pip_packages":
             raise KeyboardInterrupt
         real_run(argv, what, *args)  # type: ignore[arg-type]
 
@@ -190,7 +190,7 @@ def test_an_interrupted_build_leaves_nothing(
 
 def test_a_package_that_does_not_exist_is_named_and_not_cached(cache: Path) -> None:
     missing = "/nonexistent/sandlot_missing-1.0-py3-none-any.whl"
-    with pytest.raises(EnvironmentBuildError, match="installing the packages failed") as info:
+    with pytest.raises(EnvironmentBuildError, match="installing pip_packages failed") as info:
         ensure_environment(EnvironmentRecipe(pip_packages=[missing]))
     assert "sandlot_missing" in str(info.value)
     assert list_environments(cache) == []

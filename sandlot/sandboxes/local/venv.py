@@ -5,7 +5,16 @@ environment under ``<cache>/envs/<key>``, where ``<cache>`` is ``$SANDLOT_ENV_CA
 user cache directory (``platformdirs.user_cache_dir("sandlot")``, ``~/.cache/sandlot`` on
 Linux) and ``<key>`` is a hash of the packages, the interpreter's path and its version. It is
 built with ``uv`` (the PyPI package ``uv``, or a ``uv`` on ``PATH``) when present, else with
-``python -m venv`` and pip; ``$SANDLOT_ENV_INSTALLER`` (``uv`` or ``pip``) forces one.
+``python -m venv`` and pip; ``$SANDLOT_ENV_INSTALLER`` (``uv`` or ``pip``) forces one. The
+interpreter is found as :mod:`sandlot.sandboxes.local.pythons` says.
+
+A build installs in SWE-bench's order (``swebench.harness.test_spec.python.
+make_env_script_list_py``), one installer call per step: the recipe's ``requirements``, then
+its ``pip_packages``, then, for a recipe with a ``project``, the project's build backends and
+the dependencies its install would download (:mod:`sandlot.sandboxes.local.project_deps`).
+Last it writes ``pip.conf`` (:data:`PIP_CONF`) into the environment, which turns pip's build
+isolation off: the repository's install runs in the jail without network and builds with the
+backends the environment holds.
 
 Builds hold a file lock per key (``filelock``), so concurrent sandboxes and processes build an
 environment once and the others wait for it. An environment is complete only once its marker
@@ -24,9 +33,7 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +42,8 @@ from pathlib import Path
 from sandlot.errors import EnvironmentBuildError
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.local.hostdirs import remove_tree
+from sandlot.sandboxes.local.project_deps import install_project_dependencies
+from sandlot.sandboxes.local.pythons import find_interpreter, find_uv
 from sandlot.settings import settings
 
 log = logging.getLogger("sandlot.sandboxes.local.venv")
@@ -44,6 +53,7 @@ INSTALLER_ENV = "SANDLOT_ENV_INSTALLER"
 OVERLAY_ENV = "SANDLOT_ENV_OVERLAY"
 MARKER = "sandlot-env.json"
 OVERLAY_PTH = "_sandlot_overlay.pth"
+PIP_CONF = "pip.conf"
 BUILD_TIMEOUT_S = 1800.0
 _TAIL_LINES = 25
 
@@ -52,6 +62,25 @@ _OVERLAY_LINE = (
     "import os, site, sysconfig; p = os.environ.get('SANDLOT_ENV_OVERLAY'); "
     "p and site.addsitedir(sysconfig.get_path('purelib', vars={'base': p, 'platbase': p}))\n"
 )
+
+# pip reads <sys.prefix>/pip.conf as its "site" configuration. The repository's install runs in
+# the jail without network, so pip must not build in an isolated environment (which downloads
+# the build backends): the build backends are in the environment already. The value is
+# inverted: pip stores it in `build_isolation`, so "false" turns isolation off (pip's
+# documented quirk of negative options, as PIP_NO_BUILD_ISOLATION=0).
+# An editable install is a path entry in a .pth file, as swebench's images have it (their pip
+# ran `setup.py develop`): setuptools' PEP 660 default instead installs an import finder, and
+# code that maps files to modules through sys.path (astroid, so pylint's checkers) finds
+# nothing. `editable_mode=compat` is setuptools' documented switch; other backends ignore it.
+_PIP_CONF_TEXT = """\
+# Written by sandlot: the repository's install runs offline, with this environment's build
+# backends (see sandlot/sandboxes/local/venv.py).
+[global]
+no-build-isolation = false
+
+[install]
+config-settings = editable_mode=compat
+"""
 
 Progress = Callable[[str], None]
 
@@ -88,93 +117,28 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("sandlot")) / "envs"
 
 
-def _default_interpreter() -> str:
-    # The interpreter behind the caller's virtualenv, never the virtualenv itself: its packages
-    # must not leak into the environment.
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    return os.path.realpath(base)
-
-
-def _version_of(interpreter: str) -> str:
-    try:
-        out = subprocess.run(
-            [interpreter, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise EnvironmentBuildError(f"cannot run the interpreter {interpreter}: {exc}") from exc
-    return out.stdout.strip()
-
-
-def find_interpreter(python: str | None) -> tuple[str, str]:
-    """The base interpreter for ``python`` (a version like ``"3.11"``) and its full version.
-
-    Looks at the interpreter sandlot runs on, then ``python<version>`` on ``PATH``, then the
-    interpreters ``uv python find`` knows.
-
-    Raises:
-        EnvironmentBuildError: no interpreter of that version is on this machine (the local
-            backend cannot switch interpreters without one; the message says what to do).
-    """
-    default = _default_interpreter()
-    if python is None:
-        return default, _version_of(default)
-    wanted = python.split(".")
-    current = [str(v) for v in sys.version_info[:3]]
-    if current[: len(wanted)] == wanted:
-        return default, _version_of(default)
-    candidates = [shutil.which(f"python{python}")]
-    uv = _find_uv()
-    if uv:
-        found = subprocess.run(
-            [uv, "python", "find", "--no-project", python],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        candidates.append(found.stdout.strip() if found.returncode == 0 else None)
-    for candidate in filter(None, candidates):
-        version = _version_of(candidate)
-        if version.split(".")[: len(wanted)] == wanted:
-            return os.path.realpath(candidate), version
-    raise EnvironmentBuildError(
-        f"the environment asks for Python {python}, but this machine has no python{python} "
-        f"(sandlot runs on {'.'.join(current)}). The local backend cannot switch interpreters "
-        f"without one on the machine: install it (e.g. `uv python install {python}` or your "
-        "package manager), drop `python` from the recipe, or use a container backend whose "
-        "image has it"
-    )
-
-
-def _find_uv() -> str | None:
-    try:
-        from uv import find_uv_bin  # the PyPI package `uv` ships the binary
-    except ImportError:
-        return shutil.which("uv")
-    try:
-        return str(find_uv_bin())
-    except FileNotFoundError:
-        return shutil.which("uv")
-
-
 def _installer() -> str:
     forced = (settings().env_installer or "").strip().lower()
     if forced not in ("", "uv", "pip"):
         raise EnvironmentBuildError(f"{INSTALLER_ENV} must be 'uv' or 'pip', got {forced!r}")
     if forced == "pip":
         return "pip"
-    uv = _find_uv()
+    uv = find_uv()
     if uv is None and forced == "uv":
         raise EnvironmentBuildError(f"{INSTALLER_ENV}=uv but uv is not installed (pip install uv)")
     return uv or "pip"
 
 
+# Bumped when what a build makes for the same recipe changes (2: pip.conf, ordered installs;
+# 3: editable installs as path entries).
+_LAYOUT = "layout-3"
+
+
 def environment_key(recipe: EnvironmentRecipe, interpreter: str, version: str) -> str:
-    """The cache key: packages, interpreter path and interpreter version."""
-    return recipe.packages_only().digest(interpreter, version)
+    """The cache key: packages (requirements lines, pip_packages, the project's commit and
+    install target, which fix its build backends and dependencies), interpreter path and
+    version, and the build layout."""
+    return recipe.packages_only().digest(interpreter, version, _LAYOUT)
 
 
 def is_complete(path: Path) -> bool:
@@ -272,17 +236,26 @@ def _build(env: BuiltEnvironment, version: str, timeout_s: float) -> None:
     else:
         argv = [installer, "venv", "--quiet", "--seed", "--python", env.interpreter, str(path)]
         _run(argv, "creating the virtualenv (uv)", recipe, 600)
-    args = list(recipe.pip_packages)
-    if recipe.requirements:
-        requirements = path / "sandlot-requirements.txt"
-        requirements.write_text("\n".join(recipe.requirements) + "\n")
-        args += ["-r", str(requirements)]
-    if args:
+
+    def install(args: list[str], what: str) -> None:
         if installer == "pip":
             argv = [python, "-m", "pip", "install", "--quiet", *args]
         else:
             argv = [installer, "pip", "install", "--quiet", "--python", python, *args]
-        _run(argv, "installing the packages", recipe, timeout_s)
+        _run(argv, what, recipe, timeout_s)
+
+    # swebench's order (make_env_script_list_py): the requirements file, then pip_packages, in
+    # separate installer calls: a pin of pip_packages replaces one of the requirements.
+    if recipe.requirements:
+        requirements = path / "sandlot-requirements.txt"
+        requirements.write_text("\n".join(recipe.requirements) + "\n")
+        install(["-r", str(requirements)], "installing the requirements")
+    if recipe.pip_packages:
+        install(list(recipe.pip_packages), "installing pip_packages")
+    if recipe.project is not None:
+        install_project_dependencies(
+            recipe.project, python, install, lambda argv, what: _run(argv, what, recipe, timeout_s)
+        )
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         capture_output=True,
@@ -293,6 +266,7 @@ def _build(env: BuiltEnvironment, version: str, timeout_s: float) -> None:
     if not purelib:
         raise EnvironmentBuildError(f"the new environment's python at {python} does not run")
     Path(purelib, OVERLAY_PTH).write_text(_OVERLAY_LINE)
+    (path / PIP_CONF).write_text(_PIP_CONF_TEXT)
     marker = {
         "key": env.key,
         "recipe": recipe.model_dump(),
