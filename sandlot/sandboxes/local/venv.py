@@ -267,11 +267,14 @@ def _build(env: BuiltEnvironment, version: str, timeout_s: float) -> None:
     recipe, path = env.recipe, env.path
     installer = _installer()
     python = str(path / "bin" / "python")
+    # The interpreter's own packages only when the recipe asks for them (both tools' flag).
+    shared = ["--system-site-packages"] if recipe.system_site_packages else []
     if installer == "pip":
-        _run([env.interpreter, "-m", "venv", str(path)], "creating the virtualenv", recipe, 600)
+        argv = [env.interpreter, "-m", "venv", *shared, str(path)]
+        _run(argv, "creating the virtualenv", recipe, 600)
     else:
-        argv = [installer, "venv", "--quiet", "--seed", "--python", env.interpreter, str(path)]
-        _run(argv, "creating the virtualenv (uv)", recipe, 600)
+        argv = [installer, "venv", "--quiet", "--seed", *shared, "--python", env.interpreter]
+        _run([*argv, str(path)], "creating the virtualenv (uv)", recipe, 600)
     args = list(recipe.pip_packages)
     if recipe.requirements:
         requirements = path / "sandlot-requirements.txt"
