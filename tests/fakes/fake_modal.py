@@ -598,12 +598,16 @@ class FakeModal:
         if image.tag and self.known_images is not None and image.tag not in self.known_images:
             raise ImageBuildError(f"image {image.tag} not found in registry")
         sb = FakeSandbox(self, kwargs["app"], kwargs, args)
-        self.sandboxes.append(sb)
         if image.tag is None:  # a snapshot's files, copied: siblings' writes stay apart
             shutil.rmtree(sb.root)
             await _copy_tree(self.workdir / "images" / image.object_id, sb.root)
-        for command in image.commands:
-            await self._build(sb, command)
+        try:
+            for command in image.commands:
+                await self._build(sb, command)
+        except BaseException:
+            sb.kill(1)  # a failed build creates no sandbox
+            raise
+        self.sandboxes.append(sb)
         await self.maybe_unanswered("Sandbox.create")  # created, but the answer is lost
         return sb
 
