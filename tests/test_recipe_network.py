@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -16,6 +17,7 @@ from requirements import bwrap_missing, needs
 
 from sandlot import SandboxSpec, SandboxStartError
 from sandlot.sandboxes.environment import CONTAINER_ENV_DIR, EnvironmentRecipe
+from sandlot.sandboxes.local.venv import ensure_environment
 from sandlot.sandboxes.modal import ModalOptions
 from sandlot.sandboxes.modal.build_step import build_step
 
@@ -94,3 +96,13 @@ def test_modal_fork_of_a_snapshot_builds_nothing(fake: FakeModal) -> None:
 
     anyio.run(main)
     assert len(fake.calls_of("Image.build")) == 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_local_environment_sees_the_interpreter_packages_only_when_asked(
+    shared: bool, tmp_path: Path
+) -> None:
+    recipe = EnvironmentRecipe(system_site_packages=shared)
+    built = ensure_environment(recipe, root=tmp_path)
+    config = (built.path / "pyvenv.cfg").read_text()
+    assert f"include-system-site-packages = {str(shared).lower()}" in config
