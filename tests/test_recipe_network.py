@@ -12,7 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 from fakes.fake_modal import FakeModal
-from fakes.shared import FakeModalSandbox
+from fakes.shared import FakeModalSandbox, vefaas_fake_unavailable
+from pydantic import ValidationError
 from requirements import bwrap_missing, needs
 
 from sandlot import SandboxSpec, SandboxStartError
@@ -106,3 +107,35 @@ def test_local_environment_sees_the_interpreter_packages_only_when_asked(
     built = ensure_environment(recipe, root=tmp_path)
     config = (built.path / "pyvenv.cfg").read_text()
     assert f"include-system-site-packages = {str(shared).lower()}" in config
+
+
+@needs(vefaas_fake_unavailable)
+def test_vefaas_installs_the_recipe_in_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    # veFaaS has no per-sandbox network switch (the function's configuration decides): the
+    # install is a command of the sandbox, through its SWE-ReX server.
+    from fakes.fake_vefaas import FakeVefaas
+
+    from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
+
+    for var in ("VOLCE_ACCESS_KEY", "VOLCE_SECRET_KEY", "VEFAAS_FUNCTION_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(EnvironmentRecipe, "container_script", lambda self: QUICK_BUILD)
+    fake = FakeVefaas().start()
+    spec = SandboxSpec(image="python:3.12", environment=RECIPE)
+
+    async def main() -> str:
+        async with VefaasSandbox(spec, VefaasOptions(**fake.options())) as sb:
+            return (await sb.exec(f"cat {CONTAINER_ENV_DIR}/marker; echo $PATH")).stdout
+
+    try:
+        marker, path = anyio.run(main).splitlines()
+    finally:
+        fake.stop()
+    assert marker == "built" and path.startswith(f"{CONTAINER_ENV_DIR}/bin:")
+    (body,) = fake.actions("CreateSandbox")
+    assert not any("network" in key.lower() for key in body)
+
+
+def test_a_bad_system_site_packages_value_names_the_field() -> None:
+    with pytest.raises(ValidationError, match="system_site_packages"):
+        EnvironmentRecipe.model_validate({"system_site_packages": "maybe"})
