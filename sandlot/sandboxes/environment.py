@@ -9,11 +9,12 @@ repository; the *repository steps* (``pre_install``, then ``install``, e.g.
 ``python -m pip install -e .``) run in the checked-out repository (``make_repo_script_list_py``).
 
 How a backend provides it. The packages become an isolated virtual environment on every backend
-(what it holds is the recipe's packages and the seed tools of the interpreter's ``venv``: pip,
-plus setuptools on Python < 3.12), first on ``PATH``; the interpreter's own packages (the
-image's, or on ``local`` with ``image="host"`` the host interpreter's) are visible only when the
-recipe sets ``system_site_packages``. The install has the network it needs; the sandbox the
-agent gets has ``spec.network`` (docs/images.md, "Environment recipes"):
+(the recipe's packages and the seed tools of what made it: pip, plus setuptools on Python <
+3.12 from ``python -m venv``, or setuptools and wheel from ``uv venv --seed``), first on
+``PATH``; the interpreter's own packages (the image's, or on ``local`` with ``image="host"`` the
+host interpreter's) are visible only when the recipe sets ``system_site_packages``. The install
+has the network it needs; the sandbox the agent gets has ``spec.network`` (docs/backends.md,
+"Environment recipes"):
 
 * ``local`` with ``image="host"`` (``Sandbox.on_host``): built once per recipe and interpreter
   on this machine, outside the jail, cached, and mounted read-only
