@@ -68,18 +68,43 @@ def test_digest_changes_with_packages_and_interpreter_but_not_repo_steps() -> No
     assert a.digest() == EnvironmentRecipe(pip_packages=["pytest"], install="make").digest()
 
 
-def test_container_script_uses_the_image_when_it_has_every_package(tmp_path: Path) -> None:
+def test_container_script_uses_the_image_only_when_the_recipe_says_so(tmp_path: Path) -> None:
     target = tmp_path / "env"
-    script = EnvironmentRecipe(pip_packages=["pytest", "pluggy"]).container_script()
-    done = subprocess.run(["bash", "-c", script.replace(CONTAINER_ENV_DIR, str(target))])
+    shared = EnvironmentRecipe(pip_packages=["pytest", "pluggy"], system_site_packages=True)
+    done = subprocess.run(
+        ["bash", "-c", shared.container_script().replace(CONTAINER_ENV_DIR, str(target))]
+    )
     assert done.returncode == 0 and not target.exists()  # nothing to build
-    missing = EnvironmentRecipe(pip_packages=["sandlot-not-installed-pkg"]).container_script()
-    assert "venv --system-site-packages" in missing.split("&& exit 0")[1]
+    missing = shared.model_copy(update={"pip_packages": ["sandlot-not-installed-pkg"]})
+    assert "venv --system-site-packages" in missing.container_script().split("&& exit 0")[1]
+    isolated = EnvironmentRecipe(pip_packages=["pytest", "pluggy"]).container_script()
+    assert "exit 0" not in isolated and "--system-site-packages" not in isolated
+    assert f'"$py" -m venv {CONTAINER_ENV_DIR} ' in isolated
+
+
+def test_container_script_installs_requirements_then_pip_packages_separately() -> None:
+    recipe = EnvironmentRecipe(
+        pip_packages=["markupsafe==2.1.1"], requirements=["markupsafe==2.1.2"]
+    )
+    pips = [ln for ln in recipe.container_script().splitlines() if " -m pip install " in ln]
+    assert len(pips) == 2  # swebench's order: one call each, so a pin may override the file
+    assert pips[0].endswith(f"-r {CONTAINER_ENV_DIR}/requirements.txt")
+    assert pips[1].endswith("markupsafe==2.1.1")
+
+
+def test_digest_keeps_old_keys_and_tells_a_shared_environment_apart() -> None:
+    recipe = EnvironmentRecipe(pip_packages=["pytest"])
+    shared = recipe.model_copy(update={"system_site_packages": True})
+    assert recipe.digest() == "4e73c28b887ac1f6"  # as before the field existed
+    assert shared.digest() != recipe.digest()
+    assert "own packages" in shared.describe()
 
 
 @pytest.mark.slow
-def test_container_script_builds_a_venv_that_sees_the_image_packages(tmp_path: Path) -> None:
-    recipe = EnvironmentRecipe(pip_packages=["pytest>=1"], requirements=["pluggy"])
+def test_container_script_with_shared_packages_builds_a_venv_that_sees_them(tmp_path: Path) -> None:
+    recipe = EnvironmentRecipe(
+        pip_packages=["pytest>=1"], requirements=["pluggy"], system_site_packages=True
+    )
     script = recipe.container_script()
     assert f"venv --system-site-packages {CONTAINER_ENV_DIR}" in script
     assert "'pytest>=1'" in script  # quoted for the shell
@@ -173,7 +198,7 @@ def test_container_backend_runs_the_recipe_before_post_setup(container_backend: 
 
     commands = anyio.run(main)
     assert len(commands) == 3
-    assert "venv --system-site-packages" in commands[0]
+    assert f"-m venv {CONTAINER_ENV_DIR}" in commands[0]  # isolated from the image's packages
     assert commands[1:] == ["pip install -e .", "echo post"]
 
 
@@ -197,7 +222,7 @@ def test_instance_spec_per_backend(container_backend: str) -> None:
     assert local.environment == EnvironmentRecipe(pip_packages=["pytest"])
     remote = instance_spec(inst, container_backend)
     assert remote.image == "python:3.12"
-    assert remote.network is True  # pip must reach an index inside the container
+    assert remote.network is False  # only the backend's install step has the network
 
 
 def test_swebench_specs_give_local_rows_without_a_recipe_an_environment(

@@ -62,20 +62,20 @@ def instance_spec(instance: Instance, backend: str) -> SandboxSpec:
 
     The sandbox gets the recipe's packages (its repository steps run after the repository is
     in place, in :func:`prepare_repo`). The network is on when the repository is cloned from
-    a URL, and on container backends when a recipe's packages must be installed by pip.
+    a URL; the packages' install gets the network from the backend, only while it runs
+    (:mod:`sandlot.sandboxes.environment`).
 
     Raises:
         ValueError: the instance's image map has no image for ``backend``.
         BackendNotFoundError: unknown backend.
     """
     recipe = instance_environment(instance, backend)
-    needs_pip = bool(recipe and recipe.has_packages and not get_backend(backend).on_host)
     return SandboxSpec(
         image=instance.image_for(backend),
         workdir=instance.workdir,
         env=dict(instance.env),
         environment=recipe.packages_only() if recipe else None,
-        network=bool(instance.repo_source and is_url(instance.repo_source)) or needs_pip,
+        network=bool(instance.repo_source and is_url(instance.repo_source)),
         labels={"sandlot.instance_id": instance.instance_id},
     )
 

@@ -328,10 +328,11 @@ class Sandbox(Transport):
         """Backend hook: make the recipe's interpreter and packages available to commands.
 
         The default, for container backends, runs
-        :meth:`~sandlot.sandboxes.environment.EnvironmentRecipe.container_script` (a virtual
-        environment at ``/opt/sandlot-env`` that also sees the image's packages; ``PATH`` was
-        set for it at construction). pip needs ``spec.network`` unless the image already has
-        the packages.
+        :meth:`~sandlot.sandboxes.environment.EnvironmentRecipe.container_script` in the
+        sandbox (a virtual environment at ``/opt/sandlot-env``; ``PATH`` was set for it at
+        construction) with the sandbox's own network. A backend that can give the install a
+        network the agent does not get overrides this (``docker``, ``local``; ``modal`` builds
+        it into the image).
 
         Raises:
             SandboxSetupError: the script failed (its output tail names the package).

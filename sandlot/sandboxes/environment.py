@@ -8,16 +8,24 @@ The fields are those of a ``swebench`` 4.1 specification (``MAP_REPO_VERSION_TO_
 repository; the *repository steps* (``pre_install``, then ``install``, e.g.
 ``python -m pip install -e .``) run in the checked-out repository (``make_repo_script_list_py``).
 
-How a backend provides it:
+How a backend provides it. The packages become an isolated virtual environment on every backend
+(the recipe's packages and the seed tools of what made it: pip, plus setuptools on Python <
+3.12 from ``python -m venv``, or setuptools and wheel from ``uv venv --seed``), first on
+``PATH``; the interpreter's own packages (the image's, or on ``local`` with ``image="host"`` the
+host interpreter's) are visible only when the recipe sets ``system_site_packages``. The install
+has the network it needs; the sandbox the agent gets has ``spec.network`` (docs/backends.md,
+"Environment recipes"):
 
-* ``local`` (``Sandbox.on_host``): the packages become a virtual environment built once per
-  recipe and interpreter on this machine, cached, and mounted read-only first on ``PATH``
+* ``local`` with ``image="host"`` (``Sandbox.on_host``): built once per recipe and interpreter
+  on this machine, outside the jail, cached, and mounted read-only
   (:mod:`sandlot.sandboxes.local.venv`); the repository steps install into a per-sandbox
   writable layer on top of it.
-* container backends (``docker``, ``modal``, ``vefaas``): the image is the environment. A recipe
-  given for a plain base image runs as setup, :meth:`EnvironmentRecipe.container_script`: a
-  virtual environment at :data:`CONTAINER_ENV_DIR` that also sees the image's own packages, with
-  the packages installed by pip (which needs the network unless the image already has them).
+* ``local`` with a container image, ``docker``, ``modal``, ``vefaas``: the image's Python
+  builds it at :data:`CONTAINER_ENV_DIR` with :meth:`EnvironmentRecipe.container_script`:
+  ``local`` in a jail with the network that is then restarted without it, ``docker`` in the
+  container before it is disconnected from the engine's network, ``modal`` as an image build
+  step (the sandbox itself is created with ``block_network``), ``vefaas`` in the sandbox
+  (veFaaS does not enforce a sandbox's network: the function's configuration decides).
 """
 
 from __future__ import annotations
@@ -90,6 +98,12 @@ class EnvironmentRecipe(BaseModel):
             puts into the environment before ``install`` runs offline (``None``: none).
         pre_install: shell commands run in the repository before ``install``.
         install: shell command that installs the repository, ``"python -m pip install -e ."``.
+        system_site_packages: ``True`` lets the environment also see the packages of the
+            image's own ``python3`` (a container image, on any backend): an image that already
+            has every package is then used as it is. On ``local`` with ``image="host"`` it has
+            no effect: the host interpreter's packages belong to no image, and the caller's
+            Python is never what a sandbox's tests run on. ``False`` (the default): the
+            environment holds only the recipe's packages, the same on every backend.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -100,6 +114,7 @@ class EnvironmentRecipe(BaseModel):
     project: ProjectSource | None = None
     pre_install: list[str] = Field(default_factory=list)
     install: str | None = None
+    system_site_packages: bool = False
 
     @field_validator("python", mode="before")
     @classmethod
@@ -143,7 +158,8 @@ class EnvironmentRecipe(BaseModel):
         if self.project:
             parts.append(f"the dependencies of {self.project.target} at {self.project.commit[:12]}")
         head = f"python {self.python}" if self.python else "python"
-        return head + (f" + {', '.join(parts)}" if parts else "")
+        tail = " (+ the interpreter's own packages)" if self.system_site_packages else ""
+        return head + (f" + {', '.join(parts)}" if parts else "") + tail
 
     def digest(self, *salt: str) -> str:
         """A 16-hex-digit content hash of the packages (and ``salt``, e.g. the interpreter)."""
@@ -153,20 +169,25 @@ class EnvironmentRecipe(BaseModel):
             if self.project
             else None
         )
+        # The flag joins the key only when set: environments built before it keep their keys.
+        flag = ["system-site-packages"] if self.system_site_packages else []
         payload = json.dumps(
-            [self.python, self.pip_packages, self.requirements, *salt]
+            [self.python, self.pip_packages, self.requirements, *flag, *salt]
             + ([project] if project else []),
             separators=(",", ":"),
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def container_script(self) -> str:
-        """Shell script building the environment in a container at :data:`CONTAINER_ENV_DIR`.
+        """POSIX shell script building the environment in a container at
+        :data:`CONTAINER_ENV_DIR`, in swebench's order (``make_env_script_list_py``): the
+        requirements file, then ``pip_packages``, in separate pip calls.
 
-        When every package is a bare name the image's Python already has, nothing is built:
-        the image is the environment. Otherwise the virtual environment is created with
-        ``--system-site-packages``, so that what the image holds stays importable (and is not
-        downloaded again).
+        The virtual environment is isolated from the image's packages unless
+        ``system_site_packages``; then, when every package is a bare name the image's Python
+        already has, nothing is built (the image is the environment). pip needs the network
+        unless that shortcut applies; the backends give it to this script only
+        (:mod:`sandlot.sandboxes.environment`).
         """
         env = shlex.quote(CONTAINER_ENV_DIR)
         want = f"python{self.python}" if self.python else "python3"
@@ -180,26 +201,30 @@ class EnvironmentRecipe(BaseModel):
             f'one (use an image with Python {self.python or "3"})" >&2; exit 127; }}',
         ]
         names = self.pip_packages
-        if names and not self.requirements and all(_BARE_NAME.match(n) for n in names):
+        bare = names and not self.requirements and all(_BARE_NAME.match(n) for n in names)
+        if self.system_site_packages and bare:
             quoted = " ".join(shlex.quote(n) for n in names)
             lines.append(f'"$py" -c {shlex.quote(_HAS_ALL)} {quoted} 2>/dev/null && exit 0')
-        lines += [
-            f'"$py" -m venv --system-site-packages {env} 2>/dev/null '
-            f'|| "$py" -m venv --system-site-packages --without-pip {env}',
-        ]
+        flag = " --system-site-packages" if self.system_site_packages else ""
+        lines.append(
+            f'"$py" -m venv{flag} {env} 2>/dev/null || "$py" -m venv{flag} --without-pip {env}'
+        )
+        pip = f"{env}/bin/python -m pip install -q --disable-pip-version-check"
+        if self.requirements or names:
+            lines.append(
+                f'{env}/bin/python -m pip --version >/dev/null 2>&1 || {{ echo "sandlot: '
+                f"$py cannot put pip into a virtual environment (no ensurepip: on Debian or "
+                f'Ubuntu install python3-venv in the image)" >&2; exit 1; }}'
+            )
         if self.requirements:
             body = "\n".join(self.requirements)
             lines.append(
                 f"cat > {env}/requirements.txt <<'SANDLOT_REQUIREMENTS'\n{body}\n"
                 "SANDLOT_REQUIREMENTS"
             )
-        args = [shlex.quote(p) for p in self.pip_packages]
-        if self.requirements:
-            args += ["-r", f"{env}/requirements.txt"]
-        if args:
-            lines.append(
-                f"{env}/bin/python -m pip install -q --disable-pip-version-check " + " ".join(args)
-            )
+            lines.append(f"{pip} -r {env}/requirements.txt")
+        if names:
+            lines.append(f"{pip} " + " ".join(shlex.quote(p) for p in names))
         return "\n".join(lines) + "\n"
 
 

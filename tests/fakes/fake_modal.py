@@ -35,6 +35,8 @@ Fault knobs: ``create_latency_s``, ``rate_limit_rate`` (fraction of creates fail
 ``terminate_failures`` (terminate raises ``InternalError`` that many times first),
 ``stream_failures`` (output streams raise ``StreamTerminatedError`` that many times),
 ``build_failures`` (messages of ``ImageBuildError`` raised by the next creates),
+``Image.run_commands`` steps run at create in the sandbox's files with the network (a failing
+one: ``ImageBuildError``),
 ``fault_rate`` (fraction of *every* call, create/exec/poll/terminate/snapshot, failing with a
 transient error chosen at random, :data:`TRANSIENT_FAULTS`).
 """
@@ -409,8 +411,18 @@ class FakeSandbox:
         _raise_fs(code, err, path)
 
 
-def _image(tag: str | None = None, secret: Any = None, object_id: str | None = None) -> Any:
-    return SimpleNamespace(kind="image", tag=tag, secret=secret, object_id=object_id)
+def _image(
+    tag: str | None = None,
+    secret: Any = None,
+    object_id: str | None = None,
+    commands: tuple[str, ...] = (),
+) -> Any:
+    image = SimpleNamespace(
+        kind="image", tag=tag, secret=secret, object_id=object_id, commands=commands
+    )
+    # Image.run_commands: build steps (Dockerfile RUN lines) on top of this image.
+    image.run_commands = lambda *cmds: _image(tag, secret, object_id, (*commands, *cmds))
+    return image
 
 
 async def _copy_tree(source: Path, dest: Path) -> None:
@@ -587,12 +599,41 @@ class FakeModal:
         if image.tag and self.known_images is not None and image.tag not in self.known_images:
             raise ImageBuildError(f"image {image.tag} not found in registry")
         sb = FakeSandbox(self, kwargs["app"], kwargs, args)
-        self.sandboxes.append(sb)
         if image.tag is None:  # a snapshot's files, copied: siblings' writes stay apart
             shutil.rmtree(sb.root)
             await _copy_tree(self.workdir / "images" / image.object_id, sb.root)
+        try:
+            for command in image.commands:
+                await self._build(sb, command)
+        except BaseException:
+            sb.kill(1)  # a failed build creates no sandbox
+            raise
+        self.sandboxes.append(sb)
         await self.maybe_unanswered("Sandbox.create")  # created, but the answer is lost
         return sb
+
+    async def _build(self, sb: FakeSandbox, command: str) -> None:
+        """A ``RUN`` step of the image, run (as Modal's builder does) with the network and the
+        image's environment only, into the files the sandbox starts from; a failing step is an
+        ``ImageBuildError``. Recorded as ``("Image.build", (command,), {"network": True})``."""
+        self.calls.append(("Image.build", (command,), {"network": True}))
+        jail = jail_argv(
+            sb.root,
+            network=True,
+            own_pids=True,
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root"},
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *jail,
+            "/bin/sh",
+            "-c",
+            command,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise ImageBuildError(f"Image build failed: {out.decode(errors='replace')[-2000:]}")
 
     async def _from_id(self, sandbox_id: str) -> FakeSandbox:
         for sb in self.sandboxes:

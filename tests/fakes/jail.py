@@ -15,8 +15,12 @@ import signal
 import sys
 from pathlib import Path
 
-# Host paths that are not bound (the fake container gets its own or none).
-_PRIVATE = {"proc", "dev", "sys", "tmp", "run", "testbed", "lost+found", "old_root", "mnt", "media"}
+# Host paths that are not bound (the fake container gets its own or none). ``/opt`` is the
+# container's: an environment recipe installs into /opt/sandlot-env.
+_PRIVATE = {
+    *("proc", "dev", "sys", "tmp", "run", "testbed", "lost+found", "old_root", "mnt", "media"),
+    "opt",
+}
 _CHECKOUT = Path(__file__).resolve().parents[2]
 
 

@@ -41,7 +41,9 @@ from sandlot.sandboxes.docker.engine import (
 )
 from sandlot.sandboxes.docker.options import DockerOptions, MiB
 from sandlot.sandboxes.docker.proc import read_only_proc
+from sandlot.sandboxes.docker.setup_network import disconnect_all
 from sandlot.sandboxes.docker.stream import AttachedProcess
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
 from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.spec import SandboxSpec
@@ -75,8 +77,10 @@ class DockerSandbox(StreamedExec):
         spec: ``image`` is an image name the engine knows (or can pull, see ``pull``);
             ``workdir`` is created by the engine; ``cpu`` (cores) becomes ``NanoCpus``,
             ``memory_mb`` (MiB) the memory limit with swap disabled; ``network=False`` gives
-            ``network_mode="none"``; ``timeout_s`` (seconds) is the container's lifetime:
-            PID 1 exits after it and the engine kills everything else.
+            ``network_mode="none"`` (with an environment recipe to install: the engine's
+            default network, disconnected once the install is done,
+            :mod:`sandlot.sandboxes.docker.setup_network`); ``timeout_s`` (seconds) is the
+            container's lifetime: PID 1 exits after it and the engine kills everything else.
         options: :class:`DockerOptions`.
 
     Every container carries the labels ``sandlot.run_id``, ``sandlot.created_at`` (unix
@@ -103,6 +107,18 @@ class DockerSandbox(StreamedExec):
         super().__init__(spec, options)
         self._api: APIClient | None = None
         self._container_id: str | None = None
+
+    @property
+    def _online_install(self) -> bool:
+        """Whether the container gets a network for its environment install only (a spec
+        without network whose recipe installs packages; a fork's image holds them)."""
+        recipe = self.spec.environment
+        return bool(
+            not self.spec.network
+            and self.origin is None
+            and recipe is not None
+            and recipe.has_packages
+        )
 
     @property
     def container_id(self) -> str | None:
@@ -262,7 +278,7 @@ class DockerSandbox(StreamedExec):
         spec, opts, api = self.spec, self.options, self._client
         memory = spec.memory_mb * MiB if spec.memory_mb else None
         host_config = api.create_host_config(
-            network_mode=None if spec.network else "none",
+            network_mode=None if spec.network or self._online_install else "none",
             mem_limit=memory,
             memswap_limit=memory,  # equal to mem_limit: no swap on top of the limit
             nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
@@ -318,6 +334,24 @@ class DockerSandbox(StreamedExec):
                 f"pulling image {image!r} (pull={policy!r}) failed: {exc.explanation or exc}",
                 retryable=exc.status_code is None or exc.status_code >= 500,
             ) from exc
+
+    async def _install_environment(self, recipe: EnvironmentRecipe) -> None:
+        """The recipe's container script, run on the engine's default network; then every
+        network is disconnected when the spec has none (a failed install leaves the container
+        to ``start``, which removes it).
+
+        Raises:
+            SandboxSetupError: the script failed.
+            SandboxError: the network could not be taken away.
+        """
+        await super()._install_environment(recipe)
+        if self._online_install:
+            await self._call(
+                "disconnecting the environment install's network",
+                disconnect_all,
+                self._client,
+                self._cid,
+            )
 
     async def _snapshot(self) -> str:
         return await self._call("committing", commit, self._client, self._cid, self.spec.labels)

@@ -487,8 +487,10 @@ class LocalSandbox(Sandbox):
 
     async def _install_environment(self, recipe: EnvironmentRecipe, *, fork: bool = False) -> None:
         """Mount the recipe's cached virtual environment (built on first use) first on ``PATH``;
-        in a container image, run the recipe's container script as the docker backend does
-        (a ``fork`` of a snapshot only sets ``PATH``: the installed files are in its layer).
+        in a container image, run the recipe's container script as the docker backend does,
+        in the jail restarted with the network, then restarted as the spec says
+        (:meth:`_install_online`; a ``fork`` of a snapshot only sets ``PATH``: the installed
+        files are in its layer).
 
         The environment is built on this machine, outside the jail, once per recipe and
         interpreter (:func:`~sandlot.sandboxes.local.venv.ensure_environment`; concurrent
@@ -506,7 +508,7 @@ class LocalSandbox(Sandbox):
         if self._image is not None:  # a container image is the environment, as on docker
             self._env["PATH"] = container_path(self._env)
             if not fork:
-                await super()._install_environment(recipe)
+                await self._install_online(recipe)
             return
         if self._rootfs() != Path("/"):
             raise SandboxStartError(
@@ -523,6 +525,30 @@ class LocalSandbox(Sandbox):
                 self._jail_config, environment=self._venv.path, readonly=tuple(readonly)
             )
         await self._start_init(init_interpreter(Path("/")))
+
+    async def _install_online(self, recipe: EnvironmentRecipe) -> None:
+        """The recipe's container script in this image's jail with the host's network, then
+        the jail without it when the spec has none. The image's writable layer is the
+        sandbox's own directory, so the installed files outlive the restarts; nothing else
+        has run in the jail yet.
+
+        Raises:
+            SandboxSetupError: the script failed.
+            SandboxStartError: the jail did not restart.
+        """
+        config = self._jail_config
+        if config is None or config.network:  # the network the spec asks for already
+            await super()._install_environment(recipe)
+            return
+        await self._restart_init(dataclasses.replace(config, network=True))
+        await super()._install_environment(recipe)
+        await self._restart_init(config)
+
+    async def _restart_init(self, config: JailConfig) -> None:
+        """Stop the jail's processes and start it again as ``config`` says."""
+        await self._stop_init()
+        self._jail_config = config
+        await self._start_init(init_interpreter(self._rootfs(), self._image))
 
     def _host_path(self) -> str:
         """The host's ``PATH`` without the caller's virtualenv (its Python never runs tests)

@@ -231,6 +231,8 @@ def _build(env: BuiltEnvironment, version: str, timeout_s: float) -> None:
     recipe, path = env.recipe, env.path
     installer = _installer()
     python = str(path / "bin" / "python")
+    # Never the host interpreter's own packages, whatever system_site_packages says: they are
+    # not part of any image, and the caller's Python is never what a sandbox's tests run on.
     if installer == "pip":
         _run([env.interpreter, "-m", "venv", str(path)], "creating the virtualenv", recipe, 600)
     else:

@@ -4,11 +4,12 @@ Written against the ``modal`` SDK 1.6.4, read in its source (``modal/sandbox/``,
 ``container_process.py``, ``io_streams.py``, ``app.py``, ``image.py``, ``secret.py``) and the
 reference at https://modal.com/docs/reference/modal.Sandbox. Calls used, all through their ``.aio``
 async variants: ``App.lookup(name, create_if_missing=True)``, ``Image.from_registry(tag, secret=)``,
-``Secret.from_name(name)``, ``Sandbox.create(*cmd, app=, name=, tags=, image=, env=, timeout=,
-idle_timeout=, workdir=, cpu=, memory=, block_network=)``, ``Sandbox.exec(*argv, timeout=, env=,
-text=False)`` (stdout/stderr read concurrently, stdin ``write``/``write_eof``/``drain``, ``wait``),
-``Sandbox.poll``, ``Sandbox.terminate``, ``Sandbox.from_name``, ``Sandbox.list(app_id=, tags=)``,
-``get_tags`` and ``Sandbox.filesystem.read_bytes``/``write_bytes``. Snapshots (the guide:
+``Image.run_commands(cmd)``, ``Secret.from_name(name)``, ``Sandbox.create(*cmd, app=, name=,
+tags=, image=, env=, timeout=, idle_timeout=, workdir=, cpu=, memory=, block_network=)``,
+``Sandbox.exec(*argv, timeout=, env=, text=False)`` (stdout/stderr read concurrently, stdin
+``write``/``write_eof``/``drain``, ``wait``), ``Sandbox.poll``, ``Sandbox.terminate``,
+``Sandbox.from_name``, ``Sandbox.list(app_id=, tags=)``, ``get_tags`` and
+``Sandbox.filesystem.read_bytes``/``write_bytes``. Snapshots (the guide:
 https://modal.com/docs/guide/sandbox-snapshots): ``Sandbox.snapshot_filesystem(timeout, ttl=)``
 makes an ``Image`` whose ``object_id`` (``im-...``) is the handle, ``Image.from_id`` (lazy, called
 without ``.aio``: 1.6.4 deprecates that) names it to ``Sandbox.create``, and
@@ -34,8 +35,10 @@ from pydantic import BaseModel
 
 from sandlot.errors import SandboxError, SandboxFileError, SandboxStartError
 from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
+from sandlot.sandboxes.modal.build_step import build_step
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
 from sandlot.sandboxes.network import public_cidrs
@@ -60,7 +63,10 @@ class ModalSandbox(StreamedExec):
         spec: ``image`` is a registry name (canonical SWE-bench names are mapped by
             :func:`sandlot.sandboxes.images.backend_image`); ``cpu`` (cores) and ``memory_mb``
             (MiB) are Modal's requests; ``timeout_s`` (seconds, rounded up) is the sandbox
-            lifetime; ``network=False`` sets ``block_network``, ``network="internet"`` an
+            lifetime; ``environment``'s packages are an image build step
+            (:func:`~sandlot.sandboxes.modal.build_step.build_step`: the build has the network,
+            the sandbox only ``spec.network``); ``network=False`` sets ``block_network``,
+            ``network="internet"`` an
             ``outbound_cidr_allowlist`` of the public IPv4 blocks
             (:func:`sandlot.sandboxes.network.public_cidrs`); ``env`` and ``workdir`` go to
             the sandbox; ``labels`` plus the ``sandlot.*`` labels become Modal tags.
@@ -164,6 +170,9 @@ class ModalSandbox(StreamedExec):
                 image = modal.Image.from_registry(
                     image_name, secret=modal.Secret.from_name(secret) if secret else None
                 )
+                recipe = spec.environment
+                if recipe is not None and recipe.has_packages:
+                    image = image.run_commands(build_step(recipe, spec.env))
         except Exception as exc:
             raise self._start_error(modal, f"preparing image {image_name!r}", exc) from exc
         self._attempts += 1
@@ -204,6 +213,9 @@ class ModalSandbox(StreamedExec):
         # The STARTING slot is held until a command works.
         if await self._run_quiet(remote_shell.mkdir_argv(spec.workdir)) != 0:
             raise SandboxStartError(f"sandbox {self.id}: cannot create workdir {spec.workdir}")
+
+    async def _install_environment(self, recipe: EnvironmentRecipe) -> None:
+        """Nothing to run: the recipe's packages were built into the image (``_start``)."""
 
     def _start_error(self, modal: ModuleType, what: str, exc: Exception) -> SandboxStartError:
         """Retryable when :func:`translate` says the service's fault ("Image build failed,
