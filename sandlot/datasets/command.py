@@ -42,7 +42,10 @@ def _backend_option(pre: Preprocessor) -> Any:
         except UnknownBackendError as exc:
             if ctx.get_parameter_source("backend") is ParameterSource.ENVIRONMENT:
                 # Not the flag's value: "Invalid value for --backend" would hide the culprit.
-                raise click.ClickException(f"${DEPLOYMENT_ENV}: {exc}") from None
+                # Exit 2 all the same: bad input, as for a bad --backend.
+                error = click.ClickException(f"${DEPLOYMENT_ENV}: {exc}")
+                error.exit_code = 2
+                raise error from None
             raise click.BadParameter(str(exc)) from None
         if backend not in pre.backends:
             raise click.BadParameter(

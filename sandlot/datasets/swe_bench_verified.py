@@ -62,15 +62,16 @@ def convert(record: Mapping[str, Any], ctx: ConvertContext) -> dict[str, Any]:
     instance_id = str(record["instance_id"])
     if ctx.backend == "local":
         data.update(local_environment(record, ctx, None))
-        try:
-            recipe = spec_environment(
-                Instance.model_validate(data), source=str(data["repo_source"])
-            )
-        except (SpecError, RequirementsError) as exc:
-            raise SourceError("version", str(exc)) from None
-        except ValidationError:
-            recipe = None  # the row itself is invalid: convert_record names the field
-        data["environment"] = recipe.model_dump() if recipe else None
+        if data.get("environment") is None:  # a row's own recipe wins over the spec's
+            try:
+                recipe = spec_environment(
+                    Instance.model_validate(data), source=str(data["repo_source"])
+                )
+            except (SpecError, RequirementsError) as exc:
+                raise SourceError("version", str(exc)) from None
+            except ValidationError:
+                recipe = None  # the row itself is invalid: convert_record names the field
+            data["environment"] = recipe.model_dump() if recipe else None
     else:
         image = image_name(
             ImageFamily.SWE_BENCH, instance_id, ctx.backend, overrides=ctx.image_overrides

@@ -60,7 +60,7 @@ def test_data_prepare_names_deployment(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("DEPLOYMENT", "lcoal")
     args = ["data", "prepare", "swe_rebench", "--local-save-dir", str(tmp_path)]
     result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     [line] = _error_lines(result.output)
     assert line.startswith("Error: $DEPLOYMENT: unknown backend 'lcoal' (did you mean 'local'?)")
     assert "Invalid value" not in line and not list(tmp_path.iterdir())
