@@ -32,6 +32,13 @@ from sandlot.datasets.validate import ValidationReport
 from sandlot.sandboxes.images import load_image_overrides
 
 
+class _EnvironmentBackendError(click.ClickException):
+    """An unknown backend named by ``$DEPLOYMENT``: one ``Error:`` line, and exit 2 (bad
+    input) as for a bad ``--backend``."""
+
+    exit_code = 2
+
+
 def _backend_option(pre: Preprocessor) -> Any:
     """``--backend``/``--deployment``/``$DEPLOYMENT``, checked against the backends ``pre``
     supports."""
@@ -42,10 +49,7 @@ def _backend_option(pre: Preprocessor) -> Any:
         except UnknownBackendError as exc:
             if ctx.get_parameter_source("backend") is ParameterSource.ENVIRONMENT:
                 # Not the flag's value: "Invalid value for --backend" would hide the culprit.
-                # Exit 2 all the same: bad input, as for a bad --backend.
-                error = click.ClickException(f"${DEPLOYMENT_ENV}: {exc}")
-                error.exit_code = 2
-                raise error from None
+                raise _EnvironmentBackendError(f"${DEPLOYMENT_ENV}: {exc}") from None
             raise click.BadParameter(str(exc)) from None
         if backend not in pre.backends:
             raise click.BadParameter(
