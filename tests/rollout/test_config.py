@@ -187,7 +187,9 @@ def test_an_unknown_backend_from_the_environment_names_the_backends(
     monkeypatch.setenv("DEPLOYMENT", "k8s")
     with pytest.raises(ConfigError, match=r"backend 'k8s' \(set by \$DEPLOYMENT\)") as info:
         config.sandbox.options_for(config.sandbox.resolved_backend())
-    assert "known backends: docker, local, modal, vefaas;" in str(info.value)
+    # Tests that register fakes (modal-fake, ...) may have run first: the built-in ones suffice.
+    known = str(info.value).split("known backends: ")[1].split(";")[0].split(", ")
+    assert {"docker", "local", "modal", "vefaas"} <= set(known)
 
 
 # ----------------------------------------------------------------------------- the model client
