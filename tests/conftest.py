@@ -71,6 +71,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.nodeid not in passed]
 
 
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Every ``pytest.mark.anyio`` test and async fixture runs on asyncio (the backend sandlot
+    uses); session-scoped so that fixtures of any scope may be async."""
+    return "asyncio"
+
+
 @pytest.fixture
 def freezing_hangs(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
     """Freezing a ``local`` sandbox into a snapshot hangs until it is cancelled; the event is

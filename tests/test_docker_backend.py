@@ -48,11 +48,6 @@ MiB = 1024 * 1024
 CALL_BUDGET_S = 120
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def engine() -> Any:
     return docker_engine()

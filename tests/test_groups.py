@@ -22,11 +22,6 @@ TOKEN = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > token.txt"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def local_root(tmp_path: Path) -> str:
     if reason := bwrap_missing():
         missing(reason)

@@ -33,11 +33,6 @@ RUN = "run-leak-test"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("SANDLOT_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("SANDLOT_RUN_ID", RUN)

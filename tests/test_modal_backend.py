@@ -36,11 +36,6 @@ FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_sta
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModal]:
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")

@@ -120,11 +120,6 @@ def local_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
 SPEC, OPTIONS = SandboxSpec(), LocalSandbox.Options()
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def caches(n: int, max_snapshots: int = 4) -> list[SetupCache]:
     """``n`` caches (as of ``n`` processes) on one registry."""
     actor = SetupActor(max_snapshots)

@@ -26,11 +26,6 @@ pytestmark = pytest.mark.anyio
 TOKEN = "test-token"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
     port = free_port()

@@ -49,11 +49,6 @@ CREDENTIAL_ENV = (
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVefaas]:
     for var in CREDENTIAL_ENV:
         monkeypatch.delenv(var, raising=False)

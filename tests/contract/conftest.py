@@ -198,12 +198,60 @@ from cloud_targets import cloud_targets  # noqa: E402
 TARGETS += cloud_targets(ContractTarget)
 
 
+# What ``Sandbox`` itself owns (sandlot/sandboxes/base.py) and no transport can change: these
+# tests run on BASE_TARGETS only, a local and a remote-shaped backend; every other test runs
+# on every target. A test belongs here only if no transport primitive (``_run``, ``_put_bytes``,
+# ``_get_archive``, ``_close``, ...) decides its outcome; each entry says what base code it pins.
+BASE_TARGETS = ("local-bwrap", "modal-fake")
+BASE_OWNED = {
+    "test_duration_is_measured": "Sandbox.exec times the call",
+    "test_argv_list_is_quoted": "as_shell quotes an argv list before the transport sees it",
+    "test_relative_cwd_is_inside_workdir": "Sandbox.resolve_path",
+    "test_relative_paths_are_inside_workdir": "Sandbox.resolve_path",
+    "test_upload_of_missing_local_path_fails": "build_archive reads the host path",
+    "test_a_planted_link_never_makes_a_later_download_write_outside": (
+        "extract_archive writes on the host, whatever archive the transport sends"
+    ),
+    "test_close_is_idempotent": "Sandbox.close's state machine",
+    "test_calls_after_close_raise_dead": "Sandbox._check_usable",
+    "test_calls_before_start_raise_dead": "Sandbox._check_usable",
+    "test_error_in_body_closes_and_close_stays_safe": "Sandbox.__aexit__",
+    "test_post_setup_failure_raises_with_command_and_output": "Sandbox._setup_step",
+}
+# ``any_session`` (test_contract_session.py) runs each test on the backend's own session
+# ("native") and on the exec fallback ("exec"): ExecSession is generic code over ``exec``, which
+# the exec tests pin on every target, so its variant runs on BASE_TARGETS only.
+SESSION_KINDS = ("native", "exec")
+BASE_OWNED_SESSION_KINDS = ("exec",)
+
+
+def _targets(base_owned: bool) -> list[ContractTarget]:
+    return [t for t in TARGETS if not base_owned or t.id in BASE_TARGETS]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``target`` (and ``any_session``) per test: see :data:`BASE_OWNED`."""
+    if "target" not in metafunc.fixturenames:
+        return
+    base_owned = metafunc.definition.originalname in BASE_OWNED
+    if "any_session" in metafunc.fixturenames:
+        cases = [
+            (kind, t)
+            for kind in SESSION_KINDS
+            for t in _targets(base_owned or kind in BASE_OWNED_SESSION_KINDS)
+        ]
+        metafunc.parametrize(
+            ("any_session", "target"),
+            cases,
+            ids=[f"{kind}-{t.id}" for kind, t in cases],
+            indirect=True,
+        )
+    else:
+        targets = _targets(base_owned)
+        metafunc.parametrize("target", targets, ids=[t.id for t in targets], indirect=True)
+
+
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(params=TARGETS, ids=[t.id for t in TARGETS])
 def target(request: pytest.FixtureRequest) -> ContractTarget:
     """The contract target under test (skipped when it cannot run here; failed with CI=true)."""
     chosen: ContractTarget = request.param

