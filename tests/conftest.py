@@ -3,20 +3,24 @@
 * The checks of ``@needs(...)`` marks run when each test is set up (``tests/requirements.py``):
   a missing part skips the test, or fails it with ``CI=true``. A module that misses a part at
   import is a collection error under ``CI=true``; the other modules' tests still run there.
-* Slow tests (``@pytest.mark.slow``, more than about 3 s) are deselected by the default
-  ``-m "not slow"`` of ``pyproject.toml``; ``python -m pytest -q -m ""`` runs every test, and so
-  does CI: with ``CI=true`` that default is dropped, so nothing goes untested there. It is
-  dropped too when every argument names tests (``path::test``): a slow test asked for runs.
+* The default run is the cheap tier (docs/testing.md): the ``-m`` of ``addopts`` in
+  ``pyproject.toml`` deselects the ``contract``, ``e2e`` and ``slow`` tiers;
+  ``python -m pytest -q -m ""`` runs every test, and so does CI: with ``CI=true`` that default
+  is dropped, so nothing goes untested there. It is dropped too when every argument names
+  tests (``path::test``): a test asked for runs whatever its tier.
+* A test runs at most ``timeout`` seconds (pyproject.toml; pytest-timeout), then fails alone
+  with its stacks; known-long tests carry their own ``@pytest.mark.timeout(N)``.
 * ``SANDLOT_STATE_DIR`` points at a temporary directory unless set: run logs and leak lists of
   the tests never land in the user's state dir.
 * CI runs the suite twice, as a new user and then with everything installed (``.ci/run``):
   ``SANDLOT_PASSED_OUT=FILE`` writes the node ids of the tests that passed (every phase), and
   ``SANDLOT_PASSED_IN=FILE`` deselects them, so the second run runs only what the first did
-  not pass (skipped, deselected as slow, failed).
+  not pass (skipped, deselected by tier, failed).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 
@@ -24,13 +28,20 @@ import anyio
 import pytest
 from requirements import IN_CI, check_marks
 
-DEFAULT_MARKEXPR = "not slow"
+
+def default_markexpr(config: pytest.Config) -> str | None:
+    """The ``-m`` of ``addopts`` in pyproject.toml (the default tier), or ``None``."""
+    addopts: list[str] = config.getini("addopts")
+    for flag, value in itertools.pairwise(addopts):
+        if flag == "-m":
+            return value
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("SANDLOT_STATE_DIR", tempfile.mkdtemp(prefix="sandlot-test-state-"))
     named = bool(config.args) and all("::" in arg for arg in config.args)
-    if config.option.markexpr == DEFAULT_MARKEXPR and (IN_CI or named):
+    if config.option.markexpr == default_markexpr(config) and (IN_CI or named):
         config.option.markexpr = ""
     if IN_CI:
         config.option.continue_on_collection_errors = True

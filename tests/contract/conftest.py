@@ -230,7 +230,8 @@ def _targets(base_owned: bool) -> list[ContractTarget]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize ``target`` (and ``any_session``) per test: see :data:`BASE_OWNED`."""
+    """Parametrize ``target`` (and ``any_session``) per test (see :data:`BASE_OWNED`); each
+    item is marked ``contract``, a tier of its own (docs/testing.md)."""
     if "target" not in metafunc.fixturenames:
         return
     base_owned = metafunc.definition.originalname in BASE_OWNED
@@ -240,15 +241,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             for kind in SESSION_KINDS
             for t in _targets(base_owned or kind in BASE_OWNED_SESSION_KINDS)
         ]
-        metafunc.parametrize(
-            ("any_session", "target"),
-            cases,
-            ids=[f"{kind}-{t.id}" for kind, t in cases],
-            indirect=True,
-        )
+        params = [
+            pytest.param(kind, t, id=f"{kind}-{t.id}", marks=pytest.mark.contract)
+            for kind, t in cases
+        ]
+        metafunc.parametrize(("any_session", "target"), params, indirect=True)
     else:
-        targets = _targets(base_owned)
-        metafunc.parametrize("target", targets, ids=[t.id for t in targets], indirect=True)
+        params = [
+            pytest.param(t, id=t.id, marks=pytest.mark.contract) for t in _targets(base_owned)
+        ]
+        metafunc.parametrize("target", params, indirect=True)
 
 
 @pytest.fixture
