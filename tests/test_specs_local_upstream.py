@@ -42,7 +42,8 @@ from sandlot.sandboxes.local.pythons import find_interpreter
 
 need_module("swebench", EVAL)
 
-pytestmark = [needs(bwrap_missing), pytest.mark.slow]
+# Each case builds an environment from PyPI sdists: about 2.5 min on an idle 2-core machine.
+pytestmark = [needs(bwrap_missing), pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from sandlot.trainer.launch import (  # noqa: E402
 )
 from sandlot.trainer.startup import entry_config  # noqa: E402
 
-pytestmark = [pytest.mark.slow, needs(bwrap_missing)]
+# verl on CPU, with a real model and tokenizer: minutes per test on a loaded machine.
+pytestmark = [pytest.mark.slow, needs(bwrap_missing), pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SWE_MINI = ROOT / "examples" / "swe-mini"
