@@ -136,6 +136,7 @@ def _gold_and_wrong(dataset: Path, tmp_path: Path) -> tuple[int, str]:
 
 
 @needs(bwrap_missing, importable("swebench", EVAL))
+@pytest.mark.e2e
 def test_several_prediction_files_share_each_instance_set_up(dataset: Path, tmp_path: Path) -> None:
     _, out = _gold_and_wrong(dataset, tmp_path)
     # ledger: set up once for gold and wrong; textkit once for gold (an empty patch opens none)
@@ -143,6 +144,7 @@ def test_several_prediction_files_share_each_instance_set_up(dataset: Path, tmp_
 
 
 @needs(bwrap_missing, importable("swebench", EVAL))
+@pytest.mark.e2e
 def test_a_set_up_that_cannot_be_frozen_is_done_per_evaluation(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -82,6 +82,7 @@ ALL = [example for path in DOCS for example in examples(path)]
 
 
 @pytest.mark.parametrize("example", ALL, ids=lambda e: e.where)
+@pytest.mark.e2e
 def test_example_runs_and_prints_what_it_says(example: Example, tmp_path: Path) -> None:
     prelude = ""
     if example.part is not None:

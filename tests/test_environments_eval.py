@@ -44,6 +44,7 @@ def _evaluate(inst: Instance) -> EvalResult:
     return anyio.run(lambda: evaluate(inst, inst.patch, backend="local"))
 
 
+@pytest.mark.e2e
 def test_tests_run_on_the_instance_environment_not_the_callers_python(
     minicalc: Instance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -273,6 +273,7 @@ def test_gc_removes_everything_a_kill_9_run_left_on_docker(tmp_path: Path) -> No
     assert client.api.containers(all=True, filters=label) == []
 
 
+@pytest.mark.slow
 def test_eval_labels_its_sandboxes_with_the_run_id_the_user_chose(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -319,6 +320,7 @@ def test_eval_labels_its_sandboxes_with_the_run_id_the_user_chose(
     assert bad.exit_code == 2 and "--run-id" in bad.output and "letters, digits" in bad.output
 
 
+@pytest.mark.slow
 def test_rollout_labels_its_sandboxes_with_the_run_id_the_user_chose(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

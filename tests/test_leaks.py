@@ -62,6 +62,7 @@ def listed() -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.e2e
 async def test_an_unanswered_terminate_is_logged_counted_listed_and_collected_by_gc(
     fake: FakeModal, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -178,6 +179,7 @@ APPENDER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_concurrent_appenders_in_several_processes_lose_and_mangle_nothing(state: Path) -> None:
     code = APPENDER.format(run=RUN)
     procs = [
@@ -202,6 +204,7 @@ async def test_the_run_summary_names_the_leaks_of_its_backend(state: Path) -> No
     assert f"sandlot gc --backend modal --leaked --run-id {RUN}" in note
 
 
+@pytest.mark.slow
 async def test_an_abandoned_create_that_cannot_be_found_is_listed_and_gc_kills_it(
     fake: FakeModal,
 ) -> None:

@@ -209,6 +209,7 @@ async def test_terminate_raising_once_is_retried(
     assert "closing sandbox" in caplog.text and "failed, retrying" in caplog.text
 
 
+@pytest.mark.e2e
 async def test_terminate_failing_for_good_does_not_raise_from_close(
     fake: FakeModal, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -226,6 +227,7 @@ def cut_control_calls(sb: FakeModalSandbox) -> None:
     sb.options = sb.options.model_copy(update={"control_timeout_s": 0.1})
 
 
+@pytest.mark.e2e
 async def test_a_terminate_that_never_answers_is_cut_retried_and_reported(
     fake: FakeModal, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -278,6 +280,7 @@ async def test_dying_mid_command_raises_dead(fake: FakeModal) -> None:
                 await sb.exec("sleep 30", timeout=20)
 
 
+@pytest.mark.e2e
 async def test_cancelled_run_of_200_starting_terminates_every_created_sandbox(
     fake: FakeModal,
 ) -> None:
@@ -383,6 +386,7 @@ def test_a_terminated_grpc_stream_is_retryable() -> None:
         modal.close()
 
 
+@pytest.mark.e2e
 async def test_exec_without_timeout_ends_when_the_worker_is_lost_silently(
     fake: FakeModal, monkeypatch: pytest.MonkeyPatch
 ) -> None:

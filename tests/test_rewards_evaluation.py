@@ -194,6 +194,7 @@ def test_bad_patch_is_an_error_and_the_batch_goes_on(
     _assert_no_leaks(sandbox_root)
 
 
+@pytest.mark.e2e
 def test_hanging_tests_are_killed_at_eval_timeout(
     instances: dict[str, Instance], sandbox_root: Path
 ) -> None:
@@ -227,6 +228,7 @@ def test_unknown_backend_is_an_error_result(instances: dict[str, Instance]) -> N
     assert "nosuch" in (result.error or "") and "local" in (result.error or "")
 
 
+@pytest.mark.e2e
 def test_spoofed_passed_lines_do_not_resolve(
     instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
 ) -> None:
@@ -256,6 +258,7 @@ def test_spoofed_passed_lines_do_not_resolve(
     _assert_no_leaks(sandbox_root)
 
 
+@pytest.mark.e2e
 def test_model_edits_to_test_files_are_undone(
     instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
 ) -> None:

@@ -68,6 +68,7 @@ async def client(server_url: str) -> AsyncIterator[SwerexClient]:
     await c.aclose()
 
 
+@pytest.mark.e2e
 async def test_execute_and_text_files(client: SwerexClient, tmp_path: Path) -> None:
     assert await client.is_alive()
     out = await client.execute(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
@@ -87,6 +88,7 @@ async def test_bytes_round_trip(client: SwerexClient, tmp_path: Path) -> None:
         await client.read_bytes(str(tmp_path / "missing"))
 
 
+@pytest.mark.e2e
 async def test_sessions_keep_state(client: SwerexClient, tmp_path: Path) -> None:
     await client.create_session("s1")
     await client.run_in_session(f"cd {tmp_path} && export X=42", session="s1", timeout=10)
@@ -119,6 +121,7 @@ async def test_wrong_api_key_is_an_http_error(server_url: str) -> None:
     await c.aclose()
 
 
+@pytest.mark.e2e
 async def test_long_command_is_not_cut_by_a_fixed_client_timeout(server_url: str) -> None:
     # Shrunk scale of the 300 s bug: requests without a command timeout are cut at 0.5 s, yet a
     # 1.5 s command with timeout=10 finishes, because its request waits 10 s + margin.

@@ -63,6 +63,7 @@ def make(fake: FakeVefaas, spec: SandboxSpec | None = None, **options: Any) -> V
     return VefaasSandbox(spec or SandboxSpec(image="python:3.12", start_limits=FAST), opts)
 
 
+@pytest.mark.e2e
 async def test_create_request_carries_exactly_these_fields(fake: FakeVefaas) -> None:
     spec = SandboxSpec(
         image="swebench/sweb.eval.x86_64.django_1776_django-11099:latest",
@@ -125,6 +126,7 @@ async def test_unknown_image_fails_at_once(fake: FakeVefaas) -> None:
     assert not info.value.retryable and len(fake.actions("CreateSandbox")) == 1
 
 
+@pytest.mark.e2e
 async def test_a_start_command_that_exits_fails_at_once_with_its_output(fake: FakeVefaas) -> None:
     # As when the image has no interpreter: the same command would exit again, so no retry.
     sb = make(fake, bootstrap="echo no server in this image >&2; exit 3")
@@ -135,6 +137,7 @@ async def test_a_start_command_that_exits_fails_at_once_with_its_output(fake: Fa
     assert sb.closed and not fake.live()
 
 
+@pytest.mark.e2e
 async def test_a_token_that_begins_with_a_dash_still_starts_the_server(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -184,6 +187,7 @@ async def test_throttled_creates_are_retried_under_the_cap(
     assert not fake.live()
 
 
+@pytest.mark.e2e
 async def test_kill_failing_once_is_retried(fake: FakeVefaas) -> None:
     sb = make(fake)
     await sb.start()
@@ -192,6 +196,7 @@ async def test_kill_failing_once_is_retried(fake: FakeVefaas) -> None:
     assert len(fake.actions("KillSandbox")) == 2 and not fake.live()
 
 
+@pytest.mark.e2e
 async def test_a_kill_that_keeps_failing_lists_the_leak_with_the_vefaas_id(
     fake: FakeVefaas,
 ) -> None:
@@ -203,6 +208,7 @@ async def test_a_kill_that_keeps_failing_lists_the_leak_with_the_vefaas_id(
     assert leak.backend_id == sb.sandbox_id is not None and fake.live()
 
 
+@pytest.mark.e2e
 async def test_data_plane_5xx_is_retried_then_reported(fake: FakeVefaas) -> None:
     async with make(fake, request_retries=2) as sb:
         fake.gateway_failures = 2
@@ -228,6 +234,7 @@ async def test_no_request_lasts_as_long_as_the_command(
         assert (r.exit_code, r.stdout) == (0, "done\n")
 
 
+@pytest.mark.e2e
 async def test_gc_finds_and_kills_by_run_id(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,6 +283,7 @@ async def test_a_wrong_secret_key_fails_the_signature_check(fake: FakeVefaas) ->
     assert not info.value.retryable and not fake.instances
 
 
+@pytest.mark.e2e
 async def test_an_unreachable_control_plane_is_a_retryable_sandbox_error(
     fake: FakeVefaas,
 ) -> None:
@@ -296,6 +304,7 @@ async def test_an_unreachable_control_plane_is_a_retryable_sandbox_error(
         fake.api_up()
 
 
+@pytest.mark.e2e
 async def test_is_alive_never_raises_when_the_control_plane_hangs(fake: FakeVefaas) -> None:
     async with quick(fake) as sb:
         fake.inject("DescribeSandbox", "timeout", "refused")
@@ -306,6 +315,7 @@ async def test_is_alive_never_raises_when_the_control_plane_hangs(fake: FakeVefa
 
 
 @pytest.mark.parametrize("fault", ["timeout", "dropped", "no_id"])
+@pytest.mark.e2e
 async def test_a_create_whose_answer_is_lost_leaks_nothing(fake: FakeVefaas, fault: str) -> None:
     fake.inject("CreateSandbox", fault)
     async with quick(fake) as sb:
@@ -316,6 +326,7 @@ async def test_a_create_whose_answer_is_lost_leaks_nothing(fake: FakeVefaas, fau
     assert "None" not in [b.get("SandboxId") for b in fake.actions("DescribeSandbox")]
 
 
+@pytest.mark.e2e
 async def test_a_lost_create_is_found_after_cancellation_too(fake: FakeVefaas) -> None:
     fake.inject("CreateSandbox", "timeout")
     sb = quick(fake)
@@ -326,6 +337,7 @@ async def test_a_lost_create_is_found_after_cancellation_too(fake: FakeVefaas) -
 
 
 @pytest.mark.parametrize("fault", ["error_body", "429", "500"])
+@pytest.mark.e2e
 async def test_a_throttled_create_is_retried_whatever_the_http_status(
     fake: FakeVefaas, fault: str
 ) -> None:
@@ -354,6 +366,7 @@ def test_error_codes_are_classified_by_name_not_status() -> None:
     assert translate("X", ApiException(status=404, reason="Not Found")).not_found
 
 
+@pytest.mark.e2e
 async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -369,6 +382,7 @@ async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
     assert not fake.leaked()
 
 
+@pytest.mark.e2e
 async def test_describes_while_waiting_back_off(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -405,6 +419,7 @@ async def _bare_instances(fake: FakeVefaas, n: int, run_id: str) -> list[str]:
     return ids
 
 
+@pytest.mark.e2e
 async def test_gc_reads_every_page_up_to_the_reported_total(fake: FakeVefaas) -> None:
     ids = await _bare_instances(fake, 8, "run-paged")
     fake.page_cap = 3  # the service returns fewer rows than PageSize asks for
@@ -437,6 +452,7 @@ async def test_gc_needs_no_function_route(
 # ----------------------------------------------------------------- bootstrap without PyPI
 
 
+@pytest.mark.e2e
 async def test_the_fake_image_has_no_swerex_on_its_path(fake: FakeVefaas) -> None:
     # Without swerex_python the bootstrap must install swe-rex; from a wheelhouse that does
     # not exist that fails, and says so, instead of silently using the host's interpreter.
@@ -461,6 +477,7 @@ def short_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+@pytest.mark.slow
 async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
     fake: FakeVefaas, short_requests: None
 ) -> None:
@@ -484,6 +501,7 @@ async def test_a_hung_gateway_gives_sandbox_errors_from_exec_and_its_cleanup(
 # ----------------------------------------------------------------- lost creates, foreign sandboxes
 
 
+@pytest.mark.e2e
 async def test_a_create_that_takes_effect_after_the_timeout_is_found_and_adopted(
     fake: FakeVefaas,
 ) -> None:
@@ -497,6 +515,7 @@ async def test_a_create_that_takes_effect_after_the_timeout_is_found_and_adopted
     assert len(fake.instances) == 1 and not fake.leaked()
 
 
+@pytest.mark.e2e
 async def test_a_lost_create_that_never_took_effect_is_looked_for_then_retried(
     fake: FakeVefaas,
 ) -> None:
@@ -507,6 +526,7 @@ async def test_a_lost_create_that_never_took_effect_is_looked_for_then_retried(
     assert len(fake.actions("ListSandboxes")) >= 2  # looked for it more than once
 
 
+@pytest.mark.e2e
 async def test_recovery_and_gc_kill_only_their_own_when_the_service_ignores_filters(
     fake: FakeVefaas,
 ) -> None:
@@ -524,6 +544,7 @@ async def test_recovery_and_gc_kill_only_their_own_when_the_service_ignores_filt
 # ----------------------------------------------------------------- the SWE-ReX server
 
 
+@pytest.mark.e2e
 async def test_a_dead_server_makes_the_sandbox_dead_after_one_probe(fake: FakeVefaas) -> None:
     from sandlot import SandboxDeadError
 
@@ -539,6 +560,7 @@ async def test_a_dead_server_makes_the_sandbox_dead_after_one_probe(fake: FakeVe
         assert len(fake.gateway_requests) == asked, "a dead sandbox was asked again"
 
 
+@pytest.mark.e2e
 async def test_a_server_restart_keeps_the_running_commands_result(fake: FakeVefaas) -> None:
     async with make(fake) as sb:
         # The server restarts (3 s without answers) while the command runs.
@@ -551,6 +573,7 @@ async def test_a_server_restart_keeps_the_running_commands_result(fake: FakeVefa
 # ----------------------------------------------------------------- credentials, timeouts
 
 
+@pytest.mark.e2e
 async def test_temporary_credentials_carry_their_session_token(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -571,6 +594,7 @@ async def test_temporary_credentials_carry_their_session_token(
     assert not fake.leaked()
 
 
+@pytest.mark.e2e
 async def test_no_control_call_waits_for_an_answer_that_never_comes(fake: FakeVefaas) -> None:
     # Each action black-holed once (accepted, never answered): every call ends at
     # control_timeout_s and the sandbox still starts, runs and is killed.
@@ -584,6 +608,7 @@ async def test_no_control_call_waits_for_an_answer_that_never_comes(fake: FakeVe
     assert {f for _, f in fake.faults_served} == {"blackhole"}
 
 
+@pytest.mark.e2e
 async def test_a_data_call_that_is_never_answered_is_cut_and_retried(
     fake: FakeVefaas, short_requests: None
 ) -> None:
@@ -595,6 +620,7 @@ async def test_a_data_call_that_is_never_answered_is_cut_and_retried(
         assert fake.gateway_blackholes == 0
 
 
+@pytest.mark.e2e
 async def test_a_close_while_a_command_runs_ends_it_as_dead(fake: FakeVefaas) -> None:
     sb = make(fake)
     await sb.start()

@@ -92,6 +92,7 @@ def test_an_output_dir_that_cannot_be_created_is_refused(
     assert code == ExitCode.BAD_INPUT and "choose another --output-dir" in out
 
 
+@pytest.mark.e2e
 def test_a_disk_that_fills_mid_run_is_one_error_line(
     made: tuple[Path, list[dict[str, Any]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,6 +111,7 @@ def test_a_disk_that_fills_mid_run_is_one_error_line(
     assert "No space left on device" in out and "--run-id r" in out
 
 
+@pytest.mark.e2e
 def test_a_report_is_written_whole_or_not_at_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,6 +131,7 @@ def test_a_report_is_written_whole_or_not_at_all(
 
 
 @LOCAL
+@pytest.mark.e2e
 def test_instance_ids_evaluate_the_subset_of_a_larger_predictions_file(
     made: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -145,6 +148,7 @@ def test_instance_ids_evaluate_the_subset_of_a_larger_predictions_file(
 
 
 @LOCAL
+@pytest.mark.e2e
 def test_an_errored_instance_exits_1_and_points_at_its_log(
     made: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -160,6 +164,7 @@ def test_an_errored_instance_exits_1_and_points_at_its_log(
 
 
 @LOCAL
+@pytest.mark.e2e
 def test_tests_that_give_no_result_exit_3(
     made: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -171,6 +176,7 @@ def test_tests_that_give_no_result_exit_3(
 
 
 @LOCAL
+@pytest.mark.e2e
 def test_resume_re_evaluates_a_changed_patch_and_a_truncated_report(
     made: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:

@@ -85,6 +85,7 @@ def local_reports(
 
 
 @needs(bwrap_missing, importable("swebench", EVAL))
+@pytest.mark.e2e
 def test_rows_without_repo_source_evaluate_from_bare_and_symlinked_mirrors(
     local_reports: dict[str, Any],
 ) -> None:
@@ -97,6 +98,7 @@ def test_rows_without_repo_source_evaluate_from_bare_and_symlinked_mirrors(
 
 
 @needs(importable("swebench", EVAL), docker_engine_missing)
+@pytest.mark.e2e
 def test_docker_gives_the_same_reports_as_local(
     made: tuple[Path, Path, Path], local_reports: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -259,6 +261,7 @@ def test_a_repo_mirror_that_does_not_exist_is_a_usage_error(
 
 
 @needs(bwrap_missing, importable("swebench", EVAL))
+@pytest.mark.e2e
 def test_the_python_api_follows_a_symlinked_repo_source(made: tuple[Path, Path, Path]) -> None:
     """``sandlot train`` and ``evaluate`` do not pass through the CLI: the upload resolves."""
     import anyio

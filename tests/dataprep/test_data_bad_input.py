@@ -35,6 +35,7 @@ def _module(name: str, *args: str, env: dict[str, str] | None = None) -> Any:
     )
 
 
+@pytest.mark.e2e
 def test_a_rejected_output_never_replaces_the_good_file(tmp_path: Path) -> None:
     good = _module(
         "swe_bench_verified",
@@ -254,6 +255,7 @@ def test_r2e_help_offers_only_the_deployments_it_accepts(tmp_path: Path) -> None
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.e2e
 def test_prepare_says_which_deployment_it_chose(tmp_path: Path) -> None:
     args = ["--input", str(FIXTURES / "swe_rebench.jsonl"), "--local-save-dir", str(tmp_path)]
     chosen = _module("swe_rebench", *args)

@@ -62,6 +62,7 @@ def test_swe_mini_through_the_swe_bench_verified_path_resolves_gold(
     assert set(statuses.values()) == {EvalStatus.RESOLVED}, statuses
 
 
+@pytest.mark.e2e
 def test_sandlot_eval_grades_swe_rebench_local_rows(tmp_path: Path, mirror: Path) -> None:
     """`sandlot eval --dataset X.parquet`: setup (history cleanup + pip install), gold resolves."""
     result = run_prepare("swe_rebench", tmp_path, "local", repo_mirror=str(mirror))
@@ -94,6 +95,7 @@ async def _git_view(instance: Instance, *, prepared: bool = True) -> dict[str, s
         return out
 
 
+@pytest.mark.e2e
 def test_git_log_all_shows_nothing_after_base_commit(tmp_path: Path, mirror: Path) -> None:
     result = run_prepare("swe_rebench", tmp_path, "local", repo_mirror=str(mirror))
     [instance] = [i for i in load_instances(result.path) if i.instance_id == "minicalc__minicalc-1"]

@@ -145,6 +145,7 @@ async def _search_after_prepare_repo(instance: Instance) -> str:
         return r.stdout
 
 
+@pytest.mark.slow
 def test_the_search_finds_the_graded_files_the_set_up_leaves(
     tmp_path: Path, swe_mini_repos: Path
 ) -> None:
@@ -157,6 +158,7 @@ def test_the_search_finds_the_graded_files_the_set_up_leaves(
 
 
 @pytest.mark.parametrize("mode", ["fresh", "same"])
+@pytest.mark.e2e
 def test_the_agent_finds_nothing_graded_and_the_gold_patch_resolves(
     tmp_path: Path, swe_mini_repos: Path, mode: str
 ) -> None:

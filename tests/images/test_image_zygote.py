@@ -44,6 +44,7 @@ def _cmdline(pid: int) -> str:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("zygote", [True, False])
+@pytest.mark.slow
 async def test_a_zygote_makes_the_jail_of_an_image_as_its_own_bwrap_does(
     zygote: bool, layered: str, shared_store: ImageStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

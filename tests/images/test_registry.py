@@ -146,6 +146,7 @@ def test_an_interrupted_pull_leaves_nothing_a_later_pull_uses(
     assert result.cached and result.layers_unpacked == 1
 
 
+@pytest.mark.e2e
 def test_a_connection_dropped_mid_blob_is_retried(registry: Registry, tmp_path: Path) -> None:
     ref = tiny_image(registry, tmp_path, payload=os.urandom(2 << 20))
     with dropping_proxy(registry.host, drop_after=256 << 10) as (proxy, cut):

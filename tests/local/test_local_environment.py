@@ -229,6 +229,7 @@ def test_prune_removes_unused_and_unfinished(cache: Path, probe_recipe: Environm
     assert list_environments(cache) == []
 
 
+@pytest.mark.e2e
 async def test_a_fork_has_the_environment_and_what_its_set_up_installed(
     cache: Path, probe_recipe: EnvironmentRecipe, tmp_path: Path
 ) -> None:

@@ -33,6 +33,7 @@ async def test_disk_budget_holds_across_writable_dirs() -> None:
 
 @needs_bwrap
 @needs_cpu_cgroup
+@pytest.mark.e2e
 async def test_cpu_limit_caps_a_busy_loop() -> None:
     async with open_local(cpu=0.1) as sb:
         assert any(

@@ -138,6 +138,7 @@ def _minimal_rootfs(root: Path) -> None:
 
 
 @needs_bwrap
+@pytest.mark.e2e
 async def test_rootfs_directory_image(tmp_path: Path) -> None:
     rootfs = tmp_path / "rootfs"
     _minimal_rootfs(rootfs)

@@ -558,6 +558,7 @@ os.killpg(0, 9)  # the children would outlive us and hold the sandbox's process 
 
 @needs_bwrap
 @needs_pids_cgroup
+@pytest.mark.e2e
 async def test_process_cap_holds_even_for_root() -> None:
     async with open_local(max_processes=64) as sb:
         r = await sb.exec([sys.executable, "-c", _FORK_COUNTER], timeout=60)

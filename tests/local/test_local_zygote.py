@@ -158,6 +158,7 @@ async def test_read_only_binds_below_private_mounts_are_there(
     assert (visible_dir / "tree" / "a").read_text() == "TREE"
 
 
+@pytest.mark.e2e
 async def test_a_stuck_zygote_is_retired_and_its_sandboxes_start_elsewhere(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

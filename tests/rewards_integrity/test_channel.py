@@ -666,6 +666,7 @@ def test_the_pytest_script_runs_through_the_bootstrap_and_a_second_session_gets_
     assert verdict.statuses["test_a.py::test_bad"] == "FAILED"
 
 
+@pytest.mark.e2e
 def test_a_sitecustomize_of_the_repository_on_pythonpath_never_runs(tmp_path: Path) -> None:
     hook = "import os\nos.environ['SHADOWED'] = '1'\n"
     probe = "import os\n\ndef test_probe():\n    assert 'SHADOWED' not in os.environ\n"

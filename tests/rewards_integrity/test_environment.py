@@ -268,6 +268,7 @@ def _evaluate(backend: str, inst: Instance, patch: str, **kwargs: Any) -> EvalRe
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.e2e
 def test_a_patch_to_the_repositorys_venv_is_refused(
     target: str, minicalc: Instance, sandbox_root: Path
 ) -> None:
@@ -282,6 +283,7 @@ def test_a_patch_to_the_repositorys_venv_is_refused(
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.e2e
 def test_the_venv_attack_resolves_without_the_defences(
     target: str, minicalc: Instance, sandbox_root: Path
 ) -> None:
@@ -293,6 +295,7 @@ def test_the_venv_attack_resolves_without_the_defences(
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.e2e
 def test_the_gold_patch_resolves_with_the_repositorys_venv(
     target: str, minicalc: Instance, sandbox_root: Path
 ) -> None:
@@ -322,6 +325,7 @@ def _in_own_sandbox(inst: Instance, agent: str) -> EvalResult:
 
 
 @needs(SWEBENCH, bwrap_missing)
+@pytest.mark.e2e
 def test_the_agent_may_change_its_own_venv(minicalc: Instance, sandbox_root: Path) -> None:
     # A fix plus what an agent does to its environment (a package installed, a script, a
     # cache): the venv is left out of its changes, neither refused nor reverted; the cache
@@ -348,6 +352,7 @@ def test_the_agent_may_change_its_own_venv(minicalc: Instance, sandbox_root: Pat
     "agent's environment is its own; evaluate (a fresh sandbox) grades training rewards",
 )
 @needs(SWEBENCH, bwrap_missing)
+@pytest.mark.e2e
 def test_an_agent_that_forges_its_own_venvs_pytest(minicalc: Instance, sandbox_root: Path) -> None:
     _, inst = _with_venv("local", minicalc)
     rewrite = "$(.venv/bin/python -c 'import _pytest.assertion.rewrite as m; print(m.__file__)')"

@@ -132,6 +132,7 @@ def test_a_repository_shadowing_startup_modules_never_runs_before_or_inside_the_
 @pytest.mark.parametrize(
     "under", [pytest.param("", id="root"), pytest.param("lib/", id="PYTHONPATH")]
 )
+@pytest.mark.slow
 def test_the_shadows_run_under_the_plain_test_command(
     under: str, target: Instance, keys: list[ChannelRun], sandbox_root: Path, tmp_path: Path
 ) -> None:
@@ -144,6 +145,7 @@ def test_the_shadows_run_under_the_plain_test_command(
     assert f"{SHADOW_MARK} {under}argparse.py" in result.log, result.log[-3000:]
 
 
+@pytest.mark.e2e
 def test_code_under_test_finds_no_key_and_cannot_forge_or_silence_the_channel(
     target: Instance, keys: list[ChannelRun], sandbox_root: Path, tmp_path: Path
 ) -> None:
@@ -166,6 +168,7 @@ def test_code_under_test_finds_no_key_and_cannot_forge_or_silence_the_channel(
     reason="residual risk (docs/reward-integrity.md, section 2): code under test that finds "
     "the plugin's channel object in its own process can sign with it",
 )
+@pytest.mark.e2e
 def test_code_under_test_that_targets_the_plugin_in_memory(
     target: Instance, keys: list[ChannelRun], sandbox_root: Path, tmp_path: Path
 ) -> None:

@@ -227,6 +227,7 @@ def test_an_output_dir_of_another_model_is_refused(tmp_path: Path, dataset: Path
 
 
 @needs(bwrap_missing)
+@pytest.mark.e2e
 def test_samples_write_one_prediction_per_instance_and_pass_at_n(
     server: ScriptedServer, dataset: Path, config: Path, local_root: Path, tmp_path: Path
 ) -> None:
@@ -415,6 +416,7 @@ def test_docker_kill9_then_gc_and_sigint_leave_no_container(
 
 
 @needs(bwrap_missing)
+@pytest.mark.e2e
 def test_the_generation_config_shapes_every_request(
     server: ScriptedServer, dataset: Path, local_root: Path, tmp_path: Path
 ) -> None:

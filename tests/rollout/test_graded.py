@@ -54,6 +54,7 @@ def _config(mode: str = "fresh") -> Any:
     )
 
 
+@pytest.mark.e2e
 async def test_graded_files_are_gone_before_the_first_turn_and_survivors_are_reported(
     make_row: MakeRow, caplog: pytest.LogCaptureFixture
 ) -> None:

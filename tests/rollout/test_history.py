@@ -87,6 +87,7 @@ async def test_no_git_command_reaches_the_fix(backend: str, instances: dict[str,
 
 
 @pytest.mark.skipif(bwrap_missing() is not None, reason=str(bwrap_missing()))
+@pytest.mark.e2e
 async def test_an_episode_starts_without_the_future(make_row: MakeRow) -> None:
     row = make_row("textkit__textkit-2", post_setup_cmd=FUTURE)
     config = parse_agent_config(

@@ -167,6 +167,7 @@ async def test_a_same_mode_episode_grades_after_killing_what_the_agent_left(
 @pytest.mark.usefixtures("local_root")
 @pytest.mark.parametrize("how", LOOKS_DEAD)
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.e2e
 async def test_a_process_that_looks_dead_is_killed_too(
     backend: str, how: str, instances: dict[str, Instance]
 ) -> None:

@@ -112,6 +112,7 @@ _SESSION_DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_local_session_stops_a_command_across_the_wrap() -> None:
     out = _in_pid_namespace(
         [sys.executable, "-c", f"PID_MAX = {PID_MAX}\n{_SESSION_DRIVER}"],

@@ -64,6 +64,7 @@ def _script() -> list[ToolCall]:
 
 
 @pytest.mark.parametrize("parser_name", ["hermes", "qwen3_coder"])
+@pytest.mark.e2e
 async def test_scripted_episode_resolves_an_instance(parser_name: str, tmp_path: Path) -> None:
     await anyio.run_process(
         [sys.executable, str(EXAMPLES / "make_repos.py"), "--dest", str(tmp_path)], check=True
