@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 import pytest
+from repo_paths import REPO
 from requirements import DOCKER, ENGINE, TEST_IMAGE, docker_engine, missing, need_module
 
 import sandlot
@@ -110,7 +111,7 @@ def test_import_without_sdk_names_the_extra() -> None:
         "        print(e)\n"
         "anyio.run(main)\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

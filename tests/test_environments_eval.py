@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from repo_paths import EXAMPLES as REPO_EXAMPLES
 from requirements import EVAL, bwrap_missing, need_module, needs
 
 from sandlot.datasets.instance import Instance
@@ -21,7 +22,7 @@ from sandlot.sandboxes.local import venv
 need_module("swebench", EVAL)
 pytestmark = needs(bwrap_missing)
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-mini"
+EXAMPLES = REPO_EXAMPLES / "swe-mini"
 
 
 @pytest.fixture(scope="module")

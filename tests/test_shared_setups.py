@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from repo_paths import TESTS
 from requirements import TRAIN, bwrap_missing, missing, need_module
 
 from sandlot.sandboxes.local import LocalSandbox
@@ -259,7 +260,7 @@ def test_two_processes_share_one_set_up_and_a_dead_builder_is_given_up(
     local_root: Path,
 ) -> None:
     ray = need_module("ray", TRAIN)
-    tests = str(Path(__file__).parent)
+    tests = str(TESTS)
     path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), tests])
     ray.init(
         num_cpus=2,

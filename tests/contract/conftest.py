@@ -57,6 +57,7 @@ from typing import Any
 
 import anyio
 import pytest
+from repo_paths import EXAMPLES
 from requirements import (
     TEST_IMAGE,
     archived_test_image,
@@ -170,7 +171,7 @@ def _podman_cli_missing() -> str | None:
 
 def _podman_cli_backend() -> str:
     """Register the example backend of docs/backends.md (examples/podman_backend.py)."""
-    path = Path(__file__).parents[2] / "examples" / "podman_backend.py"
+    path = EXAMPLES / "podman_backend.py"
     module_spec = importlib.util.spec_from_file_location("podman_backend", path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)

@@ -6,13 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from repo_paths import REPO
+
 from sandlot.datasets.images import RowBackend
 from sandlot.datasets.prepare import PrepareOptions, PrepareResult, Preprocessor, prepare
 from sandlot.datasets.r2e_gym_subset import PREPROCESSOR as R2E
 from sandlot.datasets.swe_bench_verified import PREPROCESSOR as SWE_BENCH
 from sandlot.datasets.swe_rebench import PREPROCESSOR as SWE_REBENCH
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 EXAMPLES = ROOT / "examples" / "swe-mini"
 FIXTURES = ROOT / "tests" / "fixtures" / "datasets"
 PREPROCESSORS: dict[str, Preprocessor] = {p.name: p for p in (SWE_BENCH, SWE_REBENCH, R2E)}

@@ -20,6 +20,7 @@ from integrity_attacks import (
     make_patch,
     steal_gold_patch,
 )
+from repo_paths import EXAMPLES as REPO_EXAMPLES
 from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing, need_module, needs
 
 import sandlot
@@ -33,7 +34,7 @@ from sandlot.rewards.runner import run_evaluation
 
 need_module("swebench", EVAL)
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"
+EXAMPLES = REPO_EXAMPLES / "swe-mini"
 TARGET = "minicalc__minicalc-1"
 # The attacks the issue found resolved before the defences: they run in the default suite.
 FROM_THE_ISSUE = ("parent_stdout_exit", "conftest_makereport", "pytest_shadow")

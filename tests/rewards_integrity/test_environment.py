@@ -30,6 +30,7 @@ from integrity_attacks import (
     announcing_shadow,
     venv_rewrite_attack,
 )
+from repo_paths import EXAMPLES as REPO_EXAMPLES
 from requirements import (
     EVAL,
     TEST_IMAGE,
@@ -196,7 +197,7 @@ def test_pytest_itself_as_the_repository_still_runs(project: Path, tmp_path: Pat
 
 # -- Whole evaluations: minicalc__minicalc-1 whose set-up makes .venv, which runs the tests.
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"
+EXAMPLES = REPO_EXAMPLES / "swe-mini"
 TARGET = "minicalc__minicalc-1"
 SWEBENCH = importable("swebench", EVAL)
 TARGETS = [

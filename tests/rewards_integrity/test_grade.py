@@ -3,8 +3,7 @@ only for its own test."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from repo_paths import EXAMPLES
 from requirements import EVAL, need_module
 
 from sandlot.datasets.loaders import load_instances
@@ -14,7 +13,7 @@ from sandlot.rewards.integrity.grade import grade_channel
 
 need_module("swebench", EVAL)
 
-INSTANCES = Path(__file__).resolve().parents[2] / "examples" / "swe-mini" / "instances.jsonl"
+INSTANCES = EXAMPLES / "swe-mini" / "instances.jsonl"
 
 
 def _grade(statuses: dict[str, str]) -> tuple[bool, list[str]]:

@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 import pytest
 from integrity_attacks import make_patch
+from repo_paths import TESTS
 from requirements import EVAL, bwrap_missing, missing, need_module, needs
 
 from sandlot.datasets.instance import Instance
@@ -65,11 +66,7 @@ SDIST_SHA256 = "4f365fec2dff9c1162f834d9f18af1ba13062db0c708bf7b946f8a5c76180c39
 
 # SWE-bench Verified's row (https://github.com/pytest-dev/pytest/pull/10051): instance_id,
 # repo, base_commit, version, patch, test_patch, FAIL_TO_PASS, PASS_TO_PASS.
-ROW = json.loads(
-    (
-        Path(__file__).parents[1] / "fixtures" / "datasets" / "pytest-dev__pytest-10051.json"
-    ).read_text()
-)
+ROW = json.loads((TESTS / "fixtures" / "datasets" / "pytest-dev__pytest-10051.json").read_text())
 FAIL_TO_PASS: list[str] = ROW["FAIL_TO_PASS"]
 # swebench's specification of pytest-dev/pytest 7.2 (its pip_packages), on this machine's
 # Python 3.11, plus the build tools of pytest's pyproject.toml: the jail has no network, so

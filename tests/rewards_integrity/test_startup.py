@@ -28,6 +28,7 @@ from integrity_attacks import (
     plugin_by_name,
     startup_shadows,
 )
+from repo_paths import EXAMPLES as REPO_EXAMPLES
 from requirements import EVAL, bwrap_missing, need_module, needs
 
 import sandlot.rewards.evaluation as evaluation_module
@@ -40,7 +41,7 @@ from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
 need_module("swebench", EVAL)
 pytestmark = needs(bwrap_missing)
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"
+EXAMPLES = REPO_EXAMPLES / "swe-mini"
 TARGET = "minicalc__minicalc-1"
 
 

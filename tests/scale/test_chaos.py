@@ -22,11 +22,11 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from repo_paths import TESTS
 from requirements import bwrap_missing, need
 
 from sandlot import SandboxError, SandboxSpec
@@ -37,7 +37,7 @@ from sandlot.sandboxes.limits import StartLimits
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 N = 200
-MINI_SWEREX = Path(__file__).resolve().parents[1] / "fakes" / "mini_swerex.py"
+MINI_SWEREX = TESTS / "fakes" / "mini_swerex.py"
 FAILURE_RATE = 0.3
 LIMITS = StartLimits(
     max_starting=16, max_attempts=6, backoff_s=0.01, backoff_max_s=0.2, budget_s=120
