@@ -1,6 +1,6 @@
 """SWE-bench specs on ``local``: requirements read from the repository, install order,
 interpreter discovery, the offline install's preparation (fast tests; the slow ones with real
-upstream source are in ``tests/test_specs_local_upstream.py``)."""
+upstream source are in ``tests/datasets/test_specs_local_upstream.py``)."""
 
 from __future__ import annotations
 

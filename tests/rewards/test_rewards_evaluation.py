@@ -246,7 +246,7 @@ def test_spoofed_passed_lines_do_not_resolve(
         )
         patch = _make_patch(inst, {"conftest.py": conftest}, tmp_path)
         # The log's own defences, without the integrity checks (which revert the conftest:
-        # tests/rewards_integrity covers those).
+        # tests/rewards/integrity covers those).
         result: EvalResult = _run(evaluate, inst, patch, backend="local", integrity_checks=False)
         assert result.status is EvalStatus.UNRESOLVED, result.log
         assert "PASSED " + inst.FAIL_TO_PASS[0] in result.log  # the forgery really ran

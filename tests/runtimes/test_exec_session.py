@@ -1,6 +1,6 @@
 """``ExecSession`` specifics: what the exec fallback carries over and how it times out.
 
-Behaviour shared with live shells is in ``tests/contract/test_contract_session.py``.
+Behaviour shared with live shells is in ``tests/sandboxes/contract/test_contract_session.py``.
 """
 
 from __future__ import annotations

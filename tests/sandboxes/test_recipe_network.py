@@ -1,6 +1,6 @@
 """Where each backend runs an environment recipe's install, and that only the install gets the
 network: fast checks at the SDK boundary (the engine-backed check is
-``tests/test_recipe_one_environment.py``)."""
+``tests/sandboxes/test_recipe_one_environment.py``)."""
 
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ Adding a backend is a few lines here, for example docker::
         )
     )
 
-Run one target with ``pytest -m contract tests/contract -k docker`` (the contract suite is a tier
-of its own, left out of the default run: docs/testing.md).
+Run one target with ``pytest -m contract tests/sandboxes/contract -k docker`` (the contract
+suite is a tier of its own, left out of the default run: docs/testing.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Behaviour specific to the ``local`` backend (the shared behaviour is in tests/contract)."""
+"""Behaviour specific to the ``local`` backend (the shared behaviour: tests/sandboxes/contract)."""
 
 from __future__ import annotations
 
