@@ -147,6 +147,8 @@ FORGERY_BACKENDS = [
 ]
 
 
+# Checks the attacks themselves (each a real evaluation), not the defences: the e2e tier.
+@pytest.mark.e2e
 @pytest.mark.parametrize(("attack", "backend"), FORGERY_BACKENDS)
 def test_the_attacks_resolve_without_the_defences(
     attack: str,
