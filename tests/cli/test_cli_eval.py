@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from repo_paths import EXAMPLES as REPO_EXAMPLES
 from requirements import EVAL, bwrap_missing, importable, needs
 
 from sandlot.cli.main import cli
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-mini"
+EXAMPLES = REPO_EXAMPLES / "swe-mini"
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from typing import ClassVar
 import click
 import pytest
 from click.testing import CliRunner
+from repo_paths import TESTS
 from requirements import TEST_IMAGE, bwrap_missing, docker_engine, needs
 from swe_mini_copy import swe_mini_copy
 
@@ -410,7 +411,7 @@ def test_gc_removes_everything_a_kill_9_run_left_on_local(tmp_path: Path) -> Non
         env=env,
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=TESTS,
     )
     try:
         assert proc.stdout is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from repo_paths import EXAMPLES as REPO_EXAMPLES
 from requirements import EVAL, bwrap_missing, need_module, needs
 
 from sandlot.datasets.instance import Instance
@@ -26,7 +27,7 @@ from sandlot.rewards.runner import run_evaluation
 need_module("swebench", EVAL)
 pytestmark = needs(bwrap_missing)
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-mini"
+EXAMPLES = REPO_EXAMPLES / "swe-mini"
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 from local_helpers import needs_bwrap, needs_pids_cgroup, open_local, wait_until_no_process_has
+from repo_paths import REPO
 
 import sandlot
 from sandlot import SandboxDeadError, SandboxStartError
@@ -257,7 +258,7 @@ def test_python_from_a_virtualenv_under_tmp_is_visible(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
         text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO,
     ).stdout
     assert out.split() == ["0", str(venv)]
 

@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from local_helpers import needs_bwrap
+from repo_paths import REPO
 
-_CHECKOUT = Path(__file__).resolve().parents[2]
+_CHECKOUT = REPO
 
 _SCRIPT = textwrap.dedent(
     """
