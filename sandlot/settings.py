@@ -53,7 +53,7 @@ variable                           type     default   meaning
 
 A variable with an alternative name (``VOLCENGINE_*``) is read when the first is unset; the
 backend's options override every ``vefaas`` variable. The start limits stay ``None`` when unset
-so that :class:`sandlot.sandboxes.limits.StartLimits` holds their defaults (the table shows
+so that :class:`sandlot.sandboxes.scale.starting.StartLimits` holds their defaults (the table shows
 them). Variables that sandlot sets for its own processes
 (``SANDLOT_EXEC_ID``, ``SANDLOT_ENV_OVERLAY``, ...) are protocol, not settings, and are not here.
 A ``pydantic-settings`` model would do the same; it is not a dependency, and reading a dozen

@@ -27,9 +27,9 @@ from sandlot import (
     SandboxStartError,
 )
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
-from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.modal import ModalOptions
 from sandlot.sandboxes.reaper import SandboxReaper, reap
+from sandlot.sandboxes.scale.starting import StartLimits
 
 pytestmark = [pytest.mark.anyio, needs(bwrap_missing)]
 FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=4)

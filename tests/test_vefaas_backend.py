@@ -25,8 +25,8 @@ from sandlot import (
 from sandlot.result import ExecResult
 from sandlot.sandboxes import leaks
 from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
-from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.reaper import reap
+from sandlot.sandboxes.scale.starting import StartLimits
 
 if (_REASON := vefaas_fake_unavailable()) is not None:
     missing(_REASON)
@@ -362,7 +362,7 @@ def test_error_codes_are_classified_by_name_not_status() -> None:
 async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandlot.sandboxes.swerex_bootstrap import DEFAULT_BOOTSTRAP
+    from sandlot.sandboxes.shared.swerex_bootstrap import DEFAULT_BOOTSTRAP
 
     monkeypatch.setattr(VefaasSandbox, "status_first_s", 0.05)
     fake.inject("DescribeSandbox", "429", "error_body", "timeout", "500", "refused")
@@ -377,7 +377,7 @@ async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
 async def test_describes_while_waiting_back_off(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandlot.sandboxes.swerex_bootstrap import DEFAULT_BOOTSTRAP
+    from sandlot.sandboxes.shared.swerex_bootstrap import DEFAULT_BOOTSTRAP
 
     monkeypatch.setattr(VefaasSandbox, "status_first_s", 0.1)
     async with make(fake, bootstrap="sleep 2.5; " + DEFAULT_BOOTSTRAP):

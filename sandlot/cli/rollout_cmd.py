@@ -54,7 +54,7 @@ from sandlot.rollout.store import TRAJECTORIES_FILE, TrajectoryLog, atomic_write
 from sandlot.rollout.summary import RolloutSummary, summarize
 from sandlot.sandboxes.labels import pin_run_id, use_run_id
 from sandlot.sandboxes.registry import get_backend
-from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.setups.cache import SetupCache
 
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"

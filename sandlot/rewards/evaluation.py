@@ -68,7 +68,7 @@ from sandlot.rewards.scripts import (
 from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.registry import get_backend, resolve_backend_name
-from sandlot.sandboxes.setups import SetupCache, setup_key
+from sandlot.sandboxes.setups.cache import SetupCache, setup_key
 from sandlot.tools.trusted_git import TrustedGit
 
 log = logging.getLogger("sandlot.rewards")
@@ -114,8 +114,8 @@ async def evaluate(
             runs from sandlot's channel (``docs/reward-integrity.md``). ``False`` grades as
             the SWE-bench harness does; only for measuring what the checks cost.
         setups: share the instance's set-up with the other evaluations of it (a
-            :class:`~sandlot.sandboxes.setups.SetupCache` made with ``fork_first=True``, so the
-            patch is applied in a fork of the clean set-up, never in the snapshotted sandbox);
+            :class:`~sandlot.sandboxes.setups.cache.SetupCache` made with ``fork_first=True``, so
+            the patch is applied in a fork of the clean set-up, never in the snapshotted sandbox);
             ``timings_s["setup"]`` then covers the fork's start.
         uses: how many evaluations of the instance open through ``setups`` (``SetupCache.open``).
 

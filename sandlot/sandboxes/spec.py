@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.sandboxes.environment import EnvironmentRecipe
-from sandlot.sandboxes.limits import StartLimits
+from sandlot.sandboxes.scale.starting import StartLimits
 
 
 class SandboxSpec(BaseModel):
@@ -40,7 +40,7 @@ class SandboxSpec(BaseModel):
         environment: the test environment (interpreter, packages, install steps) the backend
             provides before ``post_setup_cmd``; see :mod:`sandlot.sandboxes.environment`.
         start_limits: STARTING cap, retries and start budget; ``None`` reads the ``SANDLOT_*``
-            environment variables (see :mod:`sandlot.sandboxes.limits`).
+            environment variables (see :mod:`sandlot.sandboxes.scale.starting`).
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandlot.errors import SandboxFileError
 from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
 from sandlot.sandboxes.capped import CappedOutput, clip_tail, with_note
-from sandlot.sandboxes.remote_shell import tar_create_argv, tar_extract_argv
+from sandlot.sandboxes.shared.remote_shell import tar_create_argv, tar_extract_argv
 
 if TYPE_CHECKING:
     from sandlot.sandboxes.reaper import RemoteSandbox
@@ -130,8 +130,8 @@ class RunOutput:
 
 class ExecOptions(BaseModel):
     """Options of a backend's ``_run`` that its options model extends (where it runs commands
-    through a shared half: :mod:`sandlot.sandboxes.streamed_exec`,
-    :mod:`sandlot.sandboxes.swerex_plane`).
+    through a shared half: :mod:`sandlot.sandboxes.shared.streamed_exec`,
+    :mod:`sandlot.sandboxes.shared.swerex_plane`).
 
     Attributes:
         max_output_bytes: bytes of stdout and of stderr kept per exec; the rest is dropped and
@@ -158,7 +158,7 @@ class Transport(abc.ABC):
     snapshot_scope: ClassVar[Literal["node", "global"]] = "node"
     """Where a snapshot can be forked: ``"node"``, on the host that took it (a directory, an
     image of the node's engine); ``"global"``, from any node (a provider's image id). It picks
-    which processes share a set-up (:mod:`sandlot.sandboxes.shared_setups`)."""
+    which processes share a set-up (:mod:`sandlot.sandboxes.setups.actor`)."""
 
     @property
     def backend_id(self) -> str | None:

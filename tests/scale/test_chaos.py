@@ -31,7 +31,7 @@ from requirements import bwrap_missing, need
 
 from sandlot import SandboxError, SandboxSpec
 from sandlot.sandboxes.base import Sandbox
-from sandlot.sandboxes.limits import StartLimits
+from sandlot.sandboxes.scale.starting import StartLimits
 
 # ~45 s each on two busy cores (200 jails and their kill scripts): run with `-m ""`.
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -9,7 +9,7 @@ import pytest
 from cloud_sim import Cloud, FakeCloudSandbox
 
 from sandlot import SandboxSpec, SandboxStartError
-from sandlot.sandboxes.limits import StartLimits, starting_gate
+from sandlot.sandboxes.scale.starting import StartLimits, starting_gate
 from sandlot.settings import SettingsError
 
 pytestmark = pytest.mark.anyio

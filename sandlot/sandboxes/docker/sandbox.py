@@ -27,7 +27,6 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import file_archive, read_single_file
 from sandlot.sandboxes.docker.commit import commit, force_remove, list_snapshots, remove
 from sandlot.sandboxes.docker.engine import (
@@ -46,8 +45,9 @@ from sandlot.sandboxes.docker.stream import AttachedProcess
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
 from sandlot.sandboxes.reaper import RemoteSandbox
+from sandlot.sandboxes.shared import remote_shell
+from sandlot.sandboxes.shared.streamed_exec import Process, StreamedExec
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.streamed_exec import Process, StreamedExec
 from sandlot.sandboxes.transport import Reader, TreeCaps
 
 if TYPE_CHECKING:
@@ -398,8 +398,8 @@ class DockerSandbox(StreamedExec):
 
     async def _stuck(self, marker: str, proc: Process) -> None:
         """The in-container killer (shell builtins only, see
-        :mod:`sandlot.sandboxes.remote_shell`) could not run or left survivors (no process slot
-        left, ``/bin/sh`` deleted): the engine sends SIGUSR1 to PID 1, which kills every other
+        :mod:`sandlot.sandboxes.shared.remote_shell`) could not run or left survivors (no process
+        slot left, ``/bin/sh`` deleted): the engine sends SIGUSR1 to PID 1, which kills every other
         process of the container; if even that fails the engine kills the container and the
         sandbox is dead (the next call says why)."""
         log.warning("sandbox %s: emptying the container to stop exec %s", self.id, marker)

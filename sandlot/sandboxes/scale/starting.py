@@ -9,7 +9,7 @@ can run its first command (``post_setup_cmd`` runs after the slot is released):
 * process-wide: one ``anyio.CapacityLimiter`` per event loop (in practice per process) of
   ``max_starting`` slots;
 * cluster-wide, when the process runs under Ray (``ray.is_initialized()``): one more slot from
-  the named actor of :mod:`sandlot.sandboxes.cluster_gate`, ``cluster_max_starting`` in total.
+  the named actor of :mod:`sandlot.sandboxes.scale.cluster_gate`, ``cluster_max_starting`` in total.
 
 A start that fails with a *retryable* ``SandboxError`` (rate limit, capacity, transient network)
 is retried up to ``max_attempts`` times with exponential backoff and jitter, slot released while
@@ -182,7 +182,7 @@ async def starting_slot(holder: object, limits: StartLimits) -> AsyncIterator[No
     gate = starting_gate(limits.max_starting)
     async with gate.slot(holder):
         if limits.cluster_max_starting and ray_is_running():
-            from sandlot.sandboxes.cluster_gate import cluster_slot
+            from sandlot.sandboxes.scale.cluster_gate import cluster_slot
 
             async with cluster_slot(limits.cluster_max_starting, lease_s=limits.budget_s):
                 yield

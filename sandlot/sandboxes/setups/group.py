@@ -1,5 +1,5 @@
 """``sandlot.open_group``: n sandboxes of one spec, set up once (a GRPO group): one key of a
-:class:`~sandlot.sandboxes.setups.SetupCache` with ``fork_first``."""
+:class:`~sandlot.sandboxes.setups.cache.SetupCache` with ``fork_first``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open
 from sandlot.sandboxes.registry import resolve_backend_name
-from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.setups.cache import SetupCache
 from sandlot.sandboxes.spec import SandboxSpec
 
 
