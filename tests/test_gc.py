@@ -24,7 +24,8 @@ from sandlot.cli.main import cli
 from sandlot.sandboxes import registry
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, owner, recorded_runs, run_id
-from sandlot.sandboxes.reaper import RemoteSandbox, select
+from sandlot.sandboxes.reaper import select
+from sandlot.sandboxes.transport import RemoteSandbox
 
 
 def sb(run: str, created: float | None, sid: str = "", who: str | None = None) -> RemoteSandbox:

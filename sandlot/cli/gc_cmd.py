@@ -18,13 +18,13 @@ from sandlot.sandboxes import leaks
 from sandlot.sandboxes.labels import owner as this_owner
 from sandlot.sandboxes.reaper import (
     GcReport,
-    RemoteSandbox,
     get_reaper,
     kill_selected,
     reap,
     reap_leaked,
     select,
 )
+from sandlot.sandboxes.transport import RemoteSandbox
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")

@@ -140,7 +140,7 @@ class Sandbox(Transport):
         self._state: Literal["new", "started", "closed"] = "new"
         self._dead: str | None = None
         self._sessions: dict[str, BashSession] = {}
-        self.origin: Snapshot | None = None
+        self.origin: Snapshot[Sandbox] | None = None
         """The native snapshot this sandbox is a fork of (``sandlot.open(snapshot=)``)."""
         self._holds_origin = False
 
@@ -364,7 +364,7 @@ class Sandbox(Transport):
                 await self.origin._release()
         log.debug("sandbox %s (%s) closed", self.id, self.name)
 
-    async def snapshot(self) -> Snapshot:
+    async def snapshot(self) -> Snapshot[Sandbox]:
         """Freeze this sandbox's files (not its processes) for forks:
         ``sandlot.open(snapshot=snap)`` or :func:`sandlot.open_group` start from them without
         running the set-up again, many times and concurrently. Take it between commands (a

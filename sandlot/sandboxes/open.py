@@ -20,7 +20,7 @@ def open(
     spec: SandboxSpec | None = None,
     *,
     options: BaseModel | dict[str, Any] | None = None,
-    snapshot: Snapshot | None = None,
+    snapshot: Snapshot[Sandbox] | None = None,
     **fields: Any,
 ) -> Sandbox:
     """Create a (not yet started) sandbox; use it as ``async with sandlot.open(...) as sb``.
@@ -81,7 +81,7 @@ def open(
     return sandbox
 
 
-def _check_fork(snapshot: Snapshot, sandbox: Sandbox) -> None:
+def _check_fork(snapshot: Snapshot[Sandbox], sandbox: Sandbox) -> None:
     changed = [
         name for name in _SET_UP if getattr(sandbox.spec, name) != getattr(snapshot.spec, name)
     ]

@@ -44,11 +44,10 @@ from sandlot.sandboxes.docker.setup_network import disconnect_all
 from sandlot.sandboxes.docker.stream import AttachedProcess
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
-from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.shared import remote_shell
 from sandlot.sandboxes.shared.streamed_exec import Process, StreamedExec
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.transport import Reader, TreeCaps
+from sandlot.sandboxes.transport import Reader, RemoteSandbox, TreeCaps
 
 if TYPE_CHECKING:
     from docker import APIClient

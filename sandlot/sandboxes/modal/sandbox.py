@@ -41,10 +41,10 @@ from sandlot.sandboxes.modal.build_step import build_step
 from sandlot.sandboxes.modal.network import public_cidrs
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
-from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.shared import remote_shell
 from sandlot.sandboxes.shared.streamed_exec import StreamedExec
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.transport import RemoteSandbox
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 T = TypeVar("T")

@@ -22,9 +22,9 @@ from sandlot.errors import SandboxError, SandboxStartError
 from sandlot.runtimes.swerex import SwerexClient
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import OWNER, RUN_ID, SANDBOX_ID, sandbox_labels
-from sandlot.sandboxes.reaper import RemoteSandbox
 from sandlot.sandboxes.shared.swerex_plane import SwerexPlane
 from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.transport import RemoteSandbox
 from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, function_ids, pick_target
 from sandlot.sandboxes.vefaas.control import (
     GONE,
