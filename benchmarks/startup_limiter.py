@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -66,8 +67,8 @@ def run_one(label: str, cap: int, args: argparse.Namespace) -> Outcome:
         seed=0,
     )
     SimulatedSandbox.cloud = provider
+    os.environ["SANDLOT_MAX_STARTING"] = str(cap)  # the process's STARTING cap, a setting
     limits = StartLimits(
-        max_starting=cap,
         max_attempts=args.attempts,
         backoff_s=args.backoff_s * scale,
         backoff_max_s=30 * scale,

@@ -52,9 +52,12 @@ variable                           type     default   meaning
 =================================  =======  ========  ===========================================
 
 A variable with an alternative name (``VOLCENGINE_*``) is read when the first is unset; the
-backend's options override every ``vefaas`` variable. The start limits stay ``None`` when unset
-so that :class:`sandlot.sandboxes.scale.starting.StartLimits` holds their defaults (the table shows
-them). Variables that sandlot sets for its own processes
+backend's options override every ``vefaas`` variable. The two STARTING caps are process-wide:
+they size the one gate that every sandbox of the process (and, under Ray, of the cluster) starts
+through, so they are settings only, never a field of one sandbox's spec, and are checked here
+(``>= 0``). The other start limits stay ``None`` when unset so that
+:class:`sandlot.sandboxes.scale.starting.StartLimits`, which a spec may override per sandbox,
+holds their defaults (the table shows them). Variables that sandlot sets for its own processes
 (``SANDLOT_EXEC_ID``, ``SANDLOT_ENV_OVERLAY``, ...) are protocol, not settings, and are not here.
 A ``pydantic-settings`` model would do the same; it is not a dependency, and reading a dozen
 variables into a pydantic model (already one) takes the few lines of :meth:`Settings.from_env`.
@@ -83,8 +86,8 @@ class Settings(BaseModel):
     deployment: str | None = Field(None, alias="DEPLOYMENT")
     run_id: str | None = Field(None, alias="SANDLOT_RUN_ID")
     state_dir: str | None = Field(None, alias="SANDLOT_STATE_DIR")
-    max_starting: int | None = Field(None, alias="SANDLOT_MAX_STARTING")
-    cluster_max_starting: int | None = Field(None, alias="SANDLOT_CLUSTER_MAX_STARTING")
+    max_starting: int = Field(64, ge=0, alias="SANDLOT_MAX_STARTING")
+    cluster_max_starting: int = Field(256, ge=0, alias="SANDLOT_CLUSTER_MAX_STARTING")
     max_attempts: int | None = Field(None, alias="SANDLOT_START_ATTEMPTS")
     backoff_s: float | None = Field(None, alias="SANDLOT_START_BACKOFF_S")
     backoff_max_s: float | None = Field(None, alias="SANDLOT_START_BACKOFF_MAX_S")

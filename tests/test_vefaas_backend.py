@@ -37,7 +37,8 @@ from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
 from sandlot.sandboxes.vefaas.control import SandboxInfo
 
 pytestmark = pytest.mark.anyio
-FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=3)
+FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10)
+MAX_STARTING = 3  # the process's STARTING cap in these tests
 CREDENTIAL_ENV = (
     "VOLCE_ACCESS_KEY",
     "VOLCENGINE_ACCESS_KEY",
@@ -58,6 +59,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVefaas]:
     for var in CREDENTIAL_ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SANDLOT_RUN_ID", "run-vefaas-test")
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", str(MAX_STARTING))
     f = FakeVefaas().start()
     yield f
     f.stop()
@@ -182,7 +184,7 @@ async def test_throttled_creates_are_retried_under_the_cap(
         throttled = len(fake.actions("CreateSandbox")) - len(fake.instances)
         assert throttled > 0
         assert len([r for r in caplog.records if "Throttling" in r.getMessage()]) == throttled
-        assert fake.peak_starting <= 3
+        assert fake.peak_starting <= MAX_STARTING
     finally:
         for sb in sandboxes:
             await sb.close()

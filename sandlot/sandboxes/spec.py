@@ -39,8 +39,9 @@ class SandboxSpec(BaseModel):
         labels: free-form labels attached to remote resources (used by ``sandlot gc``).
         environment: the test environment (interpreter, packages, install steps) the backend
             provides before ``post_setup_cmd``; see :mod:`sandlot.sandboxes.environment`.
-        start_limits: STARTING cap, retries and start budget; ``None`` reads the ``SANDLOT_*``
-            environment variables (see :mod:`sandlot.sandboxes.scale.starting`).
+        start_limits: this sandbox's start attempts, backoff and budget; ``None`` reads the
+            ``SANDLOT_START_*`` environment variables. The STARTING caps are process-wide
+            settings, not fields here (see :mod:`sandlot.sandboxes.scale.starting`).
     """
 
     model_config = ConfigDict(extra="forbid")
