@@ -26,7 +26,6 @@ own (attempts, backoff, budget) comes from ``SandboxSpec.start_limits`` when giv
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import AsyncIterator
@@ -38,8 +37,6 @@ from anyio.lowlevel import RunVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.settings import settings
-
-log = logging.getLogger("sandlot.sandboxes.limits")
 
 
 class StartLimits(BaseModel):
