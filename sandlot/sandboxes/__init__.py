@@ -1,4 +1,9 @@
-"""The sandbox protocol and its backends."""
+"""The sandbox protocol and its backends.
+
+The protocol is the modules here; the rooms around it each answer one question (``setups/``:
+set an instance up once, fork it n times; ``scale/``: start thousands at once; ``shared/``: what
+backends inherit; one folder per backend). ``docs/architecture.md`` tables them.
+"""
 
 from sandlot.errors import (
     BackendNotFoundError,
