@@ -73,3 +73,19 @@ def test_the_chart_is_read_bottom_first_and_covers_every_sub_package() -> None:
     assert chart_layers(doc) == ["errors", "cli"]
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert packages - set(LAYERS) == set(), "a sub-package is missing from the chart"
+
+
+# How an instance's sandbox is set up lives beside ``Instance``, so rollout and training open a
+# sandbox without importing ``rewards/`` (which imports the set-up from ``datasets/`` in turn).
+_SET_UP = {"instance_spec", "instance_environment", "prepare_repo", "hide_future"}
+
+
+def test_an_instances_sandbox_set_up_is_defined_in_datasets_only() -> None:
+    defined = {
+        f"{path.relative_to(PACKAGE)}:{node.name}"
+        for path in _modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in _SET_UP
+    }
+    assert {d.split(":")[1] for d in defined} == _SET_UP
+    assert all(d.startswith("datasets/") for d in defined), sorted(defined)

@@ -14,8 +14,8 @@ from rich.table import Table
 from sandlot.cli.gc_cmd import parse_duration
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
+from sandlot.datasets.sandbox_setup import instance_environment
 from sandlot.errors import EnvironmentBuildError
-from sandlot.rewards.instance_setup import instance_environment
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.local.venv import cache_dir, list_environments, prune_environments
 from sandlot.sandboxes.registry import get_backend

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sandlot.datasets.instance import Instance
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
 from sandlot.errors import (
     EnvironmentBuildError,
@@ -26,7 +27,6 @@ from sandlot.errors import (
     SandboxSetupError,
 )
 from sandlot.rewards.grading import grade
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.integrity.changes import (
     APPLIED,
     LISTING,
