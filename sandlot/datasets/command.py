@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from sandlot.datasets.images import DEFAULT_ROW_BACKEND, RowBackend
+from sandlot.datasets.images import DEFAULT_ROW_BACKEND, ImageBackend
 from sandlot.datasets.local import REPO_MIRROR_ENV
 from sandlot.datasets.prepare import PrepareOptions, Preprocessor, prepare
 from sandlot.datasets.prompts import PromptTemplate, load_prompt_template
@@ -152,7 +152,7 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         try:
             options = PrepareOptions(
                 local_save_dir=local_save_dir,
-                backend=cast(RowBackend, backend.name),  # one of pre.backends: _backend_option
+                backend=cast(ImageBackend, backend.name),  # one of pre.backends: _backend_option
                 input=input_,
                 split=split,
                 max_instances=max_instances,

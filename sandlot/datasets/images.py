@@ -26,11 +26,12 @@ from typing import Literal, get_args
 from sandlot.datasets.errors import DatasetMessageError
 from sandlot.sandboxes.images import IMAGE_TEMPLATES, ImageFamily, image_key
 
-RowBackend = Literal["local", "docker", "modal", "vefaas"]
-"""Where the sandboxes of a prepared dataset run."""
+ImageBackend = Literal["local", "docker", "modal", "vefaas"]
+"""The backends the preprocessors name images for (:data:`IMAGE_TEMPLATES`, and ``local``'s
+host). A row itself may name any registered backend (``sandlot.sandboxes.registry``)."""
 
-ROW_BACKENDS: tuple[RowBackend, ...] = get_args(RowBackend)
-DEFAULT_ROW_BACKEND: RowBackend = "docker"
+IMAGE_BACKENDS: tuple[ImageBackend, ...] = get_args(ImageBackend)
+DEFAULT_ROW_BACKEND: ImageBackend = "docker"
 """The backend of prepared rows when neither ``--backend`` nor the environment names one
 (:func:`~sandlot.sandboxes.registry.choose_backend`'s ``default``): real SWE rows run in their
 per-instance images. (``sandlot.open`` and ``sandlot eval`` default to the ``local`` backend,
@@ -54,7 +55,7 @@ class ImageNameError(DatasetMessageError):
 def image_name(
     family: ImageFamily,
     instance_id: str,
-    backend: RowBackend,
+    backend: ImageBackend,
     *,
     source_image: str | None = None,
     commit: str | None = None,
