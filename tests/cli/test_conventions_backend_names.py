@@ -21,6 +21,7 @@ COMMANDS = {
         *("--base-url", "http://127.0.0.1:9/v1", "--model", "m"),
     ],
     "gc": ["gc", "--all", "--dry-run"],
+    "env build": ["env", "build", "--dataset", str(DATASET)],
 }
 
 
