@@ -8,11 +8,11 @@ value checks its range and says what it means there. An unset or empty variable 
 =================================  =======  ========  ===========================================
 variable                           type     default   meaning
 =================================  =======  ========  ===========================================
-``SANDLOT_BACKEND``                name     unset     backend of ``sandlot.open``, ``eval``,
-                                                      ``rollout`` when none is given
+``SANDLOT_BACKEND``                name     unset     backend of ``sandlot.open`` and every
+                                                      command when none is given (before the
+                                                      config file: ``registry.choose_backend``)
 ``DEPLOYMENT``                     name     unset     uni-agent's word for the backend, read after
-                                                      ``SANDLOT_BACKEND``; the backend of prepared
-                                                      dataset rows (``docker`` when unset)
+                                                      ``SANDLOT_BACKEND``
 ``SANDLOT_RUN_ID``                 id       unset     the run's id, label of every sandbox it
                                                       starts (``sandlot gc --run-id``); set by
                                                       ``--run-id`` or on first start

@@ -235,3 +235,19 @@ def test_the_cycle_finder_sees_type_checking_and_relative_imports(tmp_path: Path
     module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import n\n")
     modules = {"sandlot.m": module, "sandlot.n": module}
     assert _targets(module, modules, "sandlot.m") == [(3, "sandlot.n")]
+
+
+# How an instance's sandbox is set up lives beside ``Instance``, so rollout and training open a
+# sandbox without importing ``rewards/`` (which imports the set-up from ``datasets/`` in turn).
+_SET_UP = {"instance_spec", "instance_environment", "prepare_repo", "hide_future"}
+
+
+def test_an_instances_sandbox_set_up_is_defined_in_datasets_only() -> None:
+    defined = {
+        f"{path.relative_to(PACKAGE)}:{node.name}"
+        for path in _modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in _SET_UP
+    }
+    assert {d.split(":")[1] for d in defined} == _SET_UP
+    assert all(d.startswith("datasets/") for d in defined), sorted(defined)

@@ -283,7 +283,9 @@ def rollout_command(
         )
     except ConfigError as exc:
         raise InputError(f"{config_path}: {exc}") from None
-    backend_name = chosen_backend(backend, config.sandbox.backend)
+    backend_name = chosen_backend(
+        backend, config.sandbox.file_backend(), f"{config_path}'s sandbox.backend"
+    )
     try:
         backend_cls = get_backend(backend_name)
         options = config.sandbox.options_for(backend_name)

@@ -40,9 +40,9 @@ from pydantic import BaseModel
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.prompts import PROMPT_FIELDS, PromptLeakError, find_leak
 from sandlot.datasets.rows import TaskRow
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.errors import SandboxError
 from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.lingering import ProcessBaseline, stop_lingering
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.generation import GenerationConfig

@@ -27,7 +27,8 @@ def open(
 
     Args:
         backend: backend name; ``None`` resolves ``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``,
-            then ``"local"`` (with ``snapshot``: the snapshot's backend).
+            then ``"local"`` (:func:`~sandlot.sandboxes.registry.choose_backend`; with
+            ``snapshot``: the snapshot's backend).
         spec: a full ``SandboxSpec``; keyword ``fields`` override its values (default: the
             snapshot's spec, else the defaults).
         options: backend-specific options (the backend's ``Options`` model or a dict;

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sandlot.datasets.images import RowBackend
+from sandlot.datasets.images import ImageBackend
 from sandlot.datasets.prepare import PrepareOptions, PrepareResult, Preprocessor, prepare
 from sandlot.datasets.r2e_gym_subset import PREPROCESSOR as R2E
 from sandlot.datasets.swe_bench_verified import PREPROCESSOR as SWE_BENCH
@@ -35,7 +35,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 def run_prepare(
     name: str,
     out: Path,
-    backend: RowBackend,
+    backend: ImageBackend,
     *,
     input: str | Path | None = None,
     **options: Any,

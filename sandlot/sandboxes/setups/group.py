@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open
-from sandlot.sandboxes.registry import resolve_backend_name
+from sandlot.sandboxes.registry import choose_backend
 from sandlot.sandboxes.setups.cache import SetupCache
 from sandlot.sandboxes.spec import SandboxSpec
 
@@ -51,7 +51,7 @@ async def open_group(
     """
     if n < 1:
         raise ValueError(f"a group needs at least one sandbox, got n={n}")
-    name = resolve_backend_name(backend)
+    name = choose_backend(backend).name
     proto = open(name, spec, options=options, **fields)  # validated once, never started
     sandboxes: list[Sandbox] = []
     failures: list[Exception] = []
