@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.images import ImageConfig, ImageError, ImageRoot
+from sandlot.images import ImageConfig, ImageError, ImageRoot, unpack_caps
 from sandlot.images.unpack import OPAQUE_XATTR, unpack_layer
 
 
@@ -321,3 +321,16 @@ def test_a_layer_past_its_ratio_is_refused_before_writing(
     monkeypatch.setenv("SANDLOT_UNPACK_MAX_RATIO", "0")  # no cap
     unpack_layer(blob, diff_id, tmp_path / "out", list)
     assert (tmp_path / "out/z").stat().st_size == 80 << 20
+
+
+def test_a_layer_of_many_empty_entries_is_a_bomb_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each entry counts 128 bytes: 3000 empty files (a 19 KB blob) at a ratio of 4 and no
+    # floor are refused.
+    monkeypatch.setattr(unpack_caps, "LAYER_FLOOR", 0)
+    monkeypatch.setenv("SANDLOT_UNPACK_MAX_RATIO", "4")
+    blob, diff_id = _layer(tmp_path, "many", [_entry(f"e{i}") for i in range(3000)])
+    with pytest.raises(ImageError, match="SANDLOT_UNPACK_MAX_RATIO"):
+        unpack_layer(blob, diff_id, tmp_path / "out", list)
+    assert not (tmp_path / "out").exists()
