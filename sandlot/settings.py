@@ -30,6 +30,10 @@ variable                           type     default   meaning
                                                       ``<tmp>/sandlot-local-<uid>``
 ``SANDLOT_IMAGE_CACHE``            path     unset     container images pulled for ``local``; else
                                                       ``$XDG_CACHE_HOME/sandlot/images``
+``SANDLOT_UNPACK_MAX_RATIO``       int      32        a layer unpacks to at most this many times
+                                                      its compressed size (at least 64 MiB; 0: no
+                                                      cap): the bound on a decompression bomb
+``SANDLOT_UNPACK_MAX_IMAGE_GIB``   GiB      64        an image's layers together (0: no cap)
 ``SANDLOT_ENV_CACHE``              path     unset     ``local`` test environments; else
                                                       ``~/.cache/sandlot/envs``
 ``SANDLOT_ENV_INSTALLER``          name     unset     ``uv`` or ``pip`` for those environments;
@@ -95,6 +99,8 @@ class Settings(BaseModel):
     image_overrides: str | None = Field(None, alias="SANDLOT_IMAGE_OVERRIDES")
     local_root: str | None = Field(None, alias="SANDLOT_LOCAL_ROOT")
     image_cache: str | None = Field(None, alias="SANDLOT_IMAGE_CACHE")
+    unpack_max_ratio: int | None = Field(None, alias="SANDLOT_UNPACK_MAX_RATIO")
+    unpack_max_image_gib: float | None = Field(None, alias="SANDLOT_UNPACK_MAX_IMAGE_GIB")
     env_cache: str | None = Field(None, alias="SANDLOT_ENV_CACHE")
     env_installer: str | None = Field(None, alias="SANDLOT_ENV_INSTALLER")
     docker_api_threads: int = Field(32, alias="SANDLOT_DOCKER_API_THREADS")

@@ -29,6 +29,7 @@ from sandlot.images.errors import ImageError
 from sandlot.images.root import ImageConfig, ImageRoot
 from sandlot.images.store import ImageStore, hex_of
 from sandlot.images.unpack import unpack_layer
+from sandlot.images.unpack_caps import Budget, image_budget
 
 
 class _LowerLayerFailed(Exception):
@@ -61,6 +62,8 @@ def unpack_image(
     if not missing:
         return 0
     futures: dict[str, Future[bool]] = {}
+    # One cap for the image, what its layers unpacked for other images included.
+    budget = image_budget(sum(store.unpacked_size(d) for d in set(diff_ids)))
 
     def below(index: int) -> Callable[[], Iterable[Path]]:
         def each_when_unpacked() -> Iterator[Path]:
@@ -76,7 +79,7 @@ def unpack_image(
     with store.pulling(), ThreadPoolExecutor(count, thread_name_prefix="sandlot-unpack") as pool:
         for i in missing:  # bottom up: a layer's lower layers are submitted before it
             futures[diff_ids[i]] = pool.submit(
-                _unpack_one, store, diff_ids[i], blobs[i], below(i), log
+                _unpack_one, store, diff_ids[i], blobs[i], below(i), log, budget
             )
         try:
             return sum(future.result() for future in futures.values())
@@ -91,6 +94,7 @@ def _unpack_one(
     blob: dict[str, Any],
     below: Callable[[], Iterable[Path]],
     log: Callable[[str], None] | None,
+    budget: Budget | None = None,
 ) -> bool:
     """Unpack one layer unless it is already; whether this call did."""
     with store.lock("layer-" + hex_of(diff_id)):
@@ -101,7 +105,8 @@ def _unpack_one(
         path = store.blob(blob["digest"])
         with store.scratch() as scratch:
             try:
-                stats = unpack_layer(path, diff_id, scratch / "layer", below)
+                stats = unpack_layer(path, diff_id, scratch / "layer", below,
+                                     declared_size=blob["size"], image_budget=budget)  # fmt: skip
             except ImageError:
                 _drop_if_corrupt(path, blob["digest"])
                 raise

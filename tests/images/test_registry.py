@@ -8,6 +8,7 @@ import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from registry import (
@@ -131,8 +132,10 @@ def test_an_interrupted_pull_leaves_nothing_a_later_pull_uses(
     store = ImageStore(tmp_path / "cache")
     real = unpacking.unpack_layer
 
-    def interrupted(blob: Path, diff_id: str, dest: Path, below: Callable[[], list[Path]]) -> None:
-        real(blob, diff_id, dest, below)
+    def interrupted(
+        blob: Path, diff_id: str, dest: Path, below: Callable[[], list[Path]], **kw: Any
+    ) -> None:
+        real(blob, diff_id, dest, below, **kw)
         raise KeyboardInterrupt  # after the layer was written, before it was renamed into place
 
     monkeypatch.setattr(unpacking, "unpack_layer", interrupted)
