@@ -287,6 +287,7 @@ class LocalSandbox(Sandbox):
                 layers = (Path(self.origin.handle) / UPPER, *self._image.layers)
                 self._image = dataclasses.replace(self._image, layers=layers)
             self._adopt_working_dir()
+            spec = self.spec
         rootfs = self._rootfs()
         bwrap = self._find_bwrap() if self.isolated else ""
         problem = check_workdir(spec.workdir, rootfs, opts.host_view)
