@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from requirements import TEST_IMAGE, archived_test_image, local_image_missing, needs
+from requirements import (
+    TEST_IMAGE,
+    archived_test_image,
+    docker_engine,
+    local_image_missing,
+    needs,
+)
 
 import sandlot
 from sandlot.sandboxes.base import Sandbox
@@ -121,6 +127,29 @@ async def test_the_images_working_dir_is_the_default_workdir(working_dir_image: 
         await session.close()
     # An explicit workdir wins, as `docker run -w` does.
     async with sandlot.open("local", image=working_dir_image, workdir="/testbed") as sb:
+        assert await _out(sb, "pwd") == "/testbed\n"
+
+
+@pytest.fixture(scope="module")
+def working_dir_engine_image() -> str:
+    """The test image with ``WORKDIR /app``, in the engine (``docker commit --change``)."""
+    name = "localhost/sandlot-workdir-test:1"
+    container = docker_engine().containers.create(TEST_IMAGE, ["true"])
+    try:
+        container.commit(*name.rsplit(":", 1), changes=["WORKDIR /app"])
+    finally:
+        container.remove()
+    return name
+
+
+@pytest.mark.anyio
+async def test_the_working_dir_is_the_default_workdir_on_the_engine_too(
+    working_dir_engine_image: str,
+) -> None:
+    image = working_dir_engine_image
+    async with sandlot.open("docker", image=image, pull="never") as sb:
+        assert sb.spec.workdir == "/app" and await _out(sb, "pwd") == "/app\n"
+    async with sandlot.open("docker", image=image, pull="never", workdir="/testbed") as sb:
         assert await _out(sb, "pwd") == "/testbed\n"
 
 

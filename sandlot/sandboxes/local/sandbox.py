@@ -79,7 +79,7 @@ from sandlot.sandboxes.local.zygote_client import (
     image_request,
     release,
 )
-from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.spec import SandboxSpec, image_workdir
 from sandlot.sandboxes.transport import FILE_TIMEOUT_S, Reader, RunOutput, RunRequest, TreeCaps
 
 log = logging.getLogger("sandlot.sandboxes.local")
@@ -461,15 +461,11 @@ class LocalSandbox(Sandbox):
 
     def _adopt_working_dir(self) -> None:
         """Make the image's ``WorkingDir`` the sandbox's workdir when the caller left
-        ``spec.workdir`` unset, as ``docker run`` without ``-w`` does (an explicit workdir
-        wins, as ``-w`` does). One that cannot be a workdir here (``/``) leaves the default,
-        with a warning."""
+        ``spec.workdir`` unset (:func:`~sandlot.sandboxes.spec.image_workdir`); one that
+        cannot be a workdir here leaves the default, with a warning."""
         assert self._image is not None
-        wanted = self._image.config.working_dir
-        if not wanted or "workdir" in self.spec.model_fields_set:
-            return
-        wanted = posixpath.normpath(posixpath.join("/", wanted))  # relative: to /, as docker
-        if wanted == self.spec.workdir:
+        wanted = image_workdir(self.spec, self._image.config.working_dir)
+        if wanted is None:
             return
         problem = check_workdir(wanted, self._rootfs(), self.options.host_view)
         if problem:
