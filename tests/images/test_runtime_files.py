@@ -5,6 +5,7 @@ test image, exported from the engine once)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import tarfile
@@ -22,6 +23,7 @@ from requirements import (
 
 import sandlot
 from sandlot.sandboxes.base import Sandbox
+from sandlot.sandboxes.local import LocalSandbox
 
 pytestmark = needs(local_image_missing)
 
@@ -50,6 +52,10 @@ for name in ("localhost", socket.gethostname()):
 from the host's, which may have no ``::1`` record; Docker's and ours have one.)"""
 
 
+def _host_resolv() -> str:
+    return Path("/etc/resolv.conf").read_text()
+
+
 async def _out(sb: Sandbox, command: str) -> str:
     r = await sb.exec(command, timeout=60)
     assert r.exit_code == 0, r.stderr
@@ -70,9 +76,8 @@ async def test_localhost_resolves_and_a_server_on_it_is_reached(zygote: bool) ->
 
 @pytest.mark.anyio
 async def test_resolv_conf_is_the_hosts_with_the_network_and_empty_without() -> None:
-    host = Path("/etc/resolv.conf").read_text()  # noqa: ASYNC240 (a small file, once)
     async with sandlot.open("local", image=IMAGE, network=True) as sb:
-        assert await _out(sb, "cat /etc/resolv.conf") == host
+        assert await _out(sb, "cat /etc/resolv.conf") == _host_resolv()
     async with sandlot.open("local", image=IMAGE) as sb:
         assert await _out(sb, "wc -c < /etc/resolv.conf") == "0\n"
 
@@ -86,6 +91,36 @@ async def test_the_files_are_the_sandboxs_own_not_the_layers() -> None:
         await _out(first, "echo '10.0.0.1 mine' >> /etc/hosts")
         assert "mine" not in await _out(second, "cat /etc/hosts")
         assert await _out(first, "hostname") != await _out(second, "hostname")
+
+
+@pytest.mark.anyio
+async def test_a_restart_with_another_network_rewrites_resolv_conf() -> None:
+    # What an environment recipe's install does: the jail restarted with the network, then
+    # without it (LocalSandbox._install_online).
+    async with sandlot.open("local", image=IMAGE) as sb:
+        assert isinstance(sb, LocalSandbox) and sb._jail_config is not None
+        config, hostname = sb._jail_config, await _out(sb, "hostname")
+        await sb._restart_init(dataclasses.replace(config, network=True))
+        assert await _out(sb, "cat /etc/resolv.conf; hostname") == _host_resolv() + hostname
+        await sb._restart_init(config)
+        assert await _out(sb, "wc -c < /etc/resolv.conf; hostname") == "0\n" + hostname
+
+
+@pytest.mark.anyio
+async def test_a_fork_has_a_hostname_and_files_of_its_own() -> None:
+    async with sandlot.open("local", image=IMAGE) as sb:
+        await _out(sb, "echo '10.0.0.1 parent' >> /etc/hosts")
+        snapshot = await sb.snapshot()
+        try:
+            async with sandlot.open(snapshot=snapshot) as fork:
+                hostname = (await _out(fork, "hostname")).strip()
+                assert (
+                    hostname == fork.id.removeprefix("sandlot-") != sb.id.removeprefix("sandlot-")
+                )
+                hosts = await _out(fork, "cat /etc/hosts")
+                assert hosts.endswith(f"127.0.0.1\t{hostname}\n") and "parent" not in hosts
+        finally:
+            await snapshot.delete()
 
 
 @pytest.fixture(scope="module")
