@@ -8,7 +8,8 @@ an image cannot resolve ``localhost`` (a test server on ``localhost`` fails with
 (``upper``), never into the shared layers, before each start of its jail:
 
 * ``/etc/hosts``: Docker's default records (moby ``libnetwork/etchosts``; the IPv6 ones only
-  when the sandbox's loopback has ``::1``, as Docker 26 does), then ``127.0.0.1`` for the
+  when the sandbox's loopback has ``::1``: a server told ``localhost`` may listen on the
+  first address it gets), then ``127.0.0.1`` for the
   hostname: the sandbox's only address of its own is its loopback (no network), or the host's
   (network on, which shares the host's network namespace, as ``docker run --network host``);
 * ``/etc/hostname``: the hostname (:func:`sandbox_hostname`), which the jail also sets as its
