@@ -19,6 +19,9 @@ an image cannot resolve ``localhost`` (a test server on ``localhost`` fails with
   ``systemd-resolved`` stub at ``127.0.0.53`` answers); with it off, empty (nothing to ask;
   a lookup then fails at once, on the sandbox's own loopback).
 
+Only for container images: ``image="host"`` (the host's root) and a root filesystem directory
+keep their own ``/etc`` and the host's hostname, as the root is not the sandbox's to rewrite.
+
 The writable layer is the sandbox's: after a restart (an environment recipe installs with the
 network, then the jail restarts without it) what its commands left there is written through
 directory descriptors, never through a path, so a link planted at ``etc`` or at a file's

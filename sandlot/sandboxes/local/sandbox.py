@@ -160,6 +160,11 @@ class LocalSandbox(Sandbox):
     image's ``python3``). A zygote that dies takes its sandboxes with it (they raise
     ``SandboxDeadError``) and is replaced on the next ``open``.
 
+    A container image's sandbox gets what a container engine gives a container
+    (:mod:`sandlot.sandboxes.local.runtime_files`): a hostname of its own, ``/etc/hosts``,
+    ``/etc/hostname`` and, with the network, ``/etc/resolv.conf``; and the image's ``Env``,
+    ``User`` and, when ``spec.workdir`` is left unset, ``WorkingDir``.
+
     Limits (``LocalOptions``, ``spec.memory_mb``), set by the init in each command's process:
     ``RLIMIT_FSIZE`` (``max_file_size_mb``; exceeding it kills the writer with SIGXFSZ, exit
     153), ``RLIMIT_CPU`` (``cpu_time_s``; SIGXCPU, exit 152, and SIGKILL one second later),

@@ -1,6 +1,6 @@
 """The runtime files of a ``local`` image sandbox, as written on the host
 (``sandlot/sandboxes/local/runtime_files.py``); what a command sees of them is in
-``tests/images/test_runtime_files.py``."""
+``tests/images/test_image_runtime_files.py``."""
 
 from __future__ import annotations
 
