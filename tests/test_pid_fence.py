@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from sandlot.sandboxes.local.init import _is_newer
-from sandlot.sandboxes.remote_shell import SCAN_FUNCTIONS
+from sandlot.sandboxes.shared.remote_shell import SCAN_FUNCTIONS
 
 HIGH = 4_194_300  # near the default 64-bit pid_max (4194304)
 

@@ -65,8 +65,10 @@ def open(
             f"{cls.name} options: {', '.join(cls.Options.model_fields) or '(none)'}."
         )
     # Validated as one dict, so bad values fail here, not inside a backend (model_copy would
-    # not validate, and would store a dict where a nested model belongs).
-    base = (spec or SandboxSpec()).model_dump()
+    # not validate, and would store a dict where a nested model belongs). Only the fields
+    # set: a backend tells a default from a choice (an image's WorkingDir fills an unset
+    # workdir, as `docker run` without -w).
+    base = (spec or SandboxSpec()).model_dump(exclude_unset=True)
     merged_spec = SandboxSpec.model_validate({**base, **spec_fields})
     if isinstance(options, BaseModel):
         opts = cls.Options.model_validate({**options.model_dump(), **option_fields})

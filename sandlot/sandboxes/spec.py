@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,3 +60,15 @@ class SandboxSpec(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     environment: EnvironmentRecipe | None = None
     start_limits: StartLimits | None = None
+
+
+def image_workdir(spec: SandboxSpec, working_dir: str) -> str | None:
+    """The workdir a sandbox of an image whose config says ``WorkingDir: working_dir`` gets
+    from it: that directory (relative to ``/``, normalised) when ``spec`` leaves ``workdir``
+    unset, as ``docker run`` without ``-w``; ``None`` keeps ``spec.workdir``: a ``workdir``
+    given wins (as ``-w``), and an image without ``WorkingDir``, or with ``/`` (a workdir is
+    a private directory of its own), keeps the default."""
+    if not working_dir or "workdir" in spec.model_fields_set:
+        return None
+    wanted = posixpath.normpath(posixpath.join("/", working_dir))
+    return None if wanted in ("/", "//", spec.workdir) else wanted

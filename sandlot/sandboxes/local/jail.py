@@ -27,10 +27,11 @@ binding ``/`` itself, leaves room to create new mount points such as the default
   the ``hidden_paths`` (credential stores of the host user's home) are covered by an empty
   read-only directory or ``/dev/null``, and so is the host directory holding all sandboxes
   when it would be visible;
-* new PID, IPC, UTS (and, unless the spec allows network, network) namespaces, and for a
-  caller who is not root a user namespace where the caller is uid 0; all capabilities
-  dropped; the seccomp filter :func:`keyring_filter`; a new session (no TIOCSTI into our
-  terminal); killed when ``bwrap`` dies.
+* new PID, IPC, UTS (for a container image with the sandbox's own hostname) and (unless the
+  spec allows network) network namespaces, and for a caller who is not root a user namespace
+  where the caller is uid 0; all capabilities dropped; the seccomp filter
+  :func:`keyring_filter`; a new session (no TIOCSTI into our terminal); killed when ``bwrap``
+  dies.
 
 ``/sys`` is left out: most of it is writable by uid 0 without capabilities.
 
@@ -168,6 +169,8 @@ class JailConfig:
         layer_store: only in the shape of a zygote of container images
             (:func:`sandlot.sandboxes.local.zygote_client.image_request`): the directory
             holding the image cache's unpacked layers, bound read-only in the zygote.
+        hostname: the jail's UTS hostname (``--hostname``), for a container image (see
+            :mod:`sandlot.sandboxes.local.runtime_files`); ``None`` keeps the host's.
     """
 
     bwrap: str
@@ -183,6 +186,7 @@ class JailConfig:
     user: tuple[int, int] | None = None
     work_layers: tuple[Path, ...] = ()
     layer_store: Path | None = None
+    hostname: str | None = None
 
 
 def _shown(name: str, rootfs: Path, host_view: str) -> bool:
@@ -512,6 +516,8 @@ def _masks_argv(config: JailConfig, empty: Path | None) -> list[str]:
 def _namespaces_argv(config: JailConfig, root_namespace: bool = False) -> list[str]:
     argv = [] if config.layers else ["--remount-ro", "/"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    if config.hostname:
+        argv += ["--hostname", config.hostname]
     if not config.network:
         argv.append("--unshare-net")
     if config.user is not None:

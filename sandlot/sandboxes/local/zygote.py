@@ -72,7 +72,8 @@ loaded once, in every child), and step 5 instead builds the sandbox's root as it
 would (:func:`sandlot.sandboxes.local.jail.jail_argv`): an overlayfs of the image's layers
 under the sandbox's ``upper``, mounted on its ``rootfs`` directory; the ``/proc``, ``/dev``
 and ``/run`` of steps 2-3 moved into it; ``tmp`` and ``home`` bound on ``/tmp`` and
-``$HOME``; the workdir made; then ``pivot_root(2)`` into it and the old root detached, so
+``$HOME``; the workdir made; the hostname set (from the sandbox's :data:`HOSTNAME` file); then
+``pivot_root(2)`` into it and the old root detached, so
 the host's files, the layers and the other sandboxes are gone from the child's view. A
 non-root ``User`` (or, as in step 6, root for a caller who is not root) then gets a user
 namespace of its own that maps it to root outside it (what ``bwrap --unshare-user --uid``
@@ -95,6 +96,9 @@ SANDBOXES = "/sandlot/.sandboxes"
 LOWER = "lower"
 KEEP = "/sandlot/.keep"
 LAYERS = "/sandlot/.layers"
+HOSTNAME = "hostname"
+"""In a sandbox of an image's directory: its hostname, written by the host
+(:mod:`sandlot.sandboxes.local.runtime_files`)."""
 _ROOTFS = "rootfs"
 _MOVED = ("/proc", "/dev", "/run")
 # pivot_root(2) has no glibc wrapper: its number per machine (asm/unistd_64.h, generic).
@@ -353,6 +357,18 @@ def _map_user(uid: int, gid: int) -> None:
     _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
+def _set_hostname(path: str) -> None:
+    """Our UTS namespace's hostname: the first line of the host's file at ``path`` (absent:
+    keep the zygote's). Before any user namespace of the sandbox's own: ours owns the UTS
+    namespace the spare made."""
+    try:
+        with open(path, "rb") as f:
+            name = f.readline(65).strip()
+    except FileNotFoundError:
+        return
+    _check(_libc.sethostname(name, len(name)), "sethostname")
+
+
 def _serve_image(name: str, workdir: str, request: list[bytes], cgroups: list[int]) -> None:
     """Steps 4 to 6 of the module docstring with ``IMAGES``, up to running the init.
     ``request``: the ``uid gid lower...`` fields of the ``N`` request."""
@@ -360,6 +376,7 @@ def _serve_image(name: str, workdir: str, request: list[bytes], cgroups: list[in
     own = f"{SANDBOXES}/{name}"
     root = f"{own}/{_ROOTFS}"
     uid, gid, lowers = request[0], request[1], b":".join(request[2:]).decode()
+    _set_hostname(f"{own}/{HOSTNAME}")
     os.chdir(LAYERS)  # the lowers are named relative to it: mount options hold one page
     options = f"userxattr,lowerdir={lowers},upperdir={own}/upper,workdir={own}/overlay-work"
     _mount("overlay", root, "overlay", _MS_NOSUID | _MS_NODEV, options)

@@ -332,6 +332,7 @@ def image_request(config: JailConfig) -> tuple[JailConfig, tuple[bytes, ...]] | 
         layers=(),
         user=None,
         layer_store=store,
+        hostname=None,  # each child reads its own (zygote.HOSTNAME)
     )
     ids = [b"", b""] if config.user is None else [str(i).encode() for i in config.user]
     return shape, (*ids, *(lower.encode() for lower in lowers))
