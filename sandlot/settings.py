@@ -30,6 +30,10 @@ variable                           type     default   meaning
                                                       ``<tmp>/sandlot-local-<uid>``
 ``SANDLOT_IMAGE_CACHE``            path     unset     container images pulled for ``local``; else
                                                       ``$XDG_CACHE_HOME/sandlot/images``
+``SANDLOT_IMAGE_LAYERS``           name     auto      ``mount`` (each layer one squashfs file,
+                                                      mounted with FUSE), ``unpack`` (layers
+                                                      unpacked into directories), or ``auto``:
+                                                      ``mount`` where ``/dev/fuse`` is usable
 ``SANDLOT_ENV_CACHE``              path     unset     ``local`` test environments; else
                                                       ``~/.cache/sandlot/envs``
 ``SANDLOT_ENV_INSTALLER``          name     unset     ``uv`` or ``pip`` for those environments;
@@ -65,6 +69,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from typing import Literal
+
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from sandlot.errors import SandlotError
@@ -92,6 +98,7 @@ class Settings(BaseModel):
     image_overrides: str | None = Field(None, alias="SANDLOT_IMAGE_OVERRIDES")
     local_root: str | None = Field(None, alias="SANDLOT_LOCAL_ROOT")
     image_cache: str | None = Field(None, alias="SANDLOT_IMAGE_CACHE")
+    image_layers: Literal["auto", "mount", "unpack"] = Field("auto", alias="SANDLOT_IMAGE_LAYERS")
     env_cache: str | None = Field(None, alias="SANDLOT_ENV_CACHE")
     env_installer: str | None = Field(None, alias="SANDLOT_ENV_INSTALLER")
     docker_api_threads: int = Field(32, alias="SANDLOT_DOCKER_API_THREADS")

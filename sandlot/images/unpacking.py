@@ -18,6 +18,7 @@ unpack is an :class:`ImageError` naming its blob; a blob that no longer matches 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +28,7 @@ from typing import Any
 
 from sandlot.images.errors import ImageError
 from sandlot.images.root import ImageConfig, ImageRoot
+from sandlot.images.squash import convert_layer, mounting
 from sandlot.images.store import ImageStore, hex_of
 from sandlot.images.unpack import unpack_layer
 
@@ -55,11 +57,16 @@ def unpack_image(
     """
     diff_ids: list[str] = record["diff_ids"]
     blobs: list[dict[str, Any]] = record["layer_blobs"]
+    mounted = mounting()
     missing = [
-        i for i, d in enumerate(diff_ids) if not store.layer(d).is_dir() and d not in diff_ids[:i]
+        i
+        for i, d in enumerate(diff_ids)
+        if not store.ready(d, mounted) and d not in diff_ids[:i]
     ]
     if not missing:
         return 0
+    if mounted:
+        return _convert_all(store, [(diff_ids[i], blobs[i]) for i in missing], log, workers)
     futures: dict[str, Future[bool]] = {}
 
     def below(index: int) -> Callable[[], Iterable[Path]]:
@@ -112,6 +119,47 @@ def _unpack_one(
     return True
 
 
+def _convert_all(
+    store: ImageStore,
+    layers: list[tuple[str, dict[str, Any]]],
+    log: Callable[[str], None] | None,
+    workers: int | None,
+) -> int:
+    """Convert ``layers`` (diff_id, blob) to image files in parallel: no layer needs another
+    (a hard link across layers is refused by :func:`convert_layer`)."""
+    count = min(len(layers), workers or len(os.sched_getaffinity(0)))
+    with store.pulling(), ThreadPoolExecutor(count, thread_name_prefix="sandlot-squash") as pool:
+        futures = [pool.submit(_convert_one, store, d, b, log) for d, b in layers]
+        try:
+            return sum(future.result() for future in futures)
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+def _convert_one(
+    store: ImageStore, diff_id: str, blob: dict[str, Any], log: Callable[[str], None] | None
+) -> bool:
+    """Convert one layer unless it is already; whether this call did."""
+    with store.lock("layer-" + hex_of(diff_id)):
+        if store.layer_image(diff_id).is_file():
+            return False
+        if log:
+            log(f"converting layer {diff_id[7:19]} ({blob['size']} bytes)")
+        path = store.blob(blob["digest"])
+        with store.scratch() as scratch:
+            try:
+                stats, index = convert_layer(path, diff_id, scratch / "layer.sqfs")
+            except ImageError:
+                _drop_if_corrupt(path, blob["digest"])
+                raise
+            meta = {"unpacked": stats.size, "blob": blob["size"], "entries": stats.entries,
+                    "bytes": stats.bytes, "devices_skipped": stats.devices_skipped,
+                    "xattrs_skipped": stats.xattrs_skipped, "format": "squashfs"}  # fmt: skip
+            store.put_layer_image(diff_id, scratch / "layer.sqfs", dataclasses.asdict(index), meta)
+    return True
+
+
 def _drop_if_corrupt(path: Path, digest: str) -> None:
     """Remove the blob at ``path`` when it no longer hashes to ``digest`` (skopeo verified it
     when it was fetched: the disk changed it), so that the next use fetches it again."""
@@ -132,9 +180,10 @@ def image_root(store: ImageStore, image: str, record: dict[str, Any]) -> ImageRo
     """What a sandbox of image ``record`` (opened by the name ``image``) mounts; its layers
     must be unpacked (:func:`unpack_image`)."""
     layers: list[Path] = []
+    mounted = mounting()
     for diff_id in reversed(record["diff_ids"]):  # topmost first; a repeated layer counts once
-        path = store.layer(diff_id)
-        if path not in layers and any(path.iterdir()):
+        path = store.layer_image(diff_id) if mounted else store.layer(diff_id)
+        if path not in layers and (mounted or any(path.iterdir())):
             layers.append(path)
     if not layers:  # overlayfs needs one lower layer, even an empty one
         layers.append(store.layer(record["diff_ids"][0]))
