@@ -65,26 +65,23 @@ def unpack_image(
     ]
     if not missing:
         return 0
-    if mounted:
-        return _convert_all(store, [(diff_ids[i], blobs[i]) for i in missing], log, workers)
     futures: dict[str, Future[bool]] = {}
 
     def below(index: int) -> Callable[[], Iterable[Path]]:
-        def each_when_unpacked() -> Iterator[Path]:
+        def each_when_ready() -> Iterator[Path]:
             for diff_id in reversed(diff_ids[:index]):
                 future = futures.get(diff_id)
                 if future is not None and future.exception() is not None:  # waits for it
                     raise _LowerLayerFailed(diff_id)
-                yield store.layer(diff_id)
+                yield store.layer_image(diff_id) if mounted else store.layer(diff_id)
 
-        return each_when_unpacked
+        return each_when_ready
 
+    one = _convert_one if mounted else _unpack_one
     count = min(len(missing), workers or len(os.sched_getaffinity(0)))
     with store.pulling(), ThreadPoolExecutor(count, thread_name_prefix="sandlot-unpack") as pool:
         for i in missing:  # bottom up: a layer's lower layers are submitted before it
-            futures[diff_ids[i]] = pool.submit(
-                _unpack_one, store, diff_ids[i], blobs[i], below(i), log
-            )
+            futures[diff_ids[i]] = pool.submit(one, store, diff_ids[i], blobs[i], below(i), log)
         try:
             return sum(future.result() for future in futures.values())
         finally:
@@ -119,26 +116,12 @@ def _unpack_one(
     return True
 
 
-def _convert_all(
-    store: ImageStore,
-    layers: list[tuple[str, dict[str, Any]]],
-    log: Callable[[str], None] | None,
-    workers: int | None,
-) -> int:
-    """Convert ``layers`` (diff_id, blob) to image files in parallel: no layer needs another
-    (a hard link across layers is refused by :func:`convert_layer`)."""
-    count = min(len(layers), workers or len(os.sched_getaffinity(0)))
-    with store.pulling(), ThreadPoolExecutor(count, thread_name_prefix="sandlot-squash") as pool:
-        futures = [pool.submit(_convert_one, store, d, b, log) for d, b in layers]
-        try:
-            return sum(future.result() for future in futures)
-        finally:
-            for future in futures:
-                future.cancel()
-
-
 def _convert_one(
-    store: ImageStore, diff_id: str, blob: dict[str, Any], log: Callable[[str], None] | None
+    store: ImageStore,
+    diff_id: str,
+    blob: dict[str, Any],
+    below: Callable[[], Iterable[Path]],
+    log: Callable[[str], None] | None,
 ) -> bool:
     """Convert one layer unless it is already; whether this call did."""
     with store.lock("layer-" + hex_of(diff_id)):
@@ -149,7 +132,7 @@ def _convert_one(
         path = store.blob(blob["digest"])
         with store.scratch() as scratch:
             try:
-                stats, index = convert_layer(path, diff_id, scratch / "layer.sqfs")
+                stats, index = convert_layer(path, diff_id, scratch / "layer.sqfs", below)
             except ImageError:
                 _drop_if_corrupt(path, blob["digest"])
                 raise
