@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-
 from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError

@@ -108,7 +108,6 @@ class Index:
     opaque: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
 
-
     @functools.cached_property
     def opaque_set(self) -> frozenset[str]:
         """:attr:`opaque` as a set."""
@@ -174,11 +173,14 @@ def convert_layer(
     except _Duplicate:
         dest.unlink(missing_ok=True)
     counts: dict[str, int] = {}
-    with open(blob, "rb") as raw, _Chunks(_decompressed(raw, blob.name)) as source:
-        with tarfile.open(fileobj=source, mode="r|", errorlevel=2) as tar:
-            for member in tar:
-                name = _target_name(_clean(member.name, blob.name))
-                counts[name] = counts.get(name, 0) + 1
+    with (
+        open(blob, "rb") as raw,
+        _Chunks(_decompressed(raw, blob.name)) as source,
+        tarfile.open(fileobj=source, mode="r|", errorlevel=2) as tar,  # type: ignore[call-overload]
+    ):
+        for member in tar:
+            name = _target_name(_clean(member.name, blob.name))
+            counts[name] = counts.get(name, 0) + 1
     return _convert(blob, diff_id, dest, counts, below)
 
 
@@ -332,8 +334,8 @@ def _rewrite(
             data = None
             if member.islnk():
                 info.linkname = _clean(member.linkname, blob)
-                target = index.entries.get(info.linkname)
-                if target is None:  # in a layer below: a copy of it
+                linked = index.entries.get(info.linkname)
+                if linked is None:  # in a layer below: a copy of it
                     mode, content = _from_below(below, info.linkname, blob, name)
                     info.type, info.linkname, info.size = tarfile.REGTYPE, "", len(content)
                     info.mode = stat.S_IMODE(mode)
@@ -342,12 +344,12 @@ def _rewrite(
                     stats.entries += 1
                     stats.bytes += len(content)
                     continue
-                if not stat.S_ISREG(target[0]):
+                if not stat.S_ISREG(linked[0]):
                     raise ImageError(
                         f"layer {blob} hard-links {name!r} to {member.linkname!r}, which is "
                         f"not a regular file"
                     )
-                index.entries[name] = list(target)
+                index.entries[name] = list(linked)
             elif member.issym():
                 info.linkname = member.linkname
                 index.entries[name] = [stat.S_IFLNK | 0o777, member.linkname]

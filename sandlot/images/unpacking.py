@@ -59,9 +59,7 @@ def unpack_image(
     blobs: list[dict[str, Any]] = record["layer_blobs"]
     mounted = mounting()
     missing = [
-        i
-        for i, d in enumerate(diff_ids)
-        if not store.ready(d, mounted) and d not in diff_ids[:i]
+        i for i, d in enumerate(diff_ids) if not store.ready(d, mounted) and d not in diff_ids[:i]
     ]
     if not missing:
         return 0

@@ -54,9 +54,13 @@ def _daemons(store: ImageStore, inside_zygote: bool = False) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"squashfuse") and any(
-            (os.path.basename(a) if inside_zygote else a) in names
-            for a in (x.decode(errors="replace") for x in argv)
+        if (
+            argv
+            and argv[0].endswith(b"squashfuse")
+            and any(
+                (os.path.basename(a) if inside_zygote else a) in names
+                for a in (x.decode(errors="replace") for x in argv)
+            )
         ):
             found.append(int(entry.name))
     return found

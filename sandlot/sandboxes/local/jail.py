@@ -303,7 +303,7 @@ _FUSE_SCRIPT = (
     'exec "$s" --pdeathsig KILL "$f" -f -o ro,nosuid,nodev "$1" "$2" ) & '
     'i=0; until "$m" -q "$2"; do i=$((i + 1)); '
     'if [ "$i" -gt 2000 ] || ! kill -0 $! 2>/dev/null; then exit 125; fi; done; '
-    'shift 2; n=$((n - 1)); done; ' + _MOUNT_SCRIPT
+    "shift 2; n=$((n - 1)); done; " + _MOUNT_SCRIPT
 )
 """:data:`_MOUNT_SCRIPT` after ``squashfuse`` mounted each layer image (``SQUASHFUSE SETPRIV
 MOUNTPOINT N IMAGE MNT...``):

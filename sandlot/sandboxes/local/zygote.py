@@ -535,7 +535,6 @@ class _Zygote:
         except OSError:
             pass  # the next request forks (or reports why it cannot)
 
-
     def mount_layers(self, fields: list[bytes]) -> bool:
         """Mount each layer image (``HEX.sqfs``) among the lowers of request ``fields`` with
         ``squashfuse`` under :data:`MOUNTS`, once per zygote, and name its mount point in the

@@ -22,8 +22,8 @@ import functools
 import logging
 import marshal
 import os
-import signal
 import shutil
+import signal
 import socket
 import struct
 import tempfile
