@@ -251,7 +251,7 @@ def layers_mode() -> str:
         if mode == "unpack"
         else "FUSE unusable here: /dev/fuse not openable or squashfuse/tar2sqfs missing"
     )
-    return f"unpacked into directories (the fallback: {why})"
+    return f"a directory each, made by unpacking (the fallback: {why})"
 
 
 def _print_table(table: Table) -> None:

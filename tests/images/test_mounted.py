@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from registry import tools_missing
 from requirements import needs
 
 import sandlot
-from sandlot.images import open_image
+from sandlot.cli.main import cli
+from sandlot.images import open_image, squash
 from sandlot.images.squash import mounting
 from sandlot.images.store import ImageStore
 from sandlot.sandboxes.local import zygote_client
@@ -39,7 +41,24 @@ _VIEW = {
     "cat /data/hl": "one",  # a hard link to a file of a layer below
     "cat /data/l1": "one",  # a symlink chain
     "cd /data && sha256sum -c big.sha256 >/dev/null && echo intact": "intact",
+    "test -c /dev/fuse || echo absent": "absent",  # the zygote's, never a sandbox's
 }
+
+
+def test_the_layer_store_is_chosen_by_setting_else_by_what_the_machine_allows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SANDLOT_IMAGE_LAYERS", "unpack")
+    assert not mounting()
+    monkeypatch.setenv("SANDLOT_IMAGE_LAYERS", "mount")
+    assert mounting()
+    monkeypatch.setenv("SANDLOT_IMAGE_LAYERS", "auto")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no squashfuse, no tar2sqfs
+    squash._fuse_usable.cache_clear()
+    try:
+        assert not mounting()
+    finally:
+        squash._fuse_usable.cache_clear()
 
 
 def _daemons(store: ImageStore, inside_zygote: bool = False) -> list[int]:
@@ -95,6 +114,9 @@ async def test_both_layer_stores_show_deletes_replaced_directories_and_links(
         assert len(list(store.layers.iterdir())) == 3 * len(images)  # .sqfs, .idx, .json
     else:
         assert layer_dirs and images == []
+    listed = CliRunner().invoke(cli, ["image", "list"]).output
+    assert ("mountable" if mode == "mount" else "unpacked") in listed
+    assert ("layers: one squashfs file each" in listed) is (mode == "mount")
     root = open_image(layered, store)  # host-side lookups, through the index when mounted
     assert root.lookup("/data/gone") is None and root.lookup("/data/repl/old") is None
     assert root.executable("/bin/sh") and not root.executable("/etc/passwd")

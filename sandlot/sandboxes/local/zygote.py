@@ -251,6 +251,8 @@ def _prepare(own_net: bool, masked: frozenset[str], program: bytes) -> None:
     _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
     _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC,
            "newinstance,ptmxmode=0666,mode=620")  # fmt: skip
+    if os.path.exists("/dev/fuse"):  # the zygote's, for its layer mounts: not a sandbox's
+        _check(_libc.umount2(b"/dev/fuse", _MNT_DETACH), "umount /dev/fuse")
     _remount_readonly("/dev")
     _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     if own_net:
