@@ -34,6 +34,10 @@ variable                           type     default   meaning
                                                       its compressed size (at least 64 MiB; 0: no
                                                       cap): the bound on a decompression bomb
 ``SANDLOT_UNPACK_MAX_IMAGE_GIB``   GiB      64        an image's layers together (0: no cap)
+``SANDLOT_IMAGE_LAYERS``           name     auto      ``mount`` (each layer one squashfs file,
+                                                      mounted with FUSE), ``unpack`` (layers
+                                                      unpacked into directories), or ``auto``:
+                                                      ``mount`` where ``/dev/fuse`` is usable
 ``SANDLOT_ENV_CACHE``              path     unset     ``local`` test environments; else
                                                       ``~/.cache/sandlot/envs``
 ``SANDLOT_ENV_INSTALLER``          name     unset     ``uv`` or ``pip`` for those environments;
@@ -71,6 +75,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
@@ -101,6 +106,7 @@ class Settings(BaseModel):
     image_cache: str | None = Field(None, alias="SANDLOT_IMAGE_CACHE")
     unpack_max_ratio: int | None = Field(None, alias="SANDLOT_UNPACK_MAX_RATIO")
     unpack_max_image_gib: float | None = Field(None, alias="SANDLOT_UNPACK_MAX_IMAGE_GIB")
+    image_layers: Literal["auto", "mount", "unpack"] = Field("auto", alias="SANDLOT_IMAGE_LAYERS")
     env_cache: str | None = Field(None, alias="SANDLOT_ENV_CACHE")
     env_installer: str | None = Field(None, alias="SANDLOT_ENV_INSTALLER")
     docker_api_threads: int = Field(32, alias="SANDLOT_DOCKER_API_THREADS")

@@ -32,6 +32,9 @@ LINKED = [
 Below = Callable[[], Iterable[Path]]
 Unpack = Callable[..., UnpackStats]
 
+IMAGE_LAYERS = "unpack"
+"""This module reads layers unpacked on the host (the fallback where FUSE is unusable)."""
+
 
 def _fetched(registry: Registry, tmp_path: Path) -> tuple[str, ImageStore, dict[str, Any]]:
     """The image of :data:`LINKED`, fetched only into a new cache; and its record."""

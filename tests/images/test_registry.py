@@ -30,6 +30,9 @@ from sandlot.images.store import ImageStore
 
 pytestmark = needs(tools_missing)
 
+IMAGE_LAYERS = "unpack"
+"""This module reads layers unpacked on the host (the fallback where FUSE is unusable)."""
+
 
 def _layer_digests(ref: str) -> list[str]:
     done = subprocess.run(

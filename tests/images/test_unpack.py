@@ -15,6 +15,9 @@ import pytest
 from sandlot.images import ImageConfig, ImageError, ImageRoot, unpack_caps
 from sandlot.images.unpack import OPAQUE_XATTR, unpack_layer
 
+IMAGE_LAYERS = "unpack"
+"""This module reads layers unpacked on the host (the fallback where FUSE is unusable)."""
+
 
 def _entry(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", **attrs: object) -> tuple:
     return name, kind, data, attrs

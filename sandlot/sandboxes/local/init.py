@@ -241,7 +241,8 @@ def _is_newer(fence: int, last: int, pid: int) -> bool:
     Pids are handed out cyclically: up to ``pid_max``, then again from 300 (``RESERVED_PIDS``,
     Linux ``kernel/pid.c``). So those are the pids above the fence up to the last one or, once
     the counter has wrapped, above the fence or from 300 up to the last. The sh copy is
-    ``newer`` in :data:`sandlot.sandboxes.shared.remote_shell.SCAN_FUNCTIONS`; one table tests both."""
+    ``newer`` in :data:`sandlot.sandboxes.shared.remote_shell.SCAN_FUNCTIONS`; one table tests
+    both."""
     if last >= fence:
         return fence < pid <= last
     return pid > fence or _RESERVED_PIDS <= pid <= last
