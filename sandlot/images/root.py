@@ -189,16 +189,22 @@ class ImageRoot:
         except OSError:
             return None
 
-    def executable(self, path: str) -> bool:
-        """Whether ``path`` (absolute, in the image) is an executable file."""
+    def mode(self, path: str) -> int | None:
+        """The ``st_mode`` of ``path`` (absolute, in the image, links followed) in either kind
+        of layer; ``None`` when it does not exist."""
         found = self.lookup(path)
         if found is None:
-            return False
+            return None
         for layer in self.layers:
-            if found.is_relative_to(layer) and _is_image(layer):
+            if found.is_relative_to(layer):
                 st = _lstat(layer, list(found.relative_to(layer).parts))
-                return st is not None and stat.S_ISREG(st[0]) and bool(st[0] & 0o111)
-        return os.access(found, os.X_OK) and found.is_file()
+                return None if st is None else st[0]
+        return None
+
+    def executable(self, path: str) -> bool:
+        """Whether ``path`` (absolute, in the image) is an executable file."""
+        mode = self.mode(path)
+        return mode is not None and stat.S_ISREG(mode) and bool(mode & 0o111)
 
 
 def _is_image(layer: Path) -> bool:

@@ -22,6 +22,7 @@ from sandlot.images import ImageError, pull
 from sandlot.images.store import ImageStore, hex_of
 
 pytestmark = needs(tools_missing)
+IMAGE_LAYERS = "unpack"  # these attacks target the unpack fallback (tests/images/conftest.py)
 
 
 def _tar(*entries: tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]) -> bytes:

@@ -110,7 +110,8 @@ def etc_mode(image: ImageRoot) -> int | None:
         return _ETC_MODE
     if found.name != "etc" or found.parent not in image.layers:
         return None  # resolved elsewhere: a link
-    return stat.S_IMODE(os.stat(found).st_mode)
+    mode = image.mode("/etc")
+    return _ETC_MODE if mode is None else stat.S_IMODE(mode)
 
 
 def write_runtime_files(upper: Path, hostname: str, network: bool, mode: int = _ETC_MODE) -> None:
