@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox
-from sandlot.sandboxes.remote_shell import init_argv
+from sandlot.sandboxes.shared.remote_shell import init_argv
 from sandlot.sandboxes.spec import SandboxSpec
 
 INIT = init_argv(3600)

@@ -17,7 +17,7 @@ Two measurements, in one run:
    scheduler alone (episodes that return a ready trajectory) per episode.
 
 With ``--groups`` each level runs twice, the second time with the samples of a row sharing
-one set-up (:class:`~sandlot.sandboxes.setups.SetupCache`, as ``sandlot rollout -n``).
+one set-up (:class:`~sandlot.sandboxes.setups.cache.SetupCache`, as ``sandlot rollout -n``).
 
 Usage: python benchmarks/rollout_throughput.py [--levels 1,8,32,128] [--episodes N]
        [--overhead-episodes 1000] [--steps 20] [--skip-throughput] [--groups]
@@ -67,7 +67,7 @@ from sandlot.runtimes.observation import Observation  # noqa: E402
 from sandlot.runtimes.session import BashSession  # noqa: E402
 from sandlot.sandboxes.base import Command, Sandbox  # noqa: E402
 from sandlot.sandboxes.registry import get_backend, register_backend  # noqa: E402
-from sandlot.sandboxes.setups import SetupCache  # noqa: E402
+from sandlot.sandboxes.setups.cache import SetupCache  # noqa: E402
 from sandlot.tools.parsers import ToolCall  # noqa: E402
 
 SWE_MINI = ROOT / "examples" / "swe-mini"

@@ -10,8 +10,8 @@ network, no cloud) behaves the way the clouds do under a burst:
 * with more than ``--burst`` creates in flight it refuses new ones at once (429, retryable).
 
 Every sandbox starts through the real ``Sandbox.start()`` (retries with backoff and jitter, the
-start budget, the process STARTING cap of :mod:`sandlot.sandboxes.limits`), first with no cap
-under a plain ``asyncio.gather`` (the naive baseline), then with STARTING caps 32 / 128 / 512,
+start budget, the process STARTING cap of :mod:`sandlot.sandboxes.scale.starting`), first with no
+cap under a plain ``asyncio.gather`` (the naive baseline), then with STARTING caps 32 / 128 / 512,
 in the same run. Time is simulated at ``--scale`` real seconds per simulated second, so the run
 takes seconds; every figure is reported in simulated seconds.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandlot import SandboxSpec
-from sandlot.sandboxes.limits import StartLimits
+from sandlot.sandboxes.scale.starting import StartLimits
 from sandlot.testing import SimulatedCloud, SimulatedSandbox
 
 
@@ -66,8 +67,8 @@ def run_one(label: str, cap: int, args: argparse.Namespace) -> Outcome:
         seed=0,
     )
     SimulatedSandbox.cloud = provider
+    os.environ["SANDLOT_MAX_STARTING"] = str(cap)  # the process's STARTING cap, a setting
     limits = StartLimits(
-        max_starting=cap,
         max_attempts=args.attempts,
         backoff_s=args.backoff_s * scale,
         backoff_max_s=30 * scale,

@@ -3,7 +3,7 @@
 Written against :mod:`sandlot.sandboxes.transport` only (see ``docs/backends.md``): six
 primitives, everything else (``exec`` results, timeouts, files, trees, sessions, liveness,
 start retries) comes from ``Sandbox``. Commands run under the wrapper of
-:mod:`sandlot.sandboxes.remote_shell`, which gives any container the process-tree kill.
+:mod:`sandlot.sandboxes.shared.remote_shell`, which gives any container the process-tree kill.
 Podman CLI 4 (``podman run/exec/inspect/rm``, https://docs.podman.io/en/v4.3.1/Commands.html).
 Register it with ``sandlot.register_backend("podman-cli", PodmanSandbox)`` or an entry point.
 """
@@ -19,10 +19,10 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.errors import SandboxError, SandboxFileError, SandboxStartError
-from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
 from sandlot.sandboxes.labels import sandbox_labels
+from sandlot.sandboxes.shared import remote_shell
 from sandlot.sandboxes.transport import RunOutput, RunRequest
 
 _PODMAN_FAILED = 125  # the exit status of `podman exec` when podman itself failed

@@ -8,11 +8,11 @@ value checks its range and says what it means there. An unset or empty variable 
 =================================  =======  ========  ===========================================
 variable                           type     default   meaning
 =================================  =======  ========  ===========================================
-``SANDLOT_BACKEND``                name     unset     backend of ``sandlot.open``, ``eval``,
-                                                      ``rollout`` when none is given
+``SANDLOT_BACKEND``                name     unset     backend of ``sandlot.open`` and every
+                                                      command when none is given (before the
+                                                      config file: ``registry.choose_backend``)
 ``DEPLOYMENT``                     name     unset     uni-agent's word for the backend, read after
-                                                      ``SANDLOT_BACKEND``; the backend of prepared
-                                                      dataset rows (``docker`` when unset)
+                                                      ``SANDLOT_BACKEND``
 ``SANDLOT_RUN_ID``                 id       unset     the run's id, label of every sandbox it
                                                       starts (``sandlot gc --run-id``); set by
                                                       ``--run-id`` or on first start
@@ -30,6 +30,14 @@ variable                           type     default   meaning
                                                       ``<tmp>/sandlot-local-<uid>``
 ``SANDLOT_IMAGE_CACHE``            path     unset     container images pulled for ``local``; else
                                                       ``$XDG_CACHE_HOME/sandlot/images``
+``SANDLOT_UNPACK_MAX_RATIO``       int      32        a layer unpacks to at most this many times
+                                                      its compressed size (at least 64 MiB; 0: no
+                                                      cap): the bound on a decompression bomb
+``SANDLOT_UNPACK_MAX_IMAGE_GIB``   GiB      64        an image's layers together (0: no cap)
+``SANDLOT_IMAGE_LAYERS``           name     auto      ``mount`` (each layer one squashfs file,
+                                                      mounted with FUSE), ``unpack`` (layers
+                                                      unpacked into directories), or ``auto``:
+                                                      ``mount`` where ``/dev/fuse`` is usable
 ``SANDLOT_ENV_CACHE``              path     unset     ``local`` test environments; else
                                                       ``~/.cache/sandlot/envs``
 ``SANDLOT_ENV_INSTALLER``          name     unset     ``uv`` or ``pip`` for those environments;
@@ -52,9 +60,12 @@ variable                           type     default   meaning
 =================================  =======  ========  ===========================================
 
 A variable with an alternative name (``VOLCENGINE_*``) is read when the first is unset; the
-backend's options override every ``vefaas`` variable. The start limits stay ``None`` when unset
-so that :class:`sandlot.sandboxes.limits.StartLimits` holds their defaults (the table shows
-them). Variables that sandlot sets for its own processes
+backend's options override every ``vefaas`` variable. The two STARTING caps are process-wide:
+they size the one gate that every sandbox of the process (and, under Ray, of the cluster) starts
+through, so they are settings only, never a field of one sandbox's spec, and are checked here
+(``>= 0``). The other start limits stay ``None`` when unset so that
+:class:`sandlot.sandboxes.scale.starting.StartLimits`, which a spec may override per sandbox,
+holds their defaults (the table shows them). Variables that sandlot sets for its own processes
 (``SANDLOT_EXEC_ID``, ``SANDLOT_ENV_OVERLAY``, ...) are protocol, not settings, and are not here.
 A ``pydantic-settings`` model would do the same; it is not a dependency, and reading a dozen
 variables into a pydantic model (already one) takes the few lines of :meth:`Settings.from_env`.
@@ -64,6 +75,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
@@ -83,8 +95,8 @@ class Settings(BaseModel):
     deployment: str | None = Field(None, alias="DEPLOYMENT")
     run_id: str | None = Field(None, alias="SANDLOT_RUN_ID")
     state_dir: str | None = Field(None, alias="SANDLOT_STATE_DIR")
-    max_starting: int | None = Field(None, alias="SANDLOT_MAX_STARTING")
-    cluster_max_starting: int | None = Field(None, alias="SANDLOT_CLUSTER_MAX_STARTING")
+    max_starting: int = Field(64, ge=0, alias="SANDLOT_MAX_STARTING")
+    cluster_max_starting: int = Field(256, ge=0, alias="SANDLOT_CLUSTER_MAX_STARTING")
     max_attempts: int | None = Field(None, alias="SANDLOT_START_ATTEMPTS")
     backoff_s: float | None = Field(None, alias="SANDLOT_START_BACKOFF_S")
     backoff_max_s: float | None = Field(None, alias="SANDLOT_START_BACKOFF_MAX_S")
@@ -92,6 +104,9 @@ class Settings(BaseModel):
     image_overrides: str | None = Field(None, alias="SANDLOT_IMAGE_OVERRIDES")
     local_root: str | None = Field(None, alias="SANDLOT_LOCAL_ROOT")
     image_cache: str | None = Field(None, alias="SANDLOT_IMAGE_CACHE")
+    unpack_max_ratio: int | None = Field(None, alias="SANDLOT_UNPACK_MAX_RATIO")
+    unpack_max_image_gib: float | None = Field(None, alias="SANDLOT_UNPACK_MAX_IMAGE_GIB")
+    image_layers: Literal["auto", "mount", "unpack"] = Field("auto", alias="SANDLOT_IMAGE_LAYERS")
     env_cache: str | None = Field(None, alias="SANDLOT_ENV_CACHE")
     env_installer: str | None = Field(None, alias="SANDLOT_ENV_INSTALLER")
     docker_api_threads: int = Field(32, alias="SANDLOT_DOCKER_API_THREADS")

@@ -17,12 +17,13 @@ from rich.table import Table
 from sandlot.datasets.command import prepare_command, print_summary
 from sandlot.datasets.convert import SOURCES, convert_file
 from sandlot.datasets.errors import DatasetError
-from sandlot.datasets.images import ROW_BACKENDS
 from sandlot.datasets.loaders import load_instances
 from sandlot.datasets.prepare import Preprocessor
 from sandlot.datasets.rows import TaskRow
 from sandlot.datasets.uni_agent import LAYOUT as UNI_AGENT
 from sandlot.datasets.validate import validate_file
+from sandlot.errors import BackendNotFoundError
+from sandlot.sandboxes.registry import check_backend_name
 
 PREPROCESSORS = {
     "swe_bench_verified": "sandlot.datasets.swe_bench_verified",
@@ -105,6 +106,19 @@ def _validate_instances(file: Path) -> None:
     click.echo(f"{file}: {count} instances OK")
 
 
+def _registered_backend(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    """``--backend`` of ``data convert``: any registered backend, else the error listing them."""
+    if value is None:
+        return None
+    try:
+        check_backend_name(value.strip().lower())
+    except BackendNotFoundError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value.strip().lower()
+
+
 @data_group.command("convert")
 @click.option(
     "--from", "layout", type=click.Choice(SOURCES), required=True, help="The input's layout."
@@ -115,9 +129,10 @@ def _validate_instances(file: Path) -> None:
     "--backend",
     "--deployment",
     "backend",
-    type=click.Choice(ROW_BACKENDS),
     default=None,
-    help="sandbox.backend of the rows [default: vefaas for veFaaS registry images, else docker].",
+    callback=_registered_backend,
+    help="sandbox.backend of the rows, any registered backend "
+    "[default: vefaas for veFaaS registry images, else docker].",
 )
 @click.option(
     "--skip-invalid",

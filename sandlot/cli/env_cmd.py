@@ -11,11 +11,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from sandlot.cli.backend_choice import chosen_backend
 from sandlot.cli.gc_cmd import parse_duration
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
+from sandlot.datasets.sandbox_setup import instance_environment
 from sandlot.errors import EnvironmentBuildError
-from sandlot.rewards.instance_setup import instance_environment
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.local.venv import cache_dir, list_environments, prune_environments
 from sandlot.sandboxes.registry import get_backend
@@ -87,10 +88,15 @@ def list_command() -> None:
     type=click.Path(exists=True, path_type=Path),
     help="Instances (.jsonl/.json/.parquet or a directory) whose environments to build.",
 )
-@click.option("--backend", default="local", show_default=True, help="Backend to build for.")
-def build_command(dataset: Path, backend: str) -> None:
+@click.option(
+    "--backend",
+    default=None,
+    help="Backend to build for (default: $SANDLOT_BACKEND, then $DEPLOYMENT, then local).",
+)
+def build_command(dataset: Path, backend: str | None) -> None:
     """Build the environments a dataset needs, before evaluating it."""
     console = Console(stderr=True)
+    backend = chosen_backend(backend)
     try:
         recipes = distinct_recipes(load_instances(dataset), backend)
     except (ValueError, FileNotFoundError) as exc:

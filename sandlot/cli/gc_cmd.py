@@ -18,13 +18,13 @@ from sandlot.sandboxes import leaks
 from sandlot.sandboxes.labels import owner as this_owner
 from sandlot.sandboxes.reaper import (
     GcReport,
-    RemoteSandbox,
     get_reaper,
     kill_selected,
     reap,
     reap_leaked,
     select,
 )
+from sandlot.sandboxes.transport import RemoteSandbox
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -87,7 +87,7 @@ def _table(report: GcReport, dry_run: bool) -> Table:
 @click.option(
     "--backend",
     default=None,
-    help="docker, local, modal or vefaas (default: $SANDLOT_BACKEND, then $DEPLOYMENT).",
+    help="A registered backend (default: $SANDLOT_BACKEND, then $DEPLOYMENT, then local).",
 )
 @click.option("--run-id", default=None, help="Only sandboxes of this run (its sandlot.run_id).")
 @click.option(
@@ -158,9 +158,7 @@ def gc_command(
             )
         _collect_leaked(backend, run_id, settings, dry_run)
         return
-    # A name from the environment is checked here, to say which variable set it; --backend's
-    # name is get_reaper's to check.
-    name = backend.strip().lower() if backend else chosen_backend(None)
+    name = chosen_backend(backend)
     me = None if any_owner else this_owner()
     console = Console()
     try:

@@ -24,7 +24,9 @@ from sandlot.errors import SandboxError
 from sandlot.images import is_image_reference, pull
 from sandlot.images.progress import PullObserver, human_size
 from sandlot.images.pulling import PullResult
+from sandlot.images.squash import mounting
 from sandlot.images.store import ImageStore
+from sandlot.settings import settings
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -203,18 +205,20 @@ def _pull_on_ray(names: list[str], jobs: int, address: str, unpack: bool) -> Non
 def list_command() -> None:
     """Cached images: fetched or unpacked, size, bytes shared with other images, last use."""
     store = ImageStore()
+    mounted = mounting()
     table = Table("image", "manifest", "state", "size", "shared", "last used")
     now = time.time()
     for info in store.entries():
         ago = max(0, int(now - info.last_used))
         used = f"{ago // 3600}h{ago % 3600 // 60:02d}m ago"
         names = ", ".join(info.references)
-        state = "unpacked" if info.unpacked else "fetched"
+        state = ("mountable" if mounted else "unpacked") if info.unpacked else "fetched"
         table.add_row(
             names, info.manifest[7:19], state, human_size(info.size), human_size(info.shared), used
         )
     _print_table(table)
     click.echo(f"cache: {store.root}")
+    click.echo(f"layers: {layers_mode()}")
 
 
 @image_group.command("prune")
@@ -235,6 +239,19 @@ def prune_command(older_than: str | None, keep_size: str | None) -> None:
         f"{len(result.images)} images removed ({result.layers} unpacked layers, "
         f"{result.blobs} blobs), {human_size(result.bytes_freed)} freed"
     )
+
+
+def layers_mode() -> str:
+    """How this machine keeps layers, in one line (``sandlot image list``)."""
+    mode = settings().image_layers
+    if mounting():
+        return "one squashfs file each, mounted with FUSE (squashfuse)"
+    why = (
+        "SANDLOT_IMAGE_LAYERS=unpack"
+        if mode == "unpack"
+        else "FUSE unusable here: /dev/fuse not openable or squashfuse/tar2sqfs missing"
+    )
+    return f"a directory each, made by unpacking (the fallback: {why})"
 
 
 def _print_table(table: Table) -> None:

@@ -54,7 +54,7 @@ from sandlot.rollout.store import TRAJECTORIES_FILE, TrajectoryLog, atomic_write
 from sandlot.rollout.summary import RolloutSummary, summarize
 from sandlot.sandboxes.labels import pin_run_id, use_run_id
 from sandlot.sandboxes.registry import get_backend
-from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.setups.cache import SetupCache
 
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -283,7 +283,9 @@ def rollout_command(
         )
     except ConfigError as exc:
         raise InputError(f"{config_path}: {exc}") from None
-    backend_name = chosen_backend(backend, config.sandbox.backend)
+    backend_name = chosen_backend(
+        backend, config.sandbox.file_backend(), f"{config_path}'s sandbox.backend"
+    )
     try:
         backend_cls = get_backend(backend_name)
         options = config.sandbox.options_for(backend_name)

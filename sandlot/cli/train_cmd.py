@@ -17,7 +17,8 @@ import click
 import yaml
 
 from sandlot._optional import require
-from sandlot.rollout.config import ConfigError
+from sandlot.cli.backend_choice import chosen_backend
+from sandlot.rollout.config import ConfigError, load_agent_config
 
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
@@ -173,6 +174,9 @@ def train_command(
         cfg = check_startup(opts, cmd[3:])
     except (LaunchError, ConfigError, TypeError) as exc:
         raise click.ClickException(str(exc)) from None
+    # Said, and checked, here: the rollout workers choose the same way from the same variables.
+    sandbox = load_agent_config(opts.agent_config).sandbox
+    chosen_backend(None, sandbox.file_backend(), f"{opts.agent_config}'s sandbox.backend")
     click.echo(render(cmd))
     click.echo(f"# verl's start-up checks passed ({opts.mode}); loop in {loop_yaml}", err=True)
     if preflight:
@@ -188,7 +192,6 @@ def _preflight(opts: Any, cfg: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from sandlot.rollout.config import load_agent_config
     from sandlot.trainer import preflight
 
     config = load_agent_config(opts.agent_config)

@@ -3,71 +3,67 @@
 :class:`~sandlot.datasets.prepare.Preprocessor`.
 
 It lives in ``datasets/`` so the ``python -m`` entry points need nothing from ``sandlot.cli``.
-The backend is ``--backend`` (alias ``--deployment``), else ``$DEPLOYMENT``, else ``docker``
-(real SWE rows run in their per-instance images); the command says which one it chose when
-neither was given.
+The backend is chosen as every command's (:func:`~sandlot.sandboxes.registry.choose_backend`):
+``--backend`` (alias ``--deployment``), else ``$SANDLOT_BACKEND``, else ``$DEPLOYMENT``, else
+``docker`` (real SWE rows run in their per-instance images; there is no config file); the
+command says which one it chose and where from.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
-from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
-from sandlot.datasets.images import (
-    DEFAULT_ROW_BACKEND,
-    DEPLOYMENT_ENV,
-    UnknownBackendError,
-    resolve_row_backend,
-)
+from sandlot.datasets.images import DEFAULT_ROW_BACKEND, ImageBackend
 from sandlot.datasets.local import REPO_MIRROR_ENV
 from sandlot.datasets.prepare import PrepareOptions, Preprocessor, prepare
 from sandlot.datasets.prompts import PromptTemplate, load_prompt_template
 from sandlot.datasets.rows import DEFAULT_AGENT_NAME
 from sandlot.datasets.validate import ValidationReport
+from sandlot.errors import BackendNotFoundError
 from sandlot.sandboxes.images import load_image_overrides
+from sandlot.sandboxes.registry import BackendChoice, choose_backend
 
 
 class _EnvironmentBackendError(click.ClickException):
-    """An unknown backend named by ``$DEPLOYMENT``: one ``Error:`` line, and exit 2 (bad
-    input) as for a bad ``--backend``."""
+    """An unknown backend named by ``$SANDLOT_BACKEND`` or ``$DEPLOYMENT``: one ``Error:``
+    line, and exit 2 (bad input) as for a bad ``--backend``."""
 
     exit_code = 2
 
 
 def _backend_option(pre: Preprocessor) -> Any:
-    """``--backend``/``--deployment``/``$DEPLOYMENT``, checked against the backends ``pre``
-    supports."""
+    """``--backend``/``--deployment``, else the environment (as every command), checked
+    against the backends ``pre`` supports; its value is the :class:`BackendChoice`."""
 
-    def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> BackendChoice:
         try:
-            backend = resolve_row_backend(value)
-        except UnknownBackendError as exc:
-            if ctx.get_parameter_source("backend") is ParameterSource.ENVIRONMENT:
+            choice = choose_backend(value, given_by="--backend", default=DEFAULT_ROW_BACKEND)
+        except BackendNotFoundError as exc:
+            if not value:
                 # Not the flag's value: "Invalid value for --backend" would hide the culprit.
-                raise _EnvironmentBackendError(f"${DEPLOYMENT_ENV}: {exc}") from None
+                raise _EnvironmentBackendError(str(exc)) from None
             raise click.BadParameter(str(exc)) from None
-        if backend not in pre.backends:
+        if choice.name not in pre.backends:
             raise click.BadParameter(
-                f"{pre.name} cannot be prepared for {backend!r}; supported: "
-                f"{', '.join(pre.backends)}"
+                f"{pre.name} cannot be prepared for {choice.name!r} (from {choice.source}); "
+                f"supported: {', '.join(pre.backends)}"
             )
-        return backend
+        return choice
 
     default = f"; default {DEFAULT_ROW_BACKEND}" if DEFAULT_ROW_BACKEND in pre.backends else ""
     return click.option(
         "--backend",
         "--deployment",
         "backend",
-        envvar=DEPLOYMENT_ENV,
         default=None,
         callback=resolve,
         help=f"Where the rows run (image naming): {' | '.join(pre.backends)} "
-        f"[env {DEPLOYMENT_ENV}{default}].",
+        f"[env SANDLOT_BACKEND, then DEPLOYMENT{default}].",
     )
 
 
@@ -138,15 +134,13 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         help="Leave invalid rows out and list them in <output>.rejected.jsonl "
         "[default: stop at the first].",
     )
-    @click.pass_context
     def command(
-        ctx: click.Context,
         local_save_dir: Path,
         input_: str | None,
         split: str,
         max_instances: int | None,
         seed: int | None,
-        backend: Any,
+        backend: BackendChoice,
         repo_mirror: str | None,
         local_images: bool,
         prompt_template: Path | None,
@@ -158,7 +152,7 @@ def prepare_command(pre: Preprocessor) -> click.Command:
         try:
             options = PrepareOptions(
                 local_save_dir=local_save_dir,
-                backend=backend,
+                backend=cast(ImageBackend, backend.name),  # one of pre.backends: _backend_option
                 input=input_,
                 split=split,
                 max_instances=max_instances,
@@ -174,15 +168,10 @@ def prepare_command(pre: Preprocessor) -> click.Command:
             )
             console.print(
                 f"[bold]sandlot data prepare[/] {pre.name}: {input_ or pre.hf_id} → "
-                f"backend [cyan]{backend}[/]"
+                f"backend [cyan]{backend.name}[/]"
             )
-            if ctx.get_parameter_source("backend") == click.core.ParameterSource.DEFAULT:
-                click.echo(
-                    f"backend: {backend} (the default; ${DEPLOYMENT_ENV} is unset, "
-                    f"choose with {DEPLOYMENT_ENV}= or --backend: "
-                    f"{', '.join(pre.backends)})",
-                    err=True,
-                )
+            hint = f"; choose with --backend: {', '.join(pre.backends)}"
+            click.echo(f"{backend}{hint if backend.defaulted else ''}", err=True)
             result = prepare(pre, options)
         except (OSError, ValueError, ImportError) as exc:
             raise click.ClickException(str(exc)) from None

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sandlot.datasets.images import RowBackend
 from sandlot.datasets.loaders import DatasetError, iter_records
 from sandlot.datasets.prepare import write_checked
 from sandlot.datasets.rows import TaskRow
@@ -42,7 +41,7 @@ def convert_file(
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
     *,
-    backend: RowBackend | None = None,
+    backend: str | None = None,
     skip_invalid: bool = False,
 ) -> ConvertResult:
     """Rewrite the uni-agent parquet (or JSONL) file ``source`` into sandlot rows at ``output``.
@@ -80,7 +79,7 @@ def convert_file(
     return ConvertResult(target, len(rows), report, rejected, report_path)
 
 
-def _row(src: Path, where: str, record: object, index: int, backend: RowBackend | None) -> TaskRow:
+def _row(src: Path, where: str, record: object, index: int, backend: str | None) -> TaskRow:
     if not isinstance(record, dict) or not is_uni_agent_row(record):
         raise DatasetError(
             src,

@@ -1,4 +1,4 @@
-"""The script that removes every trace of git history the agent must not see.
+"""Hide the repository's future from the agent: the git history script, and its run in a sandbox.
 
 A clone of a live repository, or a dataset's image (SWE-rebench, SWE-bench before its fix of
 issue #465 "Repo State Loopholes During Agentic Evaluation"), holds the commits that came after
@@ -22,9 +22,12 @@ returns a bash script, run in the repository, that keeps exactly ``HEAD`` and it
    ``git gc --prune=now``, which deletes the now unreachable objects;
 6. verifies that no ref reaches a commit outside ``HEAD``'s history (exit 1 otherwise).
 
-:func:`sandlot.rewards.history.hide_future` runs it in every sandbox once its repository is set
-up, so no dataset row carries it in its ``post_setup_cmd``. A copy of the repository elsewhere
-in an image (an alternate's own directory, a mirror) is the dataset's to remove.
+:func:`hide_future` runs it in every sandbox once its repository is set up
+(:func:`sandlot.datasets.sandbox_setup.prepare_repo`, for the agent's sandbox and the
+evaluation's alike), so no dataset row carries it in its ``post_setup_cmd``. Cost: one
+``git gc`` of the history: about 2 s for a 3,000-commit repository on 2 cores. A copy of the
+repository elsewhere in an image (an alternate's own directory, a mirror) is the dataset's to
+remove.
 
 SWE-bench's own images run a weaker variant when they are built (tags newer than the base
 commit's date, reflog, ``gc``; ``swebench.harness.test_spec.python.make_repo_script_list_py``);
@@ -34,7 +37,14 @@ uni-agent runs ``git tag -d $(git tag -l) && git reflog expire --expire=now --al
 
 from __future__ import annotations
 
+import logging
 import shlex
+
+from sandlot.datasets.instance import Instance
+from sandlot.errors import SandboxSetupError
+from sandlot.sandboxes.base import Sandbox, output_tail
+
+log = logging.getLogger(__name__)
 
 _SCRIPT = """\
 set -euo pipefail
@@ -87,3 +97,24 @@ def strip_future_history_cmd(base_commit: str) -> str:
     if not base_commit.strip():
         raise ValueError("base_commit is empty")
     return _SCRIPT.format(base=shlex.quote(base_commit))
+
+
+async def hide_future(sb: Sandbox, instance: Instance) -> None:
+    """Leave only ``HEAD``'s history in ``instance.workdir``'s repository
+    (:func:`strip_future_history_cmd`); a work directory that is not a git repository is left
+    as it is.
+
+    Raises:
+        SandboxSetupError: ``base_commit`` is not ``HEAD`` or an ancestor of it, or a git step
+            failed (carries the output tail).
+    """
+    script = strip_future_history_cmd(instance.base_commit)
+    r = await sb.exec(["bash", "-c", script], cwd=instance.workdir, timeout=1800)
+    if not r.ok:
+        raise SandboxSetupError(
+            "sandlot.datasets.git_history.strip_future_history_cmd",
+            r.exit_code,
+            output_tail(r.stdout + r.stderr),
+            step="remove the repository's history after base_commit",
+        )
+    log.debug("%s: history after base_commit removed", instance.instance_id)

@@ -20,21 +20,20 @@ row's environment gives the agent and the tests the same interpreter without a l
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import Literal, get_args
 
 from sandlot.datasets.errors import DatasetMessageError
 from sandlot.sandboxes.images import IMAGE_TEMPLATES, ImageFamily, image_key
-from sandlot.settings import settings
 
-RowBackend = Literal["local", "docker", "modal", "vefaas"]
-"""Where the sandboxes of a prepared dataset run."""
+ImageBackend = Literal["local", "docker", "modal", "vefaas"]
+"""The backends the preprocessors name images for (:data:`IMAGE_TEMPLATES`, and ``local``'s
+host). A row itself may name any registered backend (``sandlot.sandboxes.registry``)."""
 
-ROW_BACKENDS: tuple[RowBackend, ...] = get_args(RowBackend)
-DEPLOYMENT_ENV = "DEPLOYMENT"
-DEFAULT_ROW_BACKEND: RowBackend = "docker"
-"""The backend of prepared rows when ``$DEPLOYMENT`` is unset: real SWE rows run in their
+IMAGE_BACKENDS: tuple[ImageBackend, ...] = get_args(ImageBackend)
+DEFAULT_ROW_BACKEND: ImageBackend = "docker"
+"""The backend of prepared rows when neither ``--backend`` nor the environment names one
+(:func:`~sandlot.sandboxes.registry.choose_backend`'s ``default``): real SWE rows run in their
 per-instance images. (``sandlot.open`` and ``sandlot eval`` default to the ``local`` backend,
 which needs no daemon; they run a prepared row on the backend its ``sandbox.backend`` names.)"""
 LOCAL_IMAGE = "host"
@@ -49,39 +48,14 @@ IMAGE_PATH: dict[ImageFamily, str] = {
 """``PATH`` of the test environment inside each family's images."""
 
 
-class UnknownBackendError(DatasetMessageError):
-    """``DEPLOYMENT`` names no known backend."""
-
-
 class ImageNameError(DatasetMessageError):
     """An image name cannot be built for an instance (a template field is missing)."""
-
-
-def resolve_row_backend(value: str | None = None) -> RowBackend:
-    """Return ``value``, else ``$DEPLOYMENT``, else :data:`DEFAULT_ROW_BACKEND`, checked and
-    lower-cased.
-
-    Raises:
-        UnknownBackendError: the name is not one of :data:`ROW_BACKENDS`; the message lists
-            them.
-    """
-    raw = value if value is not None else settings().deployment or DEFAULT_ROW_BACKEND
-    name = raw.strip().lower()
-    for known in ROW_BACKENDS:
-        if name == known:
-            return known
-    close = difflib.get_close_matches(name, ROW_BACKENDS, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise UnknownBackendError(
-        f"unknown backend {raw!r}{hint}; set {DEPLOYMENT_ENV} (or --backend) to one of: "
-        f"{', '.join(ROW_BACKENDS)}"
-    )
 
 
 def image_name(
     family: ImageFamily,
     instance_id: str,
-    backend: RowBackend,
+    backend: ImageBackend,
     *,
     source_image: str | None = None,
     commit: str | None = None,

@@ -8,7 +8,7 @@ source repository, named after its ``owner/name`` with ``/`` replaced by ``__``:
 
 A local row has image ``"host"`` and ``repo_source`` = the absolute path of its mirror; the
 ``local`` backend uploads it, clones it into ``workdir`` and checks out ``base_commit``
-(``sandlot.rewards.instance_setup.prepare_repo``), then runs the row's ``post_setup_cmd``, which
+(``sandlot.datasets.sandbox_setup.prepare_repo``), then runs the row's ``post_setup_cmd``, which
 holds the dataset's install commands. Those run inside the bubblewrap jail, without network,
 on the row's test environment: its ``environment`` recipe (SWE-rebench rows carry the
 ``python`` and ``pip_packages`` of their ``install_config``; SWE-bench rows get swebench's spec

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.datasets.errors import DatasetMessageError
-from sandlot.datasets.images import RowBackend
+from sandlot.datasets.images import ImageBackend
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import DatasetError, instance_from_record
 from sandlot.datasets.local import LocalRowError, resolve_mirror
@@ -63,7 +63,7 @@ class SourceError(DatasetMessageError):
 class ConvertContext:
     """What a conversion needs besides the record."""
 
-    backend: RowBackend
+    backend: ImageBackend
     image_overrides: Mapping[str, str] = field(default_factory=dict)
     repo_mirror: Path | None = None
     """Set for ``local``: the directory of git mirrors (``sandlot.datasets.local``)."""
@@ -95,7 +95,7 @@ class Preprocessor:
     reward_name: str
     required: tuple[str, ...]
     convert: Convert
-    backends: tuple[RowBackend, ...] = ("local", "docker", "modal", "vefaas")
+    backends: tuple[ImageBackend, ...] = ("local", "docker", "modal", "vefaas")
 
 
 @dataclass
@@ -103,7 +103,7 @@ class PrepareOptions:
     """The knobs of one run (the CLI options of ``sandlot data prepare``)."""
 
     local_save_dir: Path
-    backend: RowBackend
+    backend: ImageBackend
     input: str | None = None
     split: str | None = None
     max_instances: int | None = None
@@ -158,7 +158,7 @@ def prepare(pre: Preprocessor, options: PrepareOptions) -> PrepareResult:
     """
     # With local_images a local row is converted exactly as a docker row (its image, no
     # mirror, no host environment); only its sandbox.backend says local.
-    convert_for: RowBackend = (
+    convert_for: ImageBackend = (
         "docker" if options.backend == "local" and options.local_images else options.backend
     )
     if convert_for not in pre.backends:

@@ -52,9 +52,10 @@ from pydantic import (
     model_validator,
 )
 
-from sandlot.datasets.images import RowBackend
 from sandlot.datasets.instance import Instance, is_remote_source
 from sandlot.datasets.uni_agent import is_uni_agent_row, to_sandlot_record
+from sandlot.errors import BackendNotFoundError
+from sandlot.sandboxes.registry import check_backend_name
 
 ROW_SCHEMA_VERSION: Final = 1
 DEFAULT_AGENT_NAME = "swe_agent"
@@ -83,8 +84,20 @@ class SandboxHints(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: RowBackend
+    backend: str
+    """Any registered backend: built in, an entry point of ``sandlot.backends``, or one
+    registered in this process (``register_backend``)."""
     network: bool = False
+
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        name = value.strip().lower()
+        try:
+            check_backend_name(name)
+        except BackendNotFoundError as exc:
+            raise ValueError(str(exc)) from None  # pydantic names the field
+        return name
 
 
 class EnvKwargs(BaseModel):
@@ -194,7 +207,7 @@ def build_row(
     prompt: list[dict[str, str]],
     data_source: str,
     reward_name: str,
-    backend: RowBackend,
+    backend: str,
     agent_name: str = DEFAULT_AGENT_NAME,
 ) -> TaskRow:
     """The row of ``instance``: its environment fields copied into ``tools_kwargs.env``."""

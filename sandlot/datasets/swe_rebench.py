@@ -26,7 +26,7 @@ harness re-runs before every test run. ``log_parser`` is ``install_config.log_pa
 
 Environment: the images (family ``swe-rebench``) hold a full clone of the repository, whose
 history after ``base_commit`` every sandbox's set-up removes
-(:func:`sandlot.rewards.instance_setup.prepare_repo`), so rows carry no cleanup of their own: it
+(:func:`sandlot.datasets.sandbox_setup.prepare_repo`), so rows carry no cleanup of their own: it
 would run twice. ``DEPLOYMENT=local`` rows clone from the mirror directory and then run
 ``install_config.pre_install`` and ``install`` as their ``post_setup_cmd``.
 """

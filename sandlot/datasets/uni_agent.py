@@ -50,7 +50,7 @@ from typing import Any
 
 from sandlot.datasets import r2e_gym
 from sandlot.datasets.errors import DatasetMessageError
-from sandlot.datasets.images import IMAGE_PATH, RowBackend
+from sandlot.datasets.images import IMAGE_PATH
 from sandlot.datasets.swebench_specs import test_directives
 from sandlot.sandboxes.images import ImageFamily
 
@@ -87,7 +87,7 @@ def is_uni_agent_row(record: Mapping[str, Any]) -> bool:
 
 
 def to_sandlot_record(
-    record: Mapping[str, Any], *, index: int | None = None, backend: RowBackend | None = None
+    record: Mapping[str, Any], *, index: int | None = None, backend: str | None = None
 ) -> dict[str, Any]:
     """Rewrite one uni-agent row into a sandlot row record (``TaskRow.from_record`` input).
 
@@ -117,7 +117,7 @@ def to_sandlot_record(
         env={"PATH": IMAGE_PATH[family], **env_vars},
         post_setup_cmd=_setup(name, instance, post_setup),
     )
-    chosen: RowBackend = backend or (
+    chosen = backend or (
         "vefaas" if image.split("/", 1)[0].endswith(_VEFAAS_REGISTRY) else "docker"
     )
     instance_id = str(instance["instance_id"])

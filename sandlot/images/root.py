@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.images.errors import ImageError
-from sandlot.images.unpack import OPAQUE_XATTR
+from sandlot.images.squash import OPAQUE_XATTR, load_index
 
 _MAX_SYMLINKS = 40  # as the kernel's path walk (MAXSYMLINKS)
 
@@ -58,8 +58,10 @@ class ImageRoot:
     Attributes:
         reference: the name it was opened by.
         manifest: ``sha256:<hex>`` of its manifest (as stored).
-        layers: host directories of its unpacked layers, topmost first (overlayfs ``lowerdir``
-            order), each in overlayfs format (:mod:`sandlot.images.unpack`).
+        layers: its layers, topmost first (overlayfs ``lowerdir`` order), each in overlayfs
+            format: a squashfs image file (``.sqfs``, :mod:`sandlot.images.squash`), which the
+            jail mounts and host-side lookups read through its index, or a host directory (an
+            unpacked layer, :mod:`sandlot.images.unpack`; a snapshot's writable layer).
         config: what of its config a sandbox honours.
     """
 
@@ -69,8 +71,10 @@ class ImageRoot:
     config: ImageConfig
 
     def lookup(self, path: str) -> Path | None:
-        """The host file that ``path`` (absolute, in the image) is in the merged view, following
-        symlinks as the kernel would inside the image; ``None`` when it does not exist."""
+        """Where ``path`` (absolute, in the image) is in the merged view, following symlinks
+        as the kernel would inside the image; ``None`` when it does not exist. For a layer
+        that is a directory, the host file; for an image file, ``<image>/<path>``, which is
+        no host path (read it with :meth:`read_text`)."""
         parts = [p for p in path.split("/") if p]
         hops = 0
         done: list[str] = []
@@ -85,11 +89,11 @@ class ImageRoot:
             if found is None:
                 return None
             layer, st = found
-            if stat.S_ISLNK(st.st_mode):
+            if stat.S_ISLNK(st[0]):
                 hops += 1
                 if hops > _MAX_SYMLINKS:
                     return None
-                target = os.readlink(layer.joinpath(*done, name))
+                target = st[1] or ""
                 parts = [p for p in target.split("/") if p] + parts
                 if target.startswith("/"):
                     done = []
@@ -97,7 +101,7 @@ class ImageRoot:
                 continue
             done.append(name)
             if parts:
-                if not stat.S_ISDIR(st.st_mode):
+                if not stat.S_ISDIR(st[0]):
                     return None
                 visible = self._dir_layers(done)
             else:
@@ -106,13 +110,12 @@ class ImageRoot:
 
     def _entry(
         self, visible: Sequence[Path], parent: list[str], name: str
-    ) -> tuple[Path, os.stat_result] | None:
+    ) -> tuple[Path, tuple[int, str | None, int]] | None:
         for layer in visible:
-            try:
-                st = os.lstat(layer.joinpath(*parent, name))
-            except OSError:
+            st = _lstat(layer, [*parent, name])
+            if st is None:
                 continue
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            if stat.S_ISCHR(st[0]) and st[2] == 0:
                 return None  # a whiteout
             return layer, st
         return None
@@ -122,19 +125,14 @@ class ImageRoot:
         directories down to the first opaque one, and stops at anything not a directory)."""
         out: list[Path] = []
         for layer in self.layers:
-            path = layer.joinpath(*parts)
-            try:
-                st = os.lstat(path)
-            except OSError:
+            st = _lstat(layer, parts)
+            if st is None:
                 continue
-            if not stat.S_ISDIR(st.st_mode):
+            if not stat.S_ISDIR(st[0]):
                 break
             out.append(layer)
-            try:
-                if os.getxattr(path, OPAQUE_XATTR) == b"y":
-                    break
-            except OSError:
-                pass
+            if _opaque(layer, parts):
+                break
         return out
 
     def user_ids(self) -> tuple[int, int] | None:
@@ -167,16 +165,71 @@ class ImageRoot:
         return found
 
     def _field(self, name: str, table: str, column: int) -> int | None:
-        path = self.lookup(table)
-        if path is None:
+        text = self.read_text(table)
+        if text is None:
             return None
-        for line in path.read_text(errors="replace").splitlines():
+        for line in text.splitlines():
             fields = line.split(":")
             if len(fields) > column and fields[0] == name and fields[column].isdigit():
                 return int(fields[column])
         return None
 
+    def read_text(self, path: str) -> str | None:
+        """The text of file ``path`` (absolute, in the image); ``None`` when it does not
+        exist or, in a layer image, is not one of those its index keeps
+        (:data:`sandlot.images.squash.SMALL_FILES`)."""
+        found = self.lookup(path)
+        if found is None:
+            return None
+        for layer in self.layers:
+            if found.is_relative_to(layer) and _is_image(layer):
+                return load_index(layer).files.get(found.relative_to(layer).as_posix())
+        try:
+            return found.read_text(errors="replace")
+        except OSError:
+            return None
+
+    def mode(self, path: str) -> int | None:
+        """The ``st_mode`` of ``path`` (absolute, in the image, links followed) in either kind
+        of layer; ``None`` when it does not exist."""
+        found = self.lookup(path)
+        if found is None:
+            return None
+        for layer in self.layers:
+            if found.is_relative_to(layer):
+                st = _lstat(layer, list(found.relative_to(layer).parts))
+                return None if st is None else st[0]
+        return None
+
     def executable(self, path: str) -> bool:
         """Whether ``path`` (absolute, in the image) is an executable file."""
-        found = self.lookup(path)
-        return found is not None and os.access(found, os.X_OK) and found.is_file()
+        mode = self.mode(path)
+        return mode is not None and stat.S_ISREG(mode) and bool(mode & 0o111)
+
+
+def _is_image(layer: Path) -> bool:
+    return layer.suffix == ".sqfs"
+
+
+def _lstat(layer: Path, parts: Sequence[str]) -> tuple[int, str | None, int] | None:
+    """(mode, link target, rdev) of ``parts`` in ``layer`` without following a final link;
+    ``None`` when absent."""
+    if _is_image(layer):
+        found = load_index(layer).entries.get("/".join(parts))
+        return None if found is None else (found[0], found[1], 0)
+    path = layer.joinpath(*parts)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    link = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
+    return st.st_mode, link, st.st_rdev
+
+
+def _opaque(layer: Path, parts: Sequence[str]) -> bool:
+    if _is_image(layer):
+        return "/".join(parts) in load_index(layer).opaque_set
+    try:
+        return os.getxattr(layer.joinpath(*parts), OPAQUE_XATTR) == b"y"
+    except OSError:
+        return False

@@ -5,8 +5,12 @@ Layout under :func:`default_root` (``$SANDLOT_IMAGE_CACHE``, else
 
     blobs/sha256/<hex>        layer, config and manifest blobs as pulled (skopeo's shared blob
                               directory: a blob present is never transferred again)
-    layers/<hex>/             a layer unpacked in overlayfs format, named by its diff_id (at
-                              the image's first use, or by a pull that unpacks)
+    layers/<hex>.sqfs         a layer as one squashfs image in overlayfs format, named by its
+                              diff_id, mounted by each jail (where layers are mounted:
+                              :func:`sandlot.images.squash.mounting`)
+    layers/<hex>.idx          its index: paths, modes, links, /etc/passwd and /etc/group
+    layers/<hex>/             or, where they are not, the layer unpacked in overlayfs format
+                              (at the image's first use, or by a pull that unpacks)
     layers/<hex>.json         its sizes
     images/<hex>.json         an image, named by its manifest digest: blobs, layers, config,
                               last use (written once its blobs are all fetched)
@@ -37,6 +41,7 @@ from typing import Any
 
 import filelock
 
+from sandlot.images.squash import mounting
 from sandlot.settings import settings
 
 
@@ -75,8 +80,9 @@ class ImageInfo:
         size: bytes of its layer blobs plus those of its layers unpacked.
         shared: of ``size``, bytes of layers other cached images use too.
         last_used: Unix time of its last pull or sandbox start.
-        unpacked: every layer of it is unpacked (else only fetched: its first sandbox
-            unpacks the rest).
+        unpacked: every layer of it is ready to mount: converted to an image file where
+            layers are mounted, else unpacked (else only fetched: its first sandbox
+            converts or unpacks the rest).
     """
 
     manifest: str
@@ -164,6 +170,18 @@ class ImageStore:
         """Where the layer whose uncompressed digest is ``diff_id`` is unpacked."""
         return self.layers / hex_of(diff_id)
 
+    def layer_image(self, diff_id: str) -> Path:
+        """Where the layer ``diff_id`` is stored as one squashfs image file."""
+        return self.layers / f"{hex_of(diff_id)}.sqfs"
+
+    def layer_index(self, diff_id: str) -> Path:
+        """Where the index of :meth:`layer_image` is (:class:`sandlot.images.squash.Index`)."""
+        return self.layers / f"{hex_of(diff_id)}.idx"
+
+    def ready(self, diff_id: str, mounted: bool) -> bool:
+        """Whether layer ``diff_id`` is ready: as an image file (``mounted``) or unpacked."""
+        return self.layer_image(diff_id).is_file() if mounted else self.layer(diff_id).is_dir()
+
     def unpacked_size(self, diff_id: str) -> int:
         """Bytes of the unpacked layer ``diff_id`` (0 when it is not unpacked)."""
         try:
@@ -180,13 +198,24 @@ class ImageStore:
         }
 
     def unpacked(self, record: dict[str, Any]) -> bool:
-        """Whether every layer of image ``record`` is unpacked."""
-        return all(self.layer(d).is_dir() for d in record["diff_ids"])
+        """Whether every layer of image ``record`` is ready to mount (converted where layers
+        are mounted, else unpacked)."""
+        mounted = mounting()
+        return all(self.ready(d, mounted) for d in record["diff_ids"])
 
     def put_layer(self, diff_id: str, unpacked: Path, meta: dict[str, Any]) -> None:
         """Move the layer unpacked at ``unpacked`` (under ``tmp/``) into place with ``meta``."""
         write_json(self.layers / f"{hex_of(diff_id)}.json", meta, self.tmp)
         os.rename(unpacked, self.layer(diff_id))
+
+    def put_layer_image(
+        self, diff_id: str, image: Path, index: dict[str, Any], meta: dict[str, Any]
+    ) -> None:
+        """Move the layer image at ``image`` (under ``tmp/``) into place with its ``index``
+        and ``meta``; the image last, as :meth:`ready` looks for it."""
+        write_json(self.layer_index(diff_id), index, self.tmp)
+        write_json(self.layers / f"{hex_of(diff_id)}.json", meta, self.tmp)
+        os.rename(image, self.layer_image(diff_id))
 
     # ------------------------------------------------------------------ images and names
 
@@ -308,6 +337,8 @@ class ImageStore:
             if meta.stem not in needed_layers:
                 freed += self.unpacked_size("sha256:" + meta.stem)
                 remove_tree(self.layers / meta.stem)
+                for suffix in (".sqfs", ".idx"):
+                    (self.layers / f"{meta.stem}{suffix}").unlink(missing_ok=True)
                 meta.unlink(missing_ok=True)
                 layers += 1
         blob_dir = self.blobs / "sha256"

@@ -18,6 +18,11 @@ INSTALL_HINTS = {
     "unshare": "apt-get install util-linux",
     "mount": "apt-get install mount",
     "sh": "apt-get install dash",
+    "bash": "apt-get install bash",
+    "setpriv": "apt-get install util-linux",
+    "mountpoint": "apt-get install util-linux",
+    "tar2sqfs": "apt-get install squashfs-tools-ng (or SANDLOT_IMAGE_LAYERS=unpack)",
+    "squashfuse": "apt-get install squashfuse (or SANDLOT_IMAGE_LAYERS=unpack)",
 }
 
 

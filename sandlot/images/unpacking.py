@@ -18,6 +18,7 @@ unpack is an :class:`ImageError` naming its blob; a blob that no longer matches 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -27,8 +28,10 @@ from typing import Any
 
 from sandlot.images.errors import ImageError
 from sandlot.images.root import ImageConfig, ImageRoot
+from sandlot.images.squash import convert_layer, mounting
 from sandlot.images.store import ImageStore, hex_of
 from sandlot.images.unpack import unpack_layer
+from sandlot.images.unpack_caps import Budget, image_budget
 
 
 class _LowerLayerFailed(Exception):
@@ -55,28 +58,32 @@ def unpack_image(
     """
     diff_ids: list[str] = record["diff_ids"]
     blobs: list[dict[str, Any]] = record["layer_blobs"]
+    mounted = mounting()
     missing = [
-        i for i, d in enumerate(diff_ids) if not store.layer(d).is_dir() and d not in diff_ids[:i]
+        i for i, d in enumerate(diff_ids) if not store.ready(d, mounted) and d not in diff_ids[:i]
     ]
     if not missing:
         return 0
     futures: dict[str, Future[bool]] = {}
+    # One cap for the image, what its layers unpacked for other images included.
+    budget = image_budget(sum(store.unpacked_size(d) for d in set(diff_ids)))
 
     def below(index: int) -> Callable[[], Iterable[Path]]:
-        def each_when_unpacked() -> Iterator[Path]:
+        def each_when_ready() -> Iterator[Path]:
             for diff_id in reversed(diff_ids[:index]):
                 future = futures.get(diff_id)
                 if future is not None and future.exception() is not None:  # waits for it
                     raise _LowerLayerFailed(diff_id)
-                yield store.layer(diff_id)
+                yield store.layer_image(diff_id) if mounted else store.layer(diff_id)
 
-        return each_when_unpacked
+        return each_when_ready
 
+    one = _convert_one if mounted else _unpack_one
     count = min(len(missing), workers or len(os.sched_getaffinity(0)))
     with store.pulling(), ThreadPoolExecutor(count, thread_name_prefix="sandlot-unpack") as pool:
         for i in missing:  # bottom up: a layer's lower layers are submitted before it
             futures[diff_ids[i]] = pool.submit(
-                _unpack_one, store, diff_ids[i], blobs[i], below(i), log
+                one, store, diff_ids[i], blobs[i], below(i), log, budget
             )
         try:
             return sum(future.result() for future in futures.values())
@@ -91,6 +98,7 @@ def _unpack_one(
     blob: dict[str, Any],
     below: Callable[[], Iterable[Path]],
     log: Callable[[str], None] | None,
+    budget: Budget | None = None,
 ) -> bool:
     """Unpack one layer unless it is already; whether this call did."""
     with store.lock("layer-" + hex_of(diff_id)):
@@ -101,7 +109,8 @@ def _unpack_one(
         path = store.blob(blob["digest"])
         with store.scratch() as scratch:
             try:
-                stats = unpack_layer(path, diff_id, scratch / "layer", below)
+                stats = unpack_layer(path, diff_id, scratch / "layer", below,
+                                     declared_size=blob["size"], image_budget=budget)  # fmt: skip
             except ImageError:
                 _drop_if_corrupt(path, blob["digest"])
                 raise
@@ -109,6 +118,34 @@ def _unpack_one(
                     "devices_skipped": stats.devices_skipped,
                     "xattrs_skipped": stats.xattrs_skipped}  # fmt: skip
             store.put_layer(diff_id, scratch / "layer", meta)
+    return True
+
+
+def _convert_one(
+    store: ImageStore,
+    diff_id: str,
+    blob: dict[str, Any],
+    below: Callable[[], Iterable[Path]],
+    log: Callable[[str], None] | None,
+    budget: Budget | None = None,
+) -> bool:
+    """Convert one layer unless it is already; whether this call did."""
+    with store.lock("layer-" + hex_of(diff_id)):
+        if store.layer_image(diff_id).is_file():
+            return False
+        if log:
+            log(f"converting layer {diff_id[7:19]} ({blob['size']} bytes)")
+        path = store.blob(blob["digest"])
+        with store.scratch() as scratch:
+            try:
+                stats, index = convert_layer(path, diff_id, scratch / "layer.sqfs", below)
+            except ImageError:
+                _drop_if_corrupt(path, blob["digest"])
+                raise
+            meta = {"unpacked": stats.size, "blob": blob["size"], "entries": stats.entries,
+                    "bytes": stats.bytes, "devices_skipped": stats.devices_skipped,
+                    "xattrs_skipped": stats.xattrs_skipped, "format": "squashfs"}  # fmt: skip
+            store.put_layer_image(diff_id, scratch / "layer.sqfs", dataclasses.asdict(index), meta)
     return True
 
 
@@ -132,9 +169,10 @@ def image_root(store: ImageStore, image: str, record: dict[str, Any]) -> ImageRo
     """What a sandbox of image ``record`` (opened by the name ``image``) mounts; its layers
     must be unpacked (:func:`unpack_image`)."""
     layers: list[Path] = []
+    mounted = mounting()
     for diff_id in reversed(record["diff_ids"]):  # topmost first; a repeated layer counts once
-        path = store.layer(diff_id)
-        if path not in layers and any(path.iterdir()):
+        path = store.layer_image(diff_id) if mounted else store.layer(diff_id)
+        if path not in layers and (mounted or any(path.iterdir())):
             layers.append(path)
     if not layers:  # overlayfs needs one lower layer, even an empty one
         layers.append(store.layer(record["diff_ids"][0]))

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sandlot.datasets.instance import Instance
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
 from sandlot.errors import (
     EnvironmentBuildError,
@@ -26,7 +27,6 @@ from sandlot.errors import (
     SandboxSetupError,
 )
 from sandlot.rewards.grading import grade
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.integrity.changes import (
     APPLIED,
     LISTING,
@@ -67,8 +67,8 @@ from sandlot.rewards.scripts import (
 )
 from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.open import open as open_sandbox
-from sandlot.sandboxes.registry import get_backend, resolve_backend_name
-from sandlot.sandboxes.setups import SetupCache, setup_key
+from sandlot.sandboxes.registry import choose_backend, get_backend
+from sandlot.sandboxes.setups.cache import SetupCache, setup_key
 from sandlot.tools.trusted_git import TrustedGit
 
 log = logging.getLogger("sandlot.rewards")
@@ -106,7 +106,8 @@ async def evaluate(
     Args:
         instance: the task; ``test_cmd`` and ``log_parser`` default from ``swebench`` specs.
         model_patch: a unified diff against ``base_commit``; empty or ``None`` is ``empty_patch``.
-        backend: sandbox backend name (``None`` resolves ``SANDLOT_BACKEND``/``DEPLOYMENT``).
+        backend: sandbox backend name (``None``: as
+            :func:`~sandlot.sandboxes.registry.choose_backend` chooses).
         model_name_or_path: recorded in the result.
         timeout: seconds allowed for the test command; defaults to ``instance.eval_timeout``.
         sandbox_options: backend-specific options passed to ``sandlot.open``.
@@ -114,8 +115,8 @@ async def evaluate(
             runs from sandlot's channel (``docs/reward-integrity.md``). ``False`` grades as
             the SWE-bench harness does; only for measuring what the checks cost.
         setups: share the instance's set-up with the other evaluations of it (a
-            :class:`~sandlot.sandboxes.setups.SetupCache` made with ``fork_first=True``, so the
-            patch is applied in a fork of the clean set-up, never in the snapshotted sandbox);
+            :class:`~sandlot.sandboxes.setups.cache.SetupCache` made with ``fork_first=True``, so
+            the patch is applied in a fork of the clean set-up, never in the snapshotted sandbox);
             ``timings_s["setup"]`` then covers the fork's start.
         uses: how many evaluations of the instance open through ``setups`` (``SetupCache.open``).
 
@@ -124,7 +125,7 @@ async def evaluate(
     """
 
     async def steps(base: dict[str, Any], timings: dict[str, float]) -> EvalResult:
-        backend_name = resolve_backend_name(backend)
+        backend_name = choose_backend(backend).name
         spec = instance_spec(instance, backend_name)
         if setups is None:
             async with open_sandbox(backend_name, spec, options=sandbox_options) as sb:

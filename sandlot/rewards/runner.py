@@ -39,7 +39,7 @@ from sandlot.rewards.run_report import (
     write_text_atomic,
 )
 from sandlot.rewards.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, eval_script, patch_files
-from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.setups.cache import SetupCache
 
 REPORT_FILE = "report.json"
 RESULT_FILE = "result.json"
@@ -148,7 +148,7 @@ async def run_evaluations(
     """Evaluate each prediction set (file) on ``instances``, ``workers`` evaluations at a time
     in all, writing as results come, each set with its own run report. An instance that
     several sets evaluate is set up once for all of them
-    (:class:`~sandlot.sandboxes.setups.SetupCache` with ``fork_first``: every evaluation runs
+    (:class:`~sandlot.sandboxes.setups.cache.SetupCache` with ``fork_first``: every evaluation runs
     in a fork of the clean set-up; a snapshot that fails falls back to one set-up per
     evaluation).
 

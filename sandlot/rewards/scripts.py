@@ -39,24 +39,6 @@ def patch_files(patch: str) -> list[str]:
     return [p for p in seen if p != "/dev/null"]
 
 
-def fetch_repo_script(source: str, workdir: str, base_commit: str, *, uploaded: bool) -> str:
-    """Clone ``source`` into ``workdir`` and check out ``base_commit`` (detached, no remote).
-
-    ``uploaded`` means ``source`` is a path inside the sandbox (a host repo that was uploaded)
-    which is deleted afterwards.
-    """
-    q_src, q_dir, q_commit = shlex.quote(source), shlex.quote(workdir), shlex.quote(base_commit)
-    cleanup = f" && rm -rf {q_src}" if uploaded else ""
-    return (
-        "set -e\n"
-        "git config --global --add safe.directory '*'\n"
-        f"git clone -q --no-checkout {q_src} {q_dir}\n"
-        f"cd {q_dir}\n"
-        f"git -c advice.detachedHead=false checkout -q {q_commit}\n"
-        f"git remote remove origin{cleanup}\n"
-    )
-
-
 def reset_test_files_script(base_commit: str, files: list[str]) -> str:
     """Restore ``files`` to ``base_commit``; files absent there are deleted.
 

@@ -40,9 +40,9 @@ from pydantic import BaseModel
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.prompts import PROMPT_FIELDS, PromptLeakError, find_leak
 from sandlot.datasets.rows import TaskRow
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.errors import SandboxError
 from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.lingering import ProcessBaseline, stop_lingering
 from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.generation import GenerationConfig
@@ -51,7 +51,7 @@ from sandlot.rollout.policy import ContextLengthError, Message, Policy, PolicyEr
 from sandlot.rollout.trajectory import ExitReason, Step, ToolObservation, Trajectory
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open as open_sandbox
-from sandlot.sandboxes.setups import SetupCache, setup_key
+from sandlot.sandboxes.setups.cache import SetupCache, setup_key
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.tools import Toolbox, ToolCall, ToolContext, ToolError, get_parser
 from sandlot.tools.submit import diff_against_base
@@ -387,7 +387,7 @@ async def run_episode(
         backend: overrides the config's backend (``None``: ``config.sandbox.resolved_backend``).
         model_name_or_path: recorded in the trajectory and its ``EvalResult``.
         sandbox_options: overrides the config's options for the backend.
-        setups: shares the set-up of the row's samples (:mod:`sandlot.sandboxes.setups`;
+        setups: shares the set-up of the row's samples (:mod:`sandlot.sandboxes.setups.cache`;
             ``reward.mode: fresh`` only): a fork of the first sample's set-up sandbox, whose
             ``timings_s["setup"]`` then covers the start too (``Trajectory.forked`` says
             whether it was a fork).

@@ -4,7 +4,7 @@ One file serves ``sandlot rollout`` and training. Its blocks (every key optional
 
     sandbox:                      # where episodes run
       backend: local              # the one line that moves a run to docker, modal or vefaas;
-                                  # $SANDLOT_BACKEND, then $DEPLOYMENT, override it
+                                  # --backend, $SANDLOT_BACKEND, then $DEPLOYMENT override it
       options:                    # each backend's own options (its Options model), by name;
         modal: {app_name: my-app} # only the active backend's block is used
       spec: {timeout_s: 3600, memory_mb: 4096}   # SandboxSpec defaults; the row's own
@@ -51,13 +51,10 @@ from sandlot.errors import BackendNotFoundError, SandlotError
 from sandlot.rollout.generation import GenerationConfig
 from sandlot.sandboxes.registry import (
     available_backends,
-    backend_source,
-    check_backend_name,
+    choose_backend,
     get_backend,
-    resolve_backend_name,
 )
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.settings import settings
 from sandlot.tools.parsers import PARSERS
 from sandlot.tools.toolbox import DEFAULT_TOOLS, TOOLS
 
@@ -103,20 +100,24 @@ class SandboxConfig(BaseModel):
         SandboxSpec.model_validate(value)  # bad values fail at load
         return value
 
+    def file_backend(self) -> str | None:
+        """``backend`` as the file sets it; ``None`` when the file says nothing (``local`` is
+        then :func:`~sandlot.sandboxes.registry.choose_backend`'s default, not the file's)."""
+        return self.backend if "backend" in self.model_fields_set else None
+
     def resolved_backend(self) -> str:
-        """``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``, then this block's ``backend``.
+        """:func:`~sandlot.sandboxes.registry.choose_backend` without an argument:
+        ``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``, then this block's ``backend``, then
+        ``local``.
 
         Raises:
             ConfigError: the variable names no backend (the message says which, lists the
                 known ones and the fix).
         """
-        override = settings().backend or settings().deployment
-        name = resolve_backend_name(override or self.backend)
         try:
-            check_backend_name(name, backend_source(None))
+            return choose_backend(config=self.file_backend()).name
         except BackendNotFoundError as exc:
             raise ConfigError(str(exc)) from None
-        return name
 
     def options_for(self, backend: str) -> BaseModel:
         """``backend``'s options from the ``options`` block, validated by its ``Options`` model.

@@ -15,8 +15,8 @@ from sandlot.rollout.config import AgentConfig
 from sandlot.rollout.policy import Policy
 from sandlot.rollout.trajectory import ExitReason, Trajectory
 from sandlot.sandboxes.base import live_sandboxes
-from sandlot.sandboxes.limits import starting_gate
-from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.scale.starting import starting_gate
+from sandlot.sandboxes.setups.cache import SetupCache
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,8 @@ class InProcessEpisodes:
     """Episodes run by :func:`~sandlot.rollout.agent.run_episode` on this event loop, all
     with one ``policy``.
 
-    ``setups`` (a :class:`~sandlot.sandboxes.setups.SetupCache`, which the caller deletes at the
-    end of the run) makes the samples of a row share one set-up.
+    ``setups`` (a :class:`~sandlot.sandboxes.setups.cache.SetupCache`, which the caller deletes at
+    the end of the run) makes the samples of a row share one set-up.
 
     Raises:
         ConfigError: the config's options for ``backend`` are invalid.

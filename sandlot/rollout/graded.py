@@ -6,7 +6,7 @@ repository. The agent is root in its sandbox, so whatever the set-up leaves ther
 copy into its patch or learn to look for. An episode's set-up therefore deletes every path of
 :meth:`~sandlot.datasets.instance.Instance.graded_artefacts` (the converter's
 ``graded_paths``, and the files ``test_patch`` creates) and every symlink of the repository
-that points into one, right after :func:`~sandlot.rewards.instance_setup.prepare_repo`, for
+that points into one, right after :func:`~sandlot.datasets.sandbox_setup.prepare_repo`, for
 rollouts and training alike. The evaluation's fresh sandbox runs ``prepare_repo`` alone and
 gets them from its image.
 

@@ -26,9 +26,9 @@ from sandlot.rollout.policy import Policy
 from sandlot.rollout.trajectory import Trajectory
 from sandlot.sandboxes.base import live_sandboxes
 from sandlot.sandboxes.labels import pin_run_id
-from sandlot.sandboxes.limits import starting_gate
-from sandlot.sandboxes.setups import SetupCache
-from sandlot.sandboxes.shared_setups import SharedSetups
+from sandlot.sandboxes.scale.starting import starting_gate
+from sandlot.sandboxes.setups.actor import SharedSetups
+from sandlot.sandboxes.setups.cache import SetupCache
 
 log = logging.getLogger("sandlot.rollout")
 
@@ -143,7 +143,7 @@ class RayEpisodes:
         concurrency: episodes at once across the cluster.
         address: the Ray cluster.
         share_setups: the samples of a row share one set-up across the actors
-            (:mod:`sandlot.sandboxes.shared_setups`: per node, or per cluster for backends
+            (:mod:`sandlot.sandboxes.setups.actor`: per node, or per cluster for backends
             whose snapshots any node opens).
     """
 

@@ -7,7 +7,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandlot.datasets.images import ROW_BACKENDS
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import DatasetError, walk_dataset
 from sandlot.datasets.prompts import PromptTemplate
@@ -44,13 +43,12 @@ def load_rows(
             solution.
     """
     template = PromptTemplate()
-    row_backend = backend if backend in ROW_BACKENDS else "local"
     rows: list[TaskRow] = []
     for entry in walk_dataset(path):
         # One backend per run: its image, so a row's env and metadata agree.
         instance = entry.instance
         instance = instance.model_copy(update={"image": image or instance.image_for(backend)})
-        rows.append(_row(entry.record, instance, template, len(rows), entry.file.stem, row_backend))
+        rows.append(_row(entry.record, instance, template, len(rows), entry.file.stem, backend))
     if instance_ids:
         missing = sorted(set(instance_ids) - {r.instance.instance_id for r in rows})
         if missing:

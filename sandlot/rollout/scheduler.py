@@ -4,8 +4,8 @@
 
 * **one global limit**: ``concurrency`` workers pull episodes from one queue (sample-major: every
   row's sample 0 first, so an interrupted run still has a first sample of most instances); the
-  sandboxes' STARTING cap (:mod:`sandlot.sandboxes.limits`, and the cluster-wide one under Ray)
-  applies inside each episode as usual. The time an episode waits for a worker is its
+  sandboxes' STARTING cap (:mod:`sandlot.sandboxes.scale.starting`, and the cluster-wide one under
+  Ray) applies inside each episode as usual. The time an episode waits for a worker is its
   ``timings_s["queue"]``;
 * **infrastructure retries**: an episode that ends in ``infra_error`` with ``retryable`` set
   (a sandbox that did not start, a model server down after the client's own retries) goes back

@@ -83,7 +83,7 @@ class Trajectory(BaseModel):
             the tool rejects).
         attempts: how many times the episode was started (infrastructure retries).
         forked: the sandbox started from the snapshot of another sample's set-up
-            (:mod:`sandlot.sandboxes.setups`) rather than being set up itself.
+            (:mod:`sandlot.sandboxes.setups.cache`) rather than being set up itself.
         warnings: what makes the reward less trustworthy, e.g. graded files the agent's
             sandbox kept (:mod:`sandlot.rollout.graded`).
     """

@@ -22,7 +22,7 @@ Differences from swe-rex's own ``RemoteRuntime`` (aiohttp):
   exception leaves this client (an undecodable body is a :class:`SwerexHTTPError`). A retried
   read timeout repeats a request the server may be running: the server replays its last
   answer for a repeated ``X-Request-ID``, and sandlot's own requests are idempotent (see
-  :mod:`sandlot.sandboxes.polled_jobs`);
+  :mod:`sandlot.sandboxes.shared.polled_jobs`);
 * bytes round-trip: :meth:`SwerexClient.write_bytes` goes through the binary-safe ``/upload``;
   :meth:`SwerexClient.read_bytes` runs ``base64`` through ``/execute`` and decodes it, since
   ``/read_file`` only returns text;

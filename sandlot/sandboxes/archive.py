@@ -19,6 +19,10 @@ earlier member or by an earlier download. :func:`extract_archive` therefore does
   for the whole tree, and one on the archive bytes read (headers included).
 
 The archive is read as a stream (``tarfile`` mode ``r|``), so it never has to be stored first.
+
+The in-sandbox half is here too: :func:`tar_create_argv` and :func:`tar_extract_argv` are the
+``tar`` commands of the transport's default archive moves (``Transport._get_archive`` and
+``_put_archive`` over one staged file), for backends without a native archive endpoint.
 """
 
 from __future__ import annotations
@@ -392,3 +396,32 @@ def check_read_size(path: str, size: int, max_bytes: int) -> None:
             f"read_file {path}: {size} bytes is more than max_bytes={max_bytes}; pass a larger "
             "max_bytes, or read a part with a command (head -c, tail -c, sed -n)"
         )
+
+
+def tar_extract_argv(archive: str, parent: str) -> list[str]:
+    """argv unpacking the tar ``archive`` into directory ``parent`` (created), then deleting it."""
+    script = (
+        'mkdir -p -- "$1" && tar -x -f "$0" -C "$1" --no-same-owner; rc=$?; rm -f -- "$0"; exit $rc'
+    )
+    return ["/bin/sh", "-c", script, archive, parent]
+
+
+def tar_create_argv(path: str, archive: str, max_bytes: int, max_file_bytes: int) -> list[str]:
+    """argv packing ``path`` (file or tree, symlinks kept) into the tar ``archive``.
+
+    A symlink at ``path`` itself is resolved first (``readlink -f``), so the archive holds what
+    it leads to, as docker's archive endpoint does. A file above ``max_file_bytes`` stops it
+    (exit 3, ``... is larger than max_file_bytes=N`` on stderr); the archive is cut at
+    ``max_bytes``, so a sparse file costs at most that much to move (the extractor reports the
+    cut). Exits 2 with ``no such file or directory: <path>`` on stderr when ``path`` is missing.
+    """
+    script = (
+        'p=$(readlink -f -- "$0") && [ -e "$p" ] '
+        '|| { echo "no such file or directory: $0" >&2; exit 2; }; '
+        'big=$(find "$p" -type f -size +"$3"c -print -quit); '
+        '[ -z "$big" ] || { echo "$big is larger than max_file_bytes=$3" >&2; exit 3; }; '
+        '{ tar -c -f - -C "$(dirname -- "$p")" -- "$(basename -- "$p")"; echo $? >"$1.rc"; } '
+        '| head -c "$2" >"$1"; rc=$(cat -- "$1.rc"); rm -f -- "$1.rc"; '
+        '[ "$rc" = 0 ] || [ "$rc" = 141 ] || exit "$rc"'
+    )
+    return ["/bin/sh", "-c", script, path, archive, str(max_bytes), str(max_file_bytes)]

@@ -46,11 +46,11 @@ from sandlot.sandboxes.archive import (
     check_read_size,
     extract_archive,
 )
-from sandlot.sandboxes.backoff import poll, retry
 from sandlot.sandboxes.capped import clip_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe, container_path
 from sandlot.sandboxes.labels import run_id
-from sandlot.sandboxes.limits import StartClock, StartLimits, starting_gate, starting_slot
+from sandlot.sandboxes.scale.backoff import poll, retry
+from sandlot.sandboxes.scale.starting import StartClock, StartLimits, starting_gate, starting_slot
 from sandlot.sandboxes.snapshot import Snapshot
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.transport import RunRequest, Transport, TreeCaps
@@ -140,7 +140,7 @@ class Sandbox(Transport):
         self._state: Literal["new", "started", "closed"] = "new"
         self._dead: str | None = None
         self._sessions: dict[str, BashSession] = {}
-        self.origin: Snapshot | None = None
+        self.origin: Snapshot[Sandbox] | None = None
         """The native snapshot this sandbox is a fork of (``sandlot.open(snapshot=)``)."""
         self._holds_origin = False
 
@@ -149,9 +149,9 @@ class Sandbox(Transport):
     async def start(self) -> None:
         """Create the sandbox, provide ``spec.environment``, run ``spec.post_setup_cmd``.
 
-        Creation holds a STARTING slot (see :mod:`sandlot.sandboxes.limits`) until the backend
-        can run commands; a retryable failure is cleaned up and retried with backoff within the
-        start budget. After the slot is released: the environment recipe's packages are
+        Creation holds a STARTING slot (see :mod:`sandlot.sandboxes.scale.starting`) until the
+        backend can run commands; a retryable failure is cleaned up and retried with backoff within
+        the start budget. After the slot is released: the environment recipe's packages are
         provided (:meth:`_install_environment`), its repository steps (``pre_install``,
         ``install``) run in ``workdir``, then ``post_setup_cmd``; a fork of a native snapshot
         (``origin``) skips them all, its files hold their result. On any failure, including
@@ -364,7 +364,7 @@ class Sandbox(Transport):
                 await self.origin._release()
         log.debug("sandbox %s (%s) closed", self.id, self.name)
 
-    async def snapshot(self) -> Snapshot:
+    async def snapshot(self) -> Snapshot[Sandbox]:
         """Freeze this sandbox's files (not its processes) for forks:
         ``sandlot.open(snapshot=snap)`` or :func:`sandlot.open_group` start from them without
         running the set-up again, many times and concurrently. Take it between commands (a

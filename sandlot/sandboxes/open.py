@@ -20,14 +20,15 @@ def open(
     spec: SandboxSpec | None = None,
     *,
     options: BaseModel | dict[str, Any] | None = None,
-    snapshot: Snapshot | None = None,
+    snapshot: Snapshot[Sandbox] | None = None,
     **fields: Any,
 ) -> Sandbox:
     """Create a (not yet started) sandbox; use it as ``async with sandlot.open(...) as sb``.
 
     Args:
         backend: backend name; ``None`` resolves ``$SANDLOT_BACKEND``, then ``$DEPLOYMENT``,
-            then ``"local"`` (with ``snapshot``: the snapshot's backend).
+            then ``"local"`` (:func:`~sandlot.sandboxes.registry.choose_backend`; with
+            ``snapshot``: the snapshot's backend).
         spec: a full ``SandboxSpec``; keyword ``fields`` override its values (default: the
             snapshot's spec, else the defaults).
         options: backend-specific options (the backend's ``Options`` model or a dict;
@@ -64,8 +65,10 @@ def open(
             f"{cls.name} options: {', '.join(cls.Options.model_fields) or '(none)'}."
         )
     # Validated as one dict, so bad values fail here, not inside a backend (model_copy would
-    # not validate, and would store a dict where a nested model belongs).
-    base = (spec or SandboxSpec()).model_dump()
+    # not validate, and would store a dict where a nested model belongs). Only the fields
+    # set: a backend tells a default from a choice (an image's WorkingDir fills an unset
+    # workdir, as `docker run` without -w).
+    base = (spec or SandboxSpec()).model_dump(exclude_unset=True)
     merged_spec = SandboxSpec.model_validate({**base, **spec_fields})
     if isinstance(options, BaseModel):
         opts = cls.Options.model_validate({**options.model_dump(), **option_fields})
@@ -81,7 +84,7 @@ def open(
     return sandbox
 
 
-def _check_fork(snapshot: Snapshot, sandbox: Sandbox) -> None:
+def _check_fork(snapshot: Snapshot[Sandbox], sandbox: Sandbox) -> None:
     changed = [
         name for name in _SET_UP if getattr(sandbox.spec, name) != getattr(snapshot.spec, name)
     ]

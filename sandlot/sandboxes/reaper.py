@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,52 +24,15 @@ from pydantic import ValidationError
 
 from sandlot.errors import BackendNotFoundError, SandboxError
 from sandlot.sandboxes.base import Sandbox
-from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
+from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
 from sandlot.sandboxes.leaks import Leak
 from sandlot.sandboxes.registry import get_backend
-from sandlot.sandboxes.transport import Transport
+from sandlot.sandboxes.transport import RemoteSandbox, Transport
 
 log = logging.getLogger("sandlot.sandboxes.gc")
 
 _KILL_CONCURRENCY = 16
 _KILL_ATTEMPTS = 2
-
-
-@dataclass(frozen=True)
-class RemoteSandbox:
-    """One sandbox as a backend lists it.
-
-    Attributes:
-        backend: backend name.
-        id: the backend's id (container id, Modal ``sb-...``, veFaaS sandbox id).
-        labels: its labels / tags / metadata.
-        state: the backend's status word (``running``, ``Running``, ...), informational.
-        handle: what the reaper needs to kill it (backend specific).
-    """
-
-    backend: str
-    id: str
-    labels: Mapping[str, str]
-    state: str = ""
-    handle: Any = field(default=None, compare=False, repr=False)
-
-    @property
-    def run_id(self) -> str:
-        """The ``sandlot.run_id`` label."""
-        return self.labels.get(RUN_ID, "")
-
-    @property
-    def owner(self) -> str:
-        """The ``sandlot.owner`` label."""
-        return self.labels.get(OWNER, "")
-
-    @property
-    def created_at(self) -> float | None:
-        """``sandlot.created_at`` in unix seconds, or ``None`` when absent or malformed."""
-        try:
-            return float(self.labels[CREATED_AT])
-        except (KeyError, ValueError):
-            return None
 
 
 class Reaper(Protocol):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -25,15 +25,26 @@ from pydantic import BaseModel
 from sandlot.errors import SandboxStartError
 from sandlot.sandboxes.spec import SandboxSpec
 
-if TYPE_CHECKING:
-    from sandlot.sandboxes.base import Sandbox
-
 log = logging.getLogger("sandlot.sandboxes")
 
 
+class Backend(Protocol):
+    """What a snapshot needs of the class its forks are made of: the backend's name and its
+    ``Transport._delete_snapshot``. Every ``Sandbox`` subclass is one; the protocol keeps this
+    module below ``base``, which makes snapshots."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    async def _delete_snapshot(cls, handle: str, options: BaseModel) -> None: ...
+
+
+B = TypeVar("B", bound=Backend)
+
+
 @dataclass(eq=False)
-class Snapshot:
-    """A set-up sandbox's files, frozen.
+class Snapshot(Generic[B]):
+    """A set-up sandbox's files, frozen (``Snapshot[Sandbox]``: forks are ``Sandbox``es).
 
     Attributes:
         backend: the class of the sandbox it was taken from; forks are of this class.
@@ -43,7 +54,7 @@ class Snapshot:
             ``docker``: the committed image's id); ``None`` for a fallback snapshot.
     """
 
-    backend: type[Sandbox]
+    backend: type[B]
     spec: SandboxSpec
     options: BaseModel
     handle: str | None = None

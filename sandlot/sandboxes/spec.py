@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import posixpath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.sandboxes.environment import EnvironmentRecipe
-from sandlot.sandboxes.limits import StartLimits
+from sandlot.sandboxes.scale.starting import StartLimits
 
 
 class SandboxSpec(BaseModel):
@@ -39,8 +40,9 @@ class SandboxSpec(BaseModel):
         labels: free-form labels attached to remote resources (used by ``sandlot gc``).
         environment: the test environment (interpreter, packages, install steps) the backend
             provides before ``post_setup_cmd``; see :mod:`sandlot.sandboxes.environment`.
-        start_limits: STARTING cap, retries and start budget; ``None`` reads the ``SANDLOT_*``
-            environment variables (see :mod:`sandlot.sandboxes.limits`).
+        start_limits: this sandbox's start attempts, backoff and budget; ``None`` reads the
+            ``SANDLOT_START_*`` environment variables. The STARTING caps are process-wide
+            settings, not fields here (see :mod:`sandlot.sandboxes.scale.starting`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -58,3 +60,15 @@ class SandboxSpec(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     environment: EnvironmentRecipe | None = None
     start_limits: StartLimits | None = None
+
+
+def image_workdir(spec: SandboxSpec, working_dir: str) -> str | None:
+    """The workdir a sandbox of an image whose config says ``WorkingDir: working_dir`` gets
+    from it: that directory (relative to ``/``, normalised) when ``spec`` leaves ``workdir``
+    unset, as ``docker run`` without ``-w``; ``None`` keeps ``spec.workdir``: a ``workdir``
+    given wins (as ``-w``), and an image without ``WorkingDir``, or with ``/`` (a workdir is
+    a private directory of its own), keeps the default."""
+    if not working_dir or "workdir" in spec.model_fields_set:
+        return None
+    wanted = posixpath.normpath(posixpath.join("/", working_dir))
+    return None if wanted in ("/", "//", spec.workdir) else wanted

@@ -28,18 +28,16 @@ import shlex
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import IO, Any, ClassVar, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.errors import SandboxFileError
 from sandlot.result import TIMEOUT_EXIT_CODE, ExecResult
+from sandlot.sandboxes.archive import tar_create_argv, tar_extract_argv
 from sandlot.sandboxes.capped import CappedOutput, clip_tail, with_note
-from sandlot.sandboxes.remote_shell import tar_create_argv, tar_extract_argv
-
-if TYPE_CHECKING:
-    from sandlot.sandboxes.reaper import RemoteSandbox
+from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID
 
 T = TypeVar("T")
 
@@ -130,8 +128,8 @@ class RunOutput:
 
 class ExecOptions(BaseModel):
     """Options of a backend's ``_run`` that its options model extends (where it runs commands
-    through a shared half: :mod:`sandlot.sandboxes.streamed_exec`,
-    :mod:`sandlot.sandboxes.swerex_plane`).
+    through a shared half: :mod:`sandlot.sandboxes.shared.streamed_exec`,
+    :mod:`sandlot.sandboxes.shared.swerex_plane`).
 
     Attributes:
         max_output_bytes: bytes of stdout and of stderr kept per exec; the rest is dropped and
@@ -143,6 +141,43 @@ class ExecOptions(BaseModel):
 
     max_output_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
     stop_grace_s: float = Field(default=1.0, ge=0)
+
+
+@dataclass(frozen=True)
+class RemoteSandbox:
+    """One sandbox as a backend lists it.
+
+    Attributes:
+        backend: backend name.
+        id: the backend's id (container id, Modal ``sb-...``, veFaaS sandbox id).
+        labels: its labels / tags / metadata.
+        state: the backend's status word (``running``, ``Running``, ...), informational.
+        handle: what the reaper needs to kill it (backend specific).
+    """
+
+    backend: str
+    id: str
+    labels: Mapping[str, str]
+    state: str = ""
+    handle: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        """The ``sandlot.run_id`` label."""
+        return self.labels.get(RUN_ID, "")
+
+    @property
+    def owner(self) -> str:
+        """The ``sandlot.owner`` label."""
+        return self.labels.get(OWNER, "")
+
+    @property
+    def created_at(self) -> float | None:
+        """``sandlot.created_at`` in unix seconds, or ``None`` when absent or malformed."""
+        try:
+            return float(self.labels[CREATED_AT])
+        except (KeyError, ValueError):
+            return None
 
 
 class Transport(abc.ABC):
@@ -158,7 +193,7 @@ class Transport(abc.ABC):
     snapshot_scope: ClassVar[Literal["node", "global"]] = "node"
     """Where a snapshot can be forked: ``"node"``, on the host that took it (a directory, an
     image of the node's engine); ``"global"``, from any node (a provider's image id). It picks
-    which processes share a set-up (:mod:`sandlot.sandboxes.shared_setups`)."""
+    which processes share a set-up (:mod:`sandlot.sandboxes.setups.actor`)."""
 
     @property
     def backend_id(self) -> str | None:

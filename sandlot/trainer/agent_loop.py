@@ -36,8 +36,8 @@ Groups: verl runs the ``rollout.n`` samples of a prompt as concurrent ``run`` ca
 ``AgentLoopWorker`` (its fully async rollouter sends a prompt's n copies to one worker; the
 synchronous manager splits the batch into contiguous chunks, so a group is split only where a
 chunk boundary cuts it). With ``n > 1`` and ``reward.mode: fresh`` they share one set-up
-through the worker process's :class:`~sandlot.sandboxes.setups.SetupCache` (one per event loop):
-the first sample sets up and snapshots, the others fork, the snapshot is deleted once the
+through the worker process's :class:`~sandlot.sandboxes.setups.cache.SetupCache` (one per event
+loop): the first sample sets up and snapshots, the others fork, the snapshot is deleted once the
 group's n samples opened (``extra_fields["forked"]`` says which samples forked); what is left
 at the worker's exit is deleted by an ``atexit`` hook, and ``sandlot gc --run-id`` removes what
 a killed worker left.
@@ -76,9 +76,9 @@ from sandlot.rollout.config import AgentConfig, load_agent_config
 from sandlot.rollout.generation import GenerationConfig
 from sandlot.rollout.policy import ContextLengthError, Message, PolicyError, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason, Trajectory
-from sandlot.sandboxes.limits import ray_is_running
-from sandlot.sandboxes.setups import SetupCache
-from sandlot.sandboxes.shared_setups import SharedSetups
+from sandlot.sandboxes.scale.starting import ray_is_running
+from sandlot.sandboxes.setups.actor import SharedSetups
+from sandlot.sandboxes.setups.cache import SetupCache
 from sandlot.settings import settings
 from sandlot.trainer.drift import check_drift, drifted_tokens
 from sandlot.trainer.mapping import DEFAULT_MASKED_EXITS, TokenBuffer, to_agent_loop_output

@@ -21,6 +21,7 @@ COMMANDS = {
         *("--base-url", "http://127.0.0.1:9/v1", "--model", "m"),
     ],
     "gc": ["gc", "--all", "--dry-run"],
+    "env build": ["env", "build", "--dataset", str(DATASET)],
 }
 
 
@@ -56,11 +57,17 @@ def test_a_typo_in_the_flag_is_the_flags() -> None:
     assert "(did you mean 'docker'?)" in line and "$" not in line
 
 
-def test_data_prepare_names_deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEPLOYMENT", "lcoal")
+@pytest.mark.parametrize("variable", ["SANDLOT_BACKEND", "DEPLOYMENT"])
+def test_data_prepare_names_the_variable(
+    variable: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SANDLOT_BACKEND", raising=False)
+    monkeypatch.delenv("DEPLOYMENT", raising=False)
+    monkeypatch.setenv(variable, "lcoal")
     args = ["data", "prepare", "swe_rebench", "--local-save-dir", str(tmp_path)]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2, result.output
     [line] = _error_lines(result.output)
-    assert line.startswith("Error: $DEPLOYMENT: unknown backend 'lcoal' (did you mean 'local'?)")
+    assert f"unknown sandbox backend 'lcoal' (set by ${variable})" in line
+    assert "(did you mean 'local'?)" in line
     assert "Invalid value" not in line and not list(tmp_path.iterdir())

@@ -25,7 +25,8 @@ from sandlot.cli.main import cli
 from sandlot.sandboxes import registry
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, owner, recorded_runs, run_id
-from sandlot.sandboxes.reaper import RemoteSandbox, select
+from sandlot.sandboxes.reaper import select
+from sandlot.sandboxes.transport import RemoteSandbox
 
 
 def sb(run: str, created: float | None, sid: str = "", who: str | None = None) -> RemoteSandbox:
@@ -87,12 +88,13 @@ def test_cli_requires_a_filter_and_reports(monkeypatch: pytest.MonkeyPatch) -> N
     result = runner.invoke(cli, ["gc", "--backend", "docker"])
     assert result.exit_code == 2 and "--run-id" in result.output
     result = runner.invoke(cli, ["gc", "--backend", "nope", "--all"])
-    assert result.exit_code == 1 and "unknown sandbox backend 'nope'" in result.output
+    assert result.exit_code == 2 and "unknown sandbox backend 'nope'" in result.output
 
     stub = StubReaper(
         [sb("r1", time.time(), "s1"), sb("r1", time.time(), "s2"), sb("r2", 0, "s3")], {"s2"}
     )
     monkeypatch.setattr(gc_cmd, "get_reaper", lambda name, **kw: stub)
+    monkeypatch.setitem(registry._registered, "stub", Sandbox)  # a name --backend accepts
     result = runner.invoke(cli, ["gc", "--backend", "stub", "--run-id", "r1", "--dry-run"])
     assert result.exit_code == 0 and "would kill 2" in result.output and stub.killed == []
     result = runner.invoke(cli, ["gc", "--backend", "stub", "--run-id", "r1"])
@@ -171,6 +173,7 @@ def _stub(monkeypatch: pytest.MonkeyPatch, *, can_ask: bool) -> StubReaper:
         set(),
     )
     monkeypatch.setattr(gc_cmd, "get_reaper", lambda name, **kw: stub)
+    monkeypatch.setitem(registry._registered, "stub", Sandbox)  # a name --backend accepts
     monkeypatch.setattr(gc_cmd, "_can_ask", lambda: can_ask)
     return stub
 

@@ -11,6 +11,15 @@ from requirements import missing
 from sandlot.images.store import ImageStore
 
 
+@pytest.fixture(autouse=True)
+def image_layers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SANDLOT_IMAGE_LAYERS`` as the test module's ``IMAGE_LAYERS`` says (``unpack``: the
+    modules that read unpacked layers on the host); else this machine's default."""
+    mode = getattr(request.module, "IMAGE_LAYERS", None)
+    if mode:
+        monkeypatch.setenv("SANDLOT_IMAGE_LAYERS", mode)
+
+
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """A registry without auth, on 127.0.0.1 (so reached over plain HTTP, as docker does)."""

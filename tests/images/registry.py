@@ -237,6 +237,13 @@ def push_layers(registry: Registry, tmp: Path, layers: Sequence[Sequence[Entry]]
     """Push a new image made of ``layers`` (bottom first; no engine involved: an OCI layout
     written here, copied by skopeo); return its reference. Small, so the tests that unpack
     many times stay fast."""
+    return push_tars(registry, tmp, [_tar(entries) for entries in layers])
+
+
+def push_tars(registry: Registry, tmp: Path, tars: Sequence[bytes]) -> str:
+    """Push a new image whose layers are the uncompressed tars ``tars`` (bottom first, any
+    content: the malicious layers of the unpack tests), gzipped deterministically (the same
+    tar is the same blob, so two images share it); return its reference."""
     layout = tmp / uuid.uuid4().hex
     (layout / "blobs" / "sha256").mkdir(parents=True)
 
@@ -245,7 +252,6 @@ def push_layers(registry: Registry, tmp: Path, layers: Sequence[Sequence[Entry]]
         (layout / "blobs" / "sha256" / digest).write_bytes(data)
         return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
 
-    tars = [_tar(entries) for entries in layers]
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
     diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]
     config = {"architecture": arch, "os": "linux", "config": {},

@@ -18,6 +18,9 @@ from sandlot.images.store import ImageStore
 
 pytestmark = needs(tools_missing)
 
+IMAGE_LAYERS = "unpack"
+"""The CLI's words for the unpack fallback (the mounted form: ``test_mounted.py``)."""
+
 
 def test_pull_list_prune(
     registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

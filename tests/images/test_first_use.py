@@ -30,7 +30,10 @@ LINKED = [
 """Three layers, the middle one hard-linking a file of the bottom one."""
 
 Below = Callable[[], Iterable[Path]]
-Unpack = Callable[[Path, str, Path, Below], UnpackStats]
+Unpack = Callable[..., UnpackStats]
+
+IMAGE_LAYERS = "unpack"
+"""This module reads layers unpacked on the host (the fallback where FUSE is unusable)."""
 
 
 def _fetched(registry: Registry, tmp_path: Path) -> tuple[str, ImageStore, dict[str, Any]]:
@@ -79,9 +82,9 @@ def test_independent_layers_unpack_at_the_same_time(
     both = threading.Barrier(2, timeout=120)  # broken unless the two unpacks overlap
     real: Unpack = unpacking.unpack_layer
 
-    def meeting(blob: Path, diff_id: str, dest: Path, below: Below) -> UnpackStats:
+    def meeting(blob: Path, diff_id: str, dest: Path, below: Below, **kw: Any) -> UnpackStats:
         both.wait()
-        return real(blob, diff_id, dest, below)
+        return real(blob, diff_id, dest, below, **kw)
 
     monkeypatch.setattr(unpacking, "unpack_layer", meeting)
     assert unpacking.unpack_image(store, record, workers=2) == 2
@@ -100,10 +103,10 @@ def test_a_hard_link_waits_only_for_the_layers_down_to_its_target(
     top_done = threading.Event()
     real: Unpack = unpacking.unpack_layer
 
-    def ordered(blob: Path, diff_id: str, dest: Path, below: Below) -> UnpackStats:
+    def ordered(blob: Path, diff_id: str, dest: Path, below: Below, **kw: Any) -> UnpackStats:
         if diff_id == bottom:  # the bottom layer finishes last: the top must not wait for it
             assert top_done.wait(timeout=120), "the top layer waited for the bottom one"
-        stats = real(blob, diff_id, dest, below)
+        stats = real(blob, diff_id, dest, below, **kw)
         if diff_id == top:
             top_done.set()
         return stats
@@ -122,7 +125,7 @@ from sandlot.images import open_image
 from sandlot.images.store import ImageStore
 calls = []
 real = unpacking.unpack_layer
-unpacking.unpack_layer = lambda *args: calls.append(1) or real(*args)
+unpacking.unpack_layer = lambda *args, **kw: calls.append(1) or real(*args, **kw)
 root = open_image(sys.argv[1], ImageStore(Path(sys.argv[2])))
 print(json.dumps([len(calls), root.lookup("/data/hl").read_text()]))
 """
@@ -135,9 +138,9 @@ def test_concurrent_first_opens_unpack_each_layer_once(
     calls: list[str] = []
     real: Unpack = unpacking.unpack_layer
 
-    def counted(blob: Path, diff_id: str, dest: Path, below: Below) -> UnpackStats:
+    def counted(blob: Path, diff_id: str, dest: Path, below: Below, **kw: Any) -> UnpackStats:
         calls.append(diff_id)
-        return real(blob, diff_id, dest, below)
+        return real(blob, diff_id, dest, below, **kw)
 
     monkeypatch.setattr(unpacking, "unpack_layer", counted)
     seen: list[str] = []
@@ -162,8 +165,8 @@ def test_an_interrupted_first_open_leaves_nothing_used(
     top = record["diff_ids"][-1]
     real: Unpack = unpacking.unpack_layer
 
-    def interrupted(blob: Path, diff_id: str, dest: Path, below: Below) -> UnpackStats:
-        stats = real(blob, diff_id, dest, below)
+    def interrupted(blob: Path, diff_id: str, dest: Path, below: Below, **kw: Any) -> UnpackStats:
+        stats = real(blob, diff_id, dest, below, **kw)
         if diff_id == top:  # written, verified, not yet renamed into place
             raise KeyboardInterrupt
         return stats

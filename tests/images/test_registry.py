@@ -8,6 +8,7 @@ import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from registry import (
@@ -28,6 +29,9 @@ from sandlot.images import ImageError, pull
 from sandlot.images.store import ImageStore
 
 pytestmark = needs(tools_missing)
+
+IMAGE_LAYERS = "unpack"
+"""This module reads layers unpacked on the host (the fallback where FUSE is unusable)."""
 
 
 def _layer_digests(ref: str) -> list[str]:
@@ -131,8 +135,10 @@ def test_an_interrupted_pull_leaves_nothing_a_later_pull_uses(
     store = ImageStore(tmp_path / "cache")
     real = unpacking.unpack_layer
 
-    def interrupted(blob: Path, diff_id: str, dest: Path, below: Callable[[], list[Path]]) -> None:
-        real(blob, diff_id, dest, below)
+    def interrupted(
+        blob: Path, diff_id: str, dest: Path, below: Callable[[], list[Path]], **kw: Any
+    ) -> None:
+        real(blob, diff_id, dest, below, **kw)
         raise KeyboardInterrupt  # after the layer was written, before it was renamed into place
 
     monkeypatch.setattr(unpacking, "unpack_layer", interrupted)

@@ -11,6 +11,9 @@ import pytest
 
 from sandlot.images.store import ImageStore
 
+IMAGE_LAYERS = "unpack"
+"""This module reads layers unpacked on the host (the fallback where FUSE is unusable)."""
+
 
 def _digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.images import ImageConfig, ImageError, ImageRoot
+from sandlot.images import ImageConfig, ImageError, ImageRoot, unpack_caps
 from sandlot.images.unpack import OPAQUE_XATTR, unpack_layer
+
+IMAGE_LAYERS = "unpack"
+"""This module reads layers unpacked on the host (the fallback where FUSE is unusable)."""
 
 
 def _entry(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", **attrs: object) -> tuple:
@@ -187,3 +190,150 @@ def test_image_config_and_user_lookup(tmp_path: Path) -> None:
     assert ids("7:8") == (7, 8) and ids("7") == (7, 7) and ids("root") is None and ids("") is None
     with pytest.raises(ImageError, match="has no 'bob'"):
         ids("bob")
+
+
+# Tricks of an attacker who has read the unpack (issue #34); each is refused or stays inside
+# the layer, and none changes the canary, a host directory the layer's symlinks point at.
+
+
+@pytest.fixture
+def canary(tmp_path: Path) -> Path:
+    path = tmp_path / "canary"
+    path.mkdir(mode=0o700)
+    (path / "file").write_text("canary")
+    return path
+
+
+def _states(root: Path) -> dict[str, tuple[int, int, int, bytes | None, list[str]]]:
+    """Mode, mtime, ctime, content and xattrs of ``root`` and what it holds."""
+    found = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        st = os.lstat(path)
+        data = path.read_bytes() if path.is_file() else None
+        found[str(path)] = (st.st_mode, st.st_mtime_ns, st.st_ctime_ns, data, os.listxattr(path))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("entries", "why"),
+    [
+        ([_entry("h", tarfile.LNKTYPE, linkname="../../etc/passwd")], "leaves the layer"),
+        ([_entry("h", tarfile.LNKTYPE, linkname="a/../../../x")], "leaves the layer"),
+        (  # a hard link through a symlink of this layer
+            [_entry("l", tarfile.SYMTYPE, linkname="{canary}"),
+             _entry("h", tarfile.LNKTYPE, linkname="l/file")],
+            "not a directory",
+        ),
+        (  # a directory replaced by a file, then an entry under it
+            [_entry("d", tarfile.DIRTYPE, mode=0o777), _entry("d", data=b"f"),
+             _entry("d/x", data=b"x")],
+            "not a directory",
+        ),
+        (  # a whiteout, and an opaque marker, through a symlink
+            [_entry("l", tarfile.SYMTYPE, linkname="{canary}"), _entry("l/.wh.file")],
+            "not a directory",
+        ),
+        (
+            [_entry("l", tarfile.SYMTYPE, linkname="{canary}"), _entry("l/.wh..wh..opq")],
+            "not a directory",
+        ),
+        ([_entry("a", tarfile.DIRTYPE), _entry("a/.wh...")], "whiteout of no name"),
+        ([_entry(".wh..")], "whiteout of no name"),
+        ([_entry("n" * 300, data=b"x")], "cannot hold"),
+        ([_entry("d/" * 300 + "f", data=b"x")], "directories deep"),
+        (  # hard links only to regular files: not a FIFO, a directory, a symlink
+            [_entry("p", tarfile.FIFOTYPE), _entry("h", tarfile.LNKTYPE, linkname="p")],
+            "not a regular file",
+        ),
+        (
+            [_entry("d", tarfile.DIRTYPE), _entry("h", tarfile.LNKTYPE, linkname="d")],
+            "not a regular file",
+        ),
+        (
+            [_entry("l", tarfile.SYMTYPE, linkname="{canary}/file"),
+             _entry("h", tarfile.LNKTYPE, linkname="l")],
+            "not a regular file",
+        ),
+    ],
+)  # fmt: skip
+def test_tricks_are_refused_and_leave_the_host_alone(
+    tmp_path: Path, canary: Path, entries: list, why: str
+) -> None:
+    entries = [
+        (name, kind, data, {k: str(v).format(canary=canary) for k, v in attrs.items()}
+         if "linkname" in attrs else attrs)
+        for name, kind, data, attrs in entries
+    ]  # fmt: skip
+    before = _states(canary)
+    with pytest.raises(ImageError, match=why):
+        _unpack(tmp_path, "bad", entries)
+    assert not (tmp_path / "bad").exists()  # nothing of a refused layer is left
+    assert _states(canary) == before
+
+
+def test_a_directory_replaced_keeps_none_of_its_attributes(tmp_path: Path) -> None:
+    layer = _unpack(
+        tmp_path,
+        "l",
+        [
+            _entry("d", tarfile.DIRTYPE, mode=0o777),
+            _entry("d/sub", tarfile.DIRTYPE, mode=0o777),
+            _entry("d", data=b"now a file", mode=0o600),
+            _entry("e", tarfile.DIRTYPE, mode=0o711, mtime=5),
+            _entry("e", tarfile.DIRTYPE, mode=0o750, mtime=7),  # a duplicate merges: the last wins
+            _entry("e/f", data=b"f"),
+        ],
+    )
+    assert stat.S_IMODE(os.lstat(layer / "d").st_mode) == 0o600
+    st = os.lstat(layer / "e")
+    assert (stat.S_IMODE(st.st_mode), st.st_mtime) == (0o750, 7)
+
+
+def test_duplicated_entries_replace_and_a_hard_link_keeps_what_it_pointed_at(
+    tmp_path: Path,
+) -> None:
+    layer = _unpack(
+        tmp_path,
+        "l",
+        [
+            _entry("f", data=b"first", mode=0o600),
+            _entry("g", tarfile.LNKTYPE, linkname="f", mode=0o4777, mtime=1),
+            _entry("f", data=b"second", mode=0o4755),
+        ],
+    )
+    assert (layer / "g").read_bytes() == b"first"
+    st = os.lstat(layer / "g")  # the link entry's own mode and time are not applied
+    assert (stat.S_IMODE(st.st_mode), st.st_mtime) == (0o600, 1_000_000)
+    assert stat.S_IMODE(os.lstat(layer / "f").st_mode) == 0o4755
+
+
+def test_a_hard_link_to_a_fifo_below_is_refused_without_opening_it(tmp_path: Path) -> None:
+    base = _unpack(tmp_path, "base", [_entry("p", tarfile.FIFOTYPE)])
+    with pytest.raises(ImageError, match="not a regular file"):  # and no hang on the FIFO
+        _unpack(tmp_path, "top", [_entry("h", tarfile.LNKTYPE, linkname="p")], below=[base])
+
+
+def test_a_layer_past_its_ratio_is_refused_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 80 MiB of zeros gzip to 80 KiB (1000x): past 32x and the 64 MiB floor.
+    blob, diff_id = _layer(tmp_path, "zeros", [_entry("z", data=bytes(80 << 20))])
+    with pytest.raises(ImageError, match=rf"layer {blob.name} unpacks to more than 64.0 MiB"):
+        unpack_layer(blob, diff_id, tmp_path / "out", list)
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setenv("SANDLOT_UNPACK_MAX_RATIO", "0")  # no cap
+    unpack_layer(blob, diff_id, tmp_path / "out", list)
+    assert (tmp_path / "out/z").stat().st_size == 80 << 20
+
+
+def test_a_layer_of_many_empty_entries_is_a_bomb_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each entry counts 128 bytes: 3000 empty files (a 19 KB blob) at a ratio of 4 and no
+    # floor are refused.
+    monkeypatch.setattr(unpack_caps, "LAYER_FLOOR", 0)
+    monkeypatch.setenv("SANDLOT_UNPACK_MAX_RATIO", "4")
+    blob, diff_id = _layer(tmp_path, "many", [_entry(f"e{i}") for i in range(3000)])
+    with pytest.raises(ImageError, match="SANDLOT_UNPACK_MAX_RATIO"):
+        unpack_layer(blob, diff_id, tmp_path / "out", list)
+    assert not (tmp_path / "out").exists()

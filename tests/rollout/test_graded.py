@@ -16,7 +16,7 @@ from rollout.scripted_policy import RunOnce
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
 from sandlot.rollout.graded import remove_graded, restore_graded

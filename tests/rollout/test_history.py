@@ -1,4 +1,4 @@
-"""No future of the repository in a sandbox (``sandlot.rewards.history``): a
+"""No future of the repository in a sandbox (``sandlot.datasets.git_history``): a
 repository whose set-up left the fix reachable every way git keeps it (a branch, a tag, a
 remote-tracking ref, a note, a stash, reflogs, a dangling commit, a linked worktree, an
 alternate object store) shows none of it to the agent, by any git command or by reading every
@@ -12,10 +12,10 @@ import pytest
 from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing, need_module, needs
 from rollout.scripted_policy import RunOnce
 
+from sandlot.datasets.git_history import hide_future
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
-from sandlot.rewards.history import hide_future
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config
 from sandlot.rollout.trajectory import ExitReason

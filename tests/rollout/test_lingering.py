@@ -19,7 +19,7 @@ from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing,
 from rollout.scripted_policy import RunOnce
 
 from sandlot.datasets.instance import Instance
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.rewards.lingering import _BASELINE, ProcessBaseline, stop_lingering
 from sandlot.rollout import run_episode
 from sandlot.rollout.config import parse_agent_config

@@ -18,7 +18,7 @@ from sandlot.rollout.config import parse_agent_config
 from sandlot.rollout.llm import OpenAIChatPolicy
 from sandlot.rollout.trajectory import ExitReason, Trajectory
 from sandlot.sandboxes.local import LocalSandbox
-from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.setups.cache import SetupCache
 from sandlot.sandboxes.spec import SandboxSpec
 
 need_module("swebench", EVAL)

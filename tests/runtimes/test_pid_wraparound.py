@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.shared import remote_shell
 
 PID_MAX = 1000
 """``pid_max`` of the private namespace: a wrap costs 700 pids, not 4 million."""

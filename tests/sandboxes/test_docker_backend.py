@@ -35,14 +35,14 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.capped import CappedOutput
 from sandlot.sandboxes.docker import DockerOptions, DockerSandbox, EngineUnreachableError
 from sandlot.sandboxes.docker.proc import DOCKER_READONLY_PATHS, proc_fields
 from sandlot.sandboxes.docker.stream import AttachedProcess
+from sandlot.sandboxes.scale.backoff import poll
+from sandlot.sandboxes.shared.status_tail import StatusTail
+from sandlot.sandboxes.shared.streamed_exec import _feed, _pump
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.status_tail import StatusTail
-from sandlot.sandboxes.streamed_exec import _feed, _pump
 
 MiB = 1024 * 1024
 # Generous: the machine has two cores shared with other test runs.

@@ -15,8 +15,8 @@ from requirements import EVAL, need_module
 import sandlot
 from sandlot.cli.env_cmd import distinct_recipes
 from sandlot.datasets.instance import Instance
+from sandlot.datasets.sandbox_setup import instance_environment, instance_spec
 from sandlot.result import ExecResult
-from sandlot.rewards.instance_setup import instance_environment, instance_spec
 from sandlot.rewards.missing_runner import missing_runner
 from sandlot.sandboxes.base import NoOptions, Sandbox
 from sandlot.sandboxes.environment import CONTAINER_ENV_DIR, EnvironmentRecipe

@@ -23,10 +23,11 @@ from sandlot.cli import gc_cmd
 from sandlot.cli.main import cli
 from sandlot.sandboxes import base, leaks
 from sandlot.sandboxes.labels import SANDBOX_ID
-from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.local import LocalOptions, LocalSandbox
 from sandlot.sandboxes.modal import ModalOptions
-from sandlot.sandboxes.reaper import RemoteSandbox, SandboxReaper, reap_leaked
+from sandlot.sandboxes.reaper import SandboxReaper, reap_leaked
+from sandlot.sandboxes.scale.starting import StartLimits
+from sandlot.sandboxes.transport import RemoteSandbox
 
 pytestmark = [pytest.mark.anyio, needs(bwrap_missing)]
 RUN = "run-leak-test"

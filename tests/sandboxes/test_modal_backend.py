@@ -27,12 +27,12 @@ from sandlot import (
     SandboxStartError,
 )
 from sandlot.sandboxes.labels import CREATED_AT, OWNER, RUN_ID, SANDBOX_ID
-from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.modal import ModalOptions
 from sandlot.sandboxes.reaper import SandboxReaper, reap
+from sandlot.sandboxes.scale.starting import StartLimits
 
 pytestmark = [pytest.mark.anyio, needs(bwrap_missing)]
-FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=4)
+FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10)
 
 
 @pytest.fixture
@@ -175,8 +175,9 @@ async def test_unknown_image_fails_at_once(fake: FakeModal) -> None:
 
 
 async def test_30_percent_rate_limited_creates_all_start_under_the_cap(
-    fake: FakeModal, caplog: pytest.LogCaptureFixture
+    fake: FakeModal, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", "4")
     fake.rate_limit_rate = 0.3
     fake.create_latency_s = 0.02
     sandboxes = [make(SandboxSpec(image="python:3.12", start_limits=FAST)) for _ in range(16)]
@@ -282,11 +283,11 @@ async def test_dying_mid_command_raises_dead(fake: FakeModal) -> None:
 
 @pytest.mark.e2e
 async def test_cancelled_run_of_200_starting_terminates_every_created_sandbox(
-    fake: FakeModal,
+    fake: FakeModal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake.create_latency_s = 0.1
-    limits = StartLimits(max_starting=64)
-    sandboxes = [make(SandboxSpec(image="python:3.12", start_limits=limits)) for _ in range(200)]
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", "64")
+    sandboxes = [make(SandboxSpec(image="python:3.12")) for _ in range(200)]
 
     async def rollout(sb: FakeModalSandbox) -> None:
         async with sb:

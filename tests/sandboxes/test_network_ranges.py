@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import random
 
-from sandlot.sandboxes.network import NON_PUBLIC_NETWORKS, public_cidrs
+from sandlot.sandboxes.modal.network import NON_PUBLIC_NETWORKS, public_cidrs
 
 
 def test_public_cidrs_cover_exactly_the_public_ipv4_space() -> None:

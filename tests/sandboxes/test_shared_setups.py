@@ -17,9 +17,9 @@ from requirements import TRAIN, bwrap_missing, missing, need_module
 
 from sandlot.sandboxes.local import LocalSandbox
 from sandlot.sandboxes.local.reaper import LocalReaper
-from sandlot.sandboxes.setup_table import SetupTable
-from sandlot.sandboxes.setups import SetupCache
-from sandlot.sandboxes.shared_setups import SetupActor, SharedSetups
+from sandlot.sandboxes.setups.actor import SetupActor, SharedSetups
+from sandlot.sandboxes.setups.cache import SetupCache
+from sandlot.sandboxes.setups.table import SetupTable
 from sandlot.sandboxes.spec import SandboxSpec
 
 

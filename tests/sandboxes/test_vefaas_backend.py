@@ -25,8 +25,8 @@ from sandlot import (
 from sandlot.result import ExecResult
 from sandlot.sandboxes import leaks
 from sandlot.sandboxes.labels import RUN_ID, SANDBOX_ID
-from sandlot.sandboxes.limits import StartLimits
 from sandlot.sandboxes.reaper import reap
+from sandlot.sandboxes.scale.starting import StartLimits
 
 if (_REASON := vefaas_fake_unavailable()) is not None:
     missing(_REASON)
@@ -37,7 +37,8 @@ from sandlot.sandboxes.vefaas import VefaasOptions, VefaasSandbox
 from sandlot.sandboxes.vefaas.control import SandboxInfo
 
 pytestmark = pytest.mark.anyio
-FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10, max_starting=3)
+FAST = StartLimits(backoff_s=0.001, backoff_max_s=0.01, max_attempts=10)
+MAX_STARTING = 3  # the process's STARTING cap in these tests
 CREDENTIAL_ENV = (
     "VOLCE_ACCESS_KEY",
     "VOLCENGINE_ACCESS_KEY",
@@ -53,6 +54,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVefaas]:
     for var in CREDENTIAL_ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SANDLOT_RUN_ID", "run-vefaas-test")
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", str(MAX_STARTING))
     f = FakeVefaas().start()
     yield f
     f.stop()
@@ -180,7 +182,7 @@ async def test_throttled_creates_are_retried_under_the_cap(
         throttled = len(fake.actions("CreateSandbox")) - len(fake.instances)
         assert throttled > 0
         assert len([r for r in caplog.records if "Throttling" in r.getMessage()]) == throttled
-        assert fake.peak_starting <= 3
+        assert fake.peak_starting <= MAX_STARTING
     finally:
         for sb in sandboxes:
             await sb.close()
@@ -370,7 +372,7 @@ def test_error_codes_are_classified_by_name_not_status() -> None:
 async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandlot.sandboxes.swerex_bootstrap import DEFAULT_BOOTSTRAP
+    from sandlot.sandboxes.shared.swerex_bootstrap import DEFAULT_BOOTSTRAP
 
     monkeypatch.setattr(VefaasSandbox, "status_first_s", 0.05)
     fake.inject("DescribeSandbox", "429", "error_body", "timeout", "500", "refused")
@@ -386,7 +388,7 @@ async def test_a_throttled_describe_while_waiting_keeps_the_sandbox(
 async def test_describes_while_waiting_back_off(
     fake: FakeVefaas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandlot.sandboxes.swerex_bootstrap import DEFAULT_BOOTSTRAP
+    from sandlot.sandboxes.shared.swerex_bootstrap import DEFAULT_BOOTSTRAP
 
     monkeypatch.setattr(VefaasSandbox, "status_first_s", 0.1)
     async with make(fake, bootstrap="sleep 2.5; " + DEFAULT_BOOTSTRAP):

@@ -12,8 +12,8 @@ from requirements import EVAL, need_module
 
 import sandlot
 from sandlot.datasets.loaders import load_instances
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.rewards.evaluation import evaluate
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.tools import Toolbox, ToolCall, ToolContext, get_parser
 
 need_module("swebench", EVAL)

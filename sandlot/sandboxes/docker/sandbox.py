@@ -27,7 +27,6 @@ from sandlot.errors import (
     SandboxFileError,
     SandboxStartError,
 )
-from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.archive import file_archive, read_single_file
 from sandlot.sandboxes.docker.commit import commit, force_remove, list_snapshots, remove
 from sandlot.sandboxes.docker.engine import (
@@ -45,10 +44,10 @@ from sandlot.sandboxes.docker.setup_network import disconnect_all
 from sandlot.sandboxes.docker.stream import AttachedProcess
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
-from sandlot.sandboxes.reaper import RemoteSandbox
-from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.streamed_exec import Process, StreamedExec
-from sandlot.sandboxes.transport import Reader, TreeCaps
+from sandlot.sandboxes.shared import remote_shell
+from sandlot.sandboxes.shared.streamed_exec import Process, StreamedExec
+from sandlot.sandboxes.spec import SandboxSpec, image_workdir
+from sandlot.sandboxes.transport import Reader, RemoteSandbox, TreeCaps
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -75,7 +74,8 @@ class DockerSandbox(StreamedExec):
 
     Args:
         spec: ``image`` is an image name the engine knows (or can pull, see ``pull``);
-            ``workdir`` is created by the engine; ``cpu`` (cores) becomes ``NanoCpus``,
+            ``workdir`` is created by the engine (left unset, the image's ``WorkingDir`` when
+            it has one, as ``docker run`` without ``-w``); ``cpu`` (cores) becomes ``NanoCpus``,
             ``memory_mb`` (MiB) the memory limit with swap disabled; ``network=False`` gives
             ``network_mode="none"`` (with an environment recipe to install: the engine's
             default network, disconnected once the install is done,
@@ -274,7 +274,23 @@ class DockerSandbox(StreamedExec):
             self._pull()
             self._create()
 
+    def _adopt_working_dir(self) -> None:
+        """Make the image's ``WorkingDir`` the workdir when the spec leaves it unset
+        (:func:`~sandlot.sandboxes.spec.image_workdir`, as ``local`` does): one inspect of the
+        image, only then (a fork's workdir is its snapshot's).
+
+        Raises:
+            docker.errors.ImageNotFound: the image is not in the engine (pulled, then retried).
+        """
+        if self.origin is not None or "workdir" in self.spec.model_fields_set:
+            return
+        config = self._client.inspect_image(self.spec.image).get("Config") or {}
+        wanted = image_workdir(self.spec, config.get("WorkingDir") or "")
+        if wanted is not None:
+            self.spec = self.spec.model_copy(update={"workdir": wanted})
+
     def _create(self) -> None:
+        self._adopt_working_dir()
         spec, opts, api = self.spec, self.options, self._client
         memory = spec.memory_mb * MiB if spec.memory_mb else None
         host_config = api.create_host_config(
@@ -398,8 +414,8 @@ class DockerSandbox(StreamedExec):
 
     async def _stuck(self, marker: str, proc: Process) -> None:
         """The in-container killer (shell builtins only, see
-        :mod:`sandlot.sandboxes.remote_shell`) could not run or left survivors (no process slot
-        left, ``/bin/sh`` deleted): the engine sends SIGUSR1 to PID 1, which kills every other
+        :mod:`sandlot.sandboxes.shared.remote_shell`) could not run or left survivors (no process
+        slot left, ``/bin/sh`` deleted): the engine sends SIGUSR1 to PID 1, which kills every other
         process of the container; if even that fails the engine kills the container and the
         sandbox is dead (the next call says why)."""
         log.warning("sandbox %s: emptying the container to stop exec %s", self.id, marker)

@@ -1,5 +1,5 @@
 """An exec's hijacked connection, written and read asynchronously, without a thread, as a
-:class:`~sandlot.sandboxes.streamed_exec.Process`.
+:class:`~sandlot.sandboxes.shared.streamed_exec.Process`.
 
 ``exec_start(socket=True)`` hands over the hijacked HTTP connection. Without a TTY the engine
 frames the output as described in the Docker Engine API (v1.41, "Attach to a container",

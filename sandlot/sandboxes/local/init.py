@@ -229,15 +229,23 @@ def _sandbox(prefix: bytes) -> set[int]:
 
 
 def _newer(pids: set[int], fence: int) -> set[int]:
-    """The ``pids`` allocated after ``fence``. Pids are handed out cyclically: up to
-    ``pid_max``, then again from 300 (``RESERVED_PIDS``, Linux ``kernel/pid.c``). So those are
-    the pids above the fence up to the last one allocated (``/proc/loadavg``, read after the
-    listing) or, once the counter has wrapped, above the fence or from 300 up to the last."""
+    """The ``pids`` allocated after ``fence`` (:func:`_is_newer`), the last pid allocated
+    read from ``/proc/loadavg`` after the listing."""
     with open("/proc/loadavg", "rb") as f:
         last = int(f.read().split()[-1])
+    return {p for p in pids if _is_newer(fence, last, p)}
+
+
+def _is_newer(fence: int, last: int, pid: int) -> bool:
+    """Whether ``pid`` was allocated after ``fence``, ``last`` being the last pid allocated.
+    Pids are handed out cyclically: up to ``pid_max``, then again from 300 (``RESERVED_PIDS``,
+    Linux ``kernel/pid.c``). So those are the pids above the fence up to the last one or, once
+    the counter has wrapped, above the fence or from 300 up to the last. The sh copy is
+    ``newer`` in :data:`sandlot.sandboxes.shared.remote_shell.SCAN_FUNCTIONS`; one table tests
+    both."""
     if last >= fence:
-        return {p for p in pids if fence < p <= last}
-    return {p for p in pids if p > fence or _RESERVED_PIDS <= p <= last}
+        return fence < pid <= last
+    return pid > fence or _RESERVED_PIDS <= pid <= last
 
 
 def _signal_all(pids: set[int], sig: int) -> None:

@@ -27,10 +27,11 @@ binding ``/`` itself, leaves room to create new mount points such as the default
   the ``hidden_paths`` (credential stores of the host user's home) are covered by an empty
   read-only directory or ``/dev/null``, and so is the host directory holding all sandboxes
   when it would be visible;
-* new PID, IPC, UTS (and, unless the spec allows network, network) namespaces, and for a
-  caller who is not root a user namespace where the caller is uid 0; all capabilities
-  dropped; the seccomp filter :func:`keyring_filter`; a new session (no TIOCSTI into our
-  terminal); killed when ``bwrap`` dies.
+* new PID, IPC, UTS (for a container image with the sandbox's own hostname) and (unless the
+  spec allows network) network namespaces, and for a caller who is not root a user namespace
+  where the caller is uid 0; all capabilities dropped; the seccomp filter
+  :func:`keyring_filter`; a new session (no TIOCSTI into our terminal); killed when ``bwrap``
+  dies.
 
 ``/sys`` is left out: most of it is writable by uid 0 without capabilities.
 
@@ -168,6 +169,8 @@ class JailConfig:
         layer_store: only in the shape of a zygote of container images
             (:func:`sandlot.sandboxes.local.zygote_client.image_request`): the directory
             holding the image cache's unpacked layers, bound read-only in the zygote.
+        hostname: the jail's UTS hostname (``--hostname``), for a container image (see
+            :mod:`sandlot.sandboxes.local.runtime_files`); ``None`` keeps the host's.
     """
 
     bwrap: str
@@ -183,6 +186,7 @@ class JailConfig:
     user: tuple[int, int] | None = None
     work_layers: tuple[Path, ...] = ()
     layer_store: Path | None = None
+    hostname: str | None = None
 
 
 def _shown(name: str, rootfs: Path, host_view: str) -> bool:
@@ -297,6 +301,32 @@ _MOUNT_SCRIPT = (
 )
 
 
+_FUSE_SCRIPT = (
+    'f="$1"; s="$2"; m="$3"; n="$4"; shift 4; while [ "$n" -gt 0 ]; do '
+    '( for p in /proc/self/fd/*; do d="${p##*/}"; [ "$d" -gt 2 ] && eval "exec $d>&-"; done; '
+    'exec "$s" --pdeathsig KILL "$f" -f -o ro,nosuid,nodev "$1" "$2" ) & '
+    'i=0; until "$m" -q "$2"; do i=$((i + 1)); '
+    'if [ "$i" -gt 2000 ] || ! kill -0 $! 2>/dev/null; then exit 125; fi; done; '
+    "shift 2; n=$((n - 1)); done; " + _MOUNT_SCRIPT
+)
+""":data:`_MOUNT_SCRIPT` after ``squashfuse`` mounted each layer image (``SQUASHFUSE SETPRIV
+MOUNTPOINT N IMAGE MNT...``):
+in the foreground, with none of our descriptors (the init's socket, bwrap's info pipe), and
+killed when its parent dies (``setpriv --pdeathsig``: that parent becomes bwrap, so the FUSE
+daemons live exactly as long as the jail); each mount waited for before the next."""
+
+ZYGOTE_LAYER_MOUNTS = "/sandlot/.mounts"
+"""In a zygote of images: where it mounts the layer images its sandboxes stack."""
+
+LAYER_MOUNTS = "layer-mounts"
+"""Under a sandbox's directory: where its layer images are mounted (in its own namespace)."""
+
+
+def is_layer_image(layer: Path) -> bool:
+    """Whether ``layer`` is a squashfs image file to mount (else a directory)."""
+    return layer.suffix == ".sqfs"
+
+
 _OVERLAY_OPTIONS_MAX = 4000
 """Bytes of the overlay mount options bwrap may write (``mount(2)`` takes one page): past
 it, the layers are named relative to their directory by :func:`overlay_argv` instead."""
@@ -320,6 +350,8 @@ def bwrap_mounts_overlay(config: JailConfig) -> bool:
     ``sh`` and ``mount``: three processes run one after the other before bwrap (a bare jail of
     an image: 26 ms with them, 14 ms without, on 2 loaded cores). Only when its mount options
     fit in a page (bwrap names each layer in full)."""
+    if any(is_layer_image(layer) for layer in config.layers):
+        return False  # they are mounted first, in the namespace overlay_argv makes
     size = sum(len(str(layer)) + len(":/oldroot") for layer in config.layers)
     return bwrap_version(config.bwrap) >= (0, 9) and size < _OVERLAY_OPTIONS_MAX
 
@@ -340,20 +372,36 @@ def overlay_argv(config: JailConfig, dirs: HostDirs) -> list[str]:
     so the mount lives exactly as long as the jail. The lower layers are named relative to
     their common directory: ``mount`` options are limited to one page.
 
+    Layers that are squashfs image files are first mounted with ``squashfuse`` in that
+    namespace, on directories under the sandbox's :data:`LAYER_MOUNTS` (see
+    :data:`_FUSE_SCRIPT`: the daemons die with bwrap).
+
     Raises:
-        BackendUnavailableError: ``unshare``, ``mount`` or ``sh`` is missing.
+        BackendUnavailableError: ``unshare``, ``mount``, ``sh`` (``bash``, ``setpriv``,
+            ``mountpoint`` and ``squashfuse`` for layer images) is missing.
         OSError: the sandbox's overlay directories cannot be created.
     """
     layers, target = config.layers, config.rootfs
     if not layers:
         layers, target = config.work_layers, dirs.work
-    base = os.path.commonpath([str(p.parent) for p in layers])
-    lower = ":".join(os.path.relpath(p, base) for p in layers)
+    images = [layer for layer in layers if is_layer_image(layer)]
+    parent = dirs.ensure(dirs.root / LAYER_MOUNTS) if images else dirs.root
+    mounts = {layer: dirs.ensure(parent / str(i)) for i, layer in enumerate(images)}
+    lowers = [mounts.get(layer, layer) for layer in layers]
+    base = os.path.commonpath([str(p.parent) for p in lowers])
+    lower = ":".join(os.path.relpath(p, base) for p in lowers)
     upper, work = overlay_dirs(dirs)
     target.mkdir(exist_ok=True)
     unshare = [find_tool("unshare"), "--user", "--map-root-user", "--mount"]
-    script = [find_tool("sh"), "-c", _MOUNT_SCRIPT, "sandlot-overlay", base, find_tool("mount")]
-    return [*unshare, *script, lower, str(upper), str(work), str(target)]
+    mount_args = [base, find_tool("mount"), lower, str(upper), str(work), str(target)]
+    if not images:
+        script = [find_tool("sh"), "-c", _MOUNT_SCRIPT, "sandlot-overlay"]
+        return [*unshare, *script, *mount_args]
+    fuse = [find_tool(t) for t in ("squashfuse", "setpriv", "mountpoint")] + [str(len(images))]
+    fuse += [str(p) for layer in images for p in (layer, mounts[layer])]
+    # bash: dash closes only descriptors 0-9
+    script = [find_tool("bash"), "-c", _FUSE_SCRIPT, "sandlot-overlay"]
+    return [*unshare, *script, *fuse, *mount_args]
 
 
 @dataclass(frozen=True)
@@ -394,6 +442,8 @@ def zygote_jail(
         argv += ["--dir", config.workdir]
     else:  # each child makes the workdir in its image (the host's /usr may hold it here)
         argv += ["--ro-bind", str(config.layer_store), layers_mount]
+        # Layer images are mounted here by the zygote (FUSE daemons in its PID namespace).
+        argv += ["--tmpfs", ZYGOTE_LAYER_MOUNTS, "--dev-bind-try", "/dev/fuse", "/dev/fuse"]
     argv += ["--bind", str(config.sandboxes_dir), sandboxes_mount]
     if config.environment is not None:
         argv += ["--dir", JAIL_OVERLAY]
@@ -512,6 +562,8 @@ def _masks_argv(config: JailConfig, empty: Path | None) -> list[str]:
 def _namespaces_argv(config: JailConfig, root_namespace: bool = False) -> list[str]:
     argv = [] if config.layers else ["--remount-ro", "/"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    if config.hostname:
+        argv += ["--hostname", config.hostname]
     if not config.network:
         argv.append("--unshare-net")
     if config.user is not None:

@@ -29,7 +29,7 @@ from sandlot.sandboxes.local.hostdirs import (
     sandboxes_dir,
     unmount,
 )
-from sandlot.sandboxes.reaper import RemoteSandbox
+from sandlot.sandboxes.transport import RemoteSandbox
 
 
 def _alive(pid: int) -> bool:

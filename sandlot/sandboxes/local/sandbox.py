@@ -65,6 +65,12 @@ from sandlot.sandboxes.local.local_channel import LocalChannel
 from sandlot.sandboxes.local.options import MIB, LocalOptions, home_paths
 from sandlot.sandboxes.local.peer import InitDied
 from sandlot.sandboxes.local.process import Completed, run_command
+from sandlot.sandboxes.local.runtime_files import (
+    HOSTNAME_FILE,
+    etc_mode,
+    sandbox_hostname,
+    write_runtime_files,
+)
 from sandlot.sandboxes.local.venv import OVERLAY_ENV, BuiltEnvironment, ensure_environment
 from sandlot.sandboxes.local.zygote_client import (
     Zygote,
@@ -73,7 +79,7 @@ from sandlot.sandboxes.local.zygote_client import (
     image_request,
     release,
 )
-from sandlot.sandboxes.spec import SandboxSpec
+from sandlot.sandboxes.spec import SandboxSpec, image_workdir
 from sandlot.sandboxes.transport import FILE_TIMEOUT_S, Reader, RunOutput, RunRequest, TreeCaps
 
 log = logging.getLogger("sandlot.sandboxes.local")
@@ -153,6 +159,11 @@ class LocalSandbox(Sandbox):
     the init then runs on this machine's interpreter, loaded before the pivot, rather than the
     image's ``python3``). A zygote that dies takes its sandboxes with it (they raise
     ``SandboxDeadError``) and is replaced on the next ``open``.
+
+    A container image's sandbox gets what a container engine gives a container
+    (:mod:`sandlot.sandboxes.local.runtime_files`): a hostname of its own, ``/etc/hosts``,
+    ``/etc/hostname`` and, with the network, ``/etc/resolv.conf``; and the image's ``Env``,
+    ``User`` and, when ``spec.workdir`` is left unset, ``WorkingDir``.
 
     Limits (``LocalOptions``, ``spec.memory_mb``), set by the init in each command's process:
     ``RLIMIT_FSIZE`` (``max_file_size_mb``; exceeding it kills the writer with SIGXFSZ, exit
@@ -280,6 +291,8 @@ class LocalSandbox(Sandbox):
                 # A fork: the snapshot's writable layer, read-only, above the image's.
                 layers = (Path(self.origin.handle) / UPPER, *self._image.layers)
                 self._image = dataclasses.replace(self._image, layers=layers)
+            self._adopt_working_dir()
+            spec = self.spec
         rootfs = self._rootfs()
         bwrap = self._find_bwrap() if self.isolated else ""
         problem = check_workdir(spec.workdir, rootfs, opts.host_view)
@@ -337,7 +350,13 @@ class LocalSandbox(Sandbox):
                 layers=self._image.layers if self._image else (),
                 user=self._image.user_ids() if self._image else None,
                 work_layers=(Path(frozen) / WORK,) if frozen and not self._image else (),
+                hostname=sandbox_hostname(self.id) if self._image else None,
             )
+            if self._image is not None:
+                try:
+                    (dirs.root / HOSTNAME_FILE).write_text(f"{self._jail_config.hostname}\n")
+                except OSError as exc:
+                    raise SandboxStartError(f"cannot write the sandbox's hostname: {exc}") from exc
         else:
             log.warning(
                 "sandbox %s uses isolation='none': its commands run directly on this host as "
@@ -387,6 +406,8 @@ class LocalSandbox(Sandbox):
         """
         assert self._dirs is not None
         config = self._jail_config
+        if config is not None and self._image is not None:
+            self._write_runtime_files(config)
         request = self._zygote_request(config) if config is not None else None
         if request is not None:
             # A zygote runs the code our interpreter compiled, also for an image (it pivots
@@ -419,6 +440,46 @@ class LocalSandbox(Sandbox):
             if isinstance(exc, FileNotFoundError):
                 raise BackendUnavailableError(f"cannot start the sandbox: {exc}") from exc
             raise SandboxStartError(f"cannot start the sandbox: {exc}", retryable=True) from exc
+
+    def _write_runtime_files(self, config: JailConfig) -> None:
+        """``/etc/hosts``, ``/etc/hostname`` and ``/etc/resolv.conf`` of a container image's
+        jail, as ``config`` says (its network, its hostname), in the sandbox's writable layer
+        (:mod:`sandlot.sandboxes.local.runtime_files`); written before each start of the jail,
+        as the network may differ from the last one's.
+
+        Raises:
+            SandboxStartError: they cannot be written.
+        """
+        assert self._dirs is not None and self._image is not None and config.hostname
+        mode = etc_mode(self._image)
+        if mode is None:
+            log.warning(
+                "image %s: /etc is a link; sandbox %s gets no /etc/hosts, /etc/hostname or "
+                "/etc/resolv.conf", self._image.reference, self.id,
+            )  # fmt: skip
+            return
+        upper, _ = overlay_dirs(self._dirs)
+        try:
+            write_runtime_files(upper, config.hostname, config.network, mode)
+        except OSError as exc:
+            raise SandboxStartError(f"sandbox {self.id}: {exc}") from exc
+
+    def _adopt_working_dir(self) -> None:
+        """Make the image's ``WorkingDir`` the sandbox's workdir when the caller left
+        ``spec.workdir`` unset (:func:`~sandlot.sandboxes.spec.image_workdir`); one that
+        cannot be a workdir here leaves the default, with a warning."""
+        assert self._image is not None
+        wanted = image_workdir(self.spec, self._image.config.working_dir)
+        if wanted is None:
+            return
+        problem = check_workdir(wanted, self._rootfs(), self.options.host_view)
+        if problem:
+            log.warning(
+                "image %s: WorkingDir %r cannot be the workdir (%s); using %s",
+                self._image.reference, wanted, problem, self.spec.workdir,
+            )  # fmt: skip
+            return
+        self.spec = self.spec.model_copy(update={"workdir": wanted})
 
     def _zygote_request(self, config: JailConfig) -> tuple[JailConfig, tuple[bytes, ...]] | None:
         """The zygote shape and request fields of this sandbox's jail, or ``None`` when it gets

@@ -72,7 +72,8 @@ loaded once, in every child), and step 5 instead builds the sandbox's root as it
 would (:func:`sandlot.sandboxes.local.jail.jail_argv`): an overlayfs of the image's layers
 under the sandbox's ``upper``, mounted on its ``rootfs`` directory; the ``/proc``, ``/dev``
 and ``/run`` of steps 2-3 moved into it; ``tmp`` and ``home`` bound on ``/tmp`` and
-``$HOME``; the workdir made; then ``pivot_root(2)`` into it and the old root detached, so
+``$HOME``; the workdir made; the hostname set (from the sandbox's :data:`HOSTNAME` file); then
+``pivot_root(2)`` into it and the old root detached, so
 the host's files, the layers and the other sandboxes are gone from the child's view. A
 non-root ``User`` (or, as in step 6, root for a caller who is not root) then gets a user
 namespace of its own that maps it to root outside it (what ``bwrap --unshare-user --uid``
@@ -95,6 +96,10 @@ SANDBOXES = "/sandlot/.sandboxes"
 LOWER = "lower"
 KEEP = "/sandlot/.keep"
 LAYERS = "/sandlot/.layers"
+MOUNTS = "/sandlot/.mounts"
+HOSTNAME = "hostname"
+"""In a sandbox of an image's directory: its hostname, written by the host
+(:mod:`sandlot.sandboxes.local.runtime_files`)."""
 _ROOTFS = "rootfs"
 _MOVED = ("/proc", "/dev", "/run")
 # pivot_root(2) has no glibc wrapper: its number per machine (asm/unistd_64.h, generic).
@@ -250,6 +255,8 @@ def _prepare(own_net: bool, masked: frozenset[str], program: bytes) -> None:
     _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
     _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC,
            "newinstance,ptmxmode=0666,mode=620")  # fmt: skip
+    if os.path.exists("/dev/fuse"):  # the zygote's, for its layer mounts: not a sandbox's
+        _check(_libc.umount2(b"/dev/fuse", _MNT_DETACH), "umount /dev/fuse")
     _remount_readonly("/dev")
     _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     if own_net:
@@ -353,6 +360,18 @@ def _map_user(uid: int, gid: int) -> None:
     _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
+def _set_hostname(path: str) -> None:
+    """Our UTS namespace's hostname: the first line of the host's file at ``path`` (absent:
+    keep the zygote's). Before any user namespace of the sandbox's own: ours owns the UTS
+    namespace the spare made."""
+    try:
+        with open(path, "rb") as f:
+            name = f.readline(65).strip()
+    except FileNotFoundError:
+        return
+    _check(_libc.sethostname(name, len(name)), "sethostname")
+
+
 def _serve_image(name: str, workdir: str, request: list[bytes], cgroups: list[int]) -> None:
     """Steps 4 to 6 of the module docstring with ``IMAGES``, up to running the init.
     ``request``: the ``uid gid lower...`` fields of the ``N`` request."""
@@ -360,6 +379,7 @@ def _serve_image(name: str, workdir: str, request: list[bytes], cgroups: list[in
     own = f"{SANDBOXES}/{name}"
     root = f"{own}/{_ROOTFS}"
     uid, gid, lowers = request[0], request[1], b":".join(request[2:]).decode()
+    _set_hostname(f"{own}/{HOSTNAME}")
     os.chdir(LAYERS)  # the lowers are named relative to it: mount options hold one page
     options = f"userxattr,lowerdir={lowers},upperdir={own}/upper,workdir={own}/overlay-work"
     _mount("overlay", root, "overlay", _MS_NOSUID | _MS_NODEV, options)
@@ -464,6 +484,7 @@ class _Zygote:
         self.wake_r, self.wake_w = _INIT["prepare"]()  # type: ignore[operator]
         self.spare: _socket.socket | None = None
         self.spare_ready = False
+        self.mounted: set[str] = set()  # layer images mounted under MOUNTS
 
     def fork_spare(self) -> None:
         """Fork the next spare (PID 1 of a new PID namespace); keep our end of its socket.
@@ -508,8 +529,13 @@ class _Zygote:
 
     def serve(self, fields: list[bytes], fds: list[int]) -> None:
         """Hand the sandbox of an ``N`` request to the spare (closing our copies of ``fds``:
-        the next spare must not hold them), then fork the next spare."""
+        the next spare must not hold them), then fork the next spare. With ``IMAGES``, the
+        request's layer images are mounted first (see :meth:`mount_layers`)."""
         try:
+            if self.shape[3] and self.mount_layers(fields) and self.spare is not None:
+                # Its mount namespace was copied before these mounts: a new spare sees them.
+                self.spare.close()
+                self.spare = None
             spare = self.ready_spare()
             self.spare = None
             payload = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
@@ -527,6 +553,39 @@ class _Zygote:
             self.fork_spare()
         except OSError:
             pass  # the next request forks (or reports why it cannot)
+
+    def mount_layers(self, fields: list[bytes]) -> bool:
+        """Mount each layer image (``HEX.sqfs``) among the lowers of request ``fields`` with
+        ``squashfuse`` under :data:`MOUNTS`, once per zygote, and name its mount point in the
+        request instead (relative to :data:`LAYERS`); whether any was mounted now. The FUSE
+        daemons are processes of our PID namespace: they die with us.
+
+        Raises:
+            OSError: ``squashfuse`` is missing or failed.
+        """
+        fresh = False
+        for i in range(5, len(fields)):
+            name = os.fsdecode(fields[i])
+            if not name.endswith(".sqfs") or "/" in name:
+                continue
+            target = f"{MOUNTS}/{name[:-5]}"
+            if name not in self.mounted:
+                tool = os.environ.get("SANDLOT_SQUASHFUSE")
+                if not tool:
+                    raise OSError("squashfuse is not installed (SANDLOT_IMAGE_LAYERS=unpack)")
+                os.makedirs(target, exist_ok=True)
+                # Our children go to our own PID namespace, not the next spare's: the daemon
+                # would otherwise be PID 1 of one, gone when its parent exits after the mount.
+                _check(_libc.setns(self.own_pids, _CLONE_NEWPID), "setns")
+                argv = [tool, "-o", "ro,nosuid,nodev", f"{LAYERS}/{name}", target]
+                pid = os.posix_spawn(tool, argv, {})
+                _, status = os.waitpid(pid, 0)  # it daemonizes once its mount is up
+                if os.waitstatus_to_exitcode(status) != 0:
+                    raise OSError(f"squashfuse could not mount layer {name}")
+                self.mounted.add(name)
+                fresh = True
+            fields[i] = os.fsencode(os.path.relpath(target, LAYERS))
+        return fresh
 
 
 def _reap() -> None:

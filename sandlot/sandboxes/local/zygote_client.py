@@ -22,6 +22,7 @@ import functools
 import logging
 import marshal
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -171,6 +172,9 @@ class Zygote:
         log_file = tempfile.TemporaryFile(dir=config.sandboxes_dir)  # noqa: SIM115 (closed below)
         try:
             env = {"LANG": "C.UTF-8"}
+            squashfuse = shutil.which("squashfuse") if images else None
+            if squashfuse:  # it mounts the layer images named in requests (zygote.py)
+                env["SANDLOT_SQUASHFUSE"] = squashfuse
             popen = spawn(argv, env, None, (theirs.fileno(),), log_file, _compiled())
         except BaseException:
             ours.close()
@@ -332,6 +336,7 @@ def image_request(config: JailConfig) -> tuple[JailConfig, tuple[bytes, ...]] | 
         layers=(),
         user=None,
         layer_store=store,
+        hostname=None,  # each child reads its own (zygote.HOSTNAME)
     )
     ids = [b"", b""] if config.user is None else [str(i).encode() for i in config.user]
     return shape, (*ids, *(lower.encode() for lower in lowers))

@@ -34,17 +34,17 @@ import anyio
 from pydantic import BaseModel
 
 from sandlot.errors import SandboxError, SandboxFileError, SandboxStartError
-from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import RUN_ID, sandbox_labels
 from sandlot.sandboxes.modal.build_step import build_step
+from sandlot.sandboxes.modal.network import public_cidrs
 from sandlot.sandboxes.modal.options import ModalOptions
 from sandlot.sandboxes.modal.sdk import check_credentials, is_modal_error, modal_sdk, translate
-from sandlot.sandboxes.network import public_cidrs
-from sandlot.sandboxes.reaper import RemoteSandbox
+from sandlot.sandboxes.shared import remote_shell
+from sandlot.sandboxes.shared.streamed_exec import StreamedExec
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.streamed_exec import StreamedExec
+from sandlot.sandboxes.transport import RemoteSandbox
 
 log = logging.getLogger("sandlot.sandboxes.modal")
 T = TypeVar("T")
@@ -68,7 +68,7 @@ class ModalSandbox(StreamedExec):
             the sandbox only ``spec.network``); ``network=False`` sets ``block_network``,
             ``network="internet"`` an
             ``outbound_cidr_allowlist`` of the public IPv4 blocks
-            (:func:`sandlot.sandboxes.network.public_cidrs`); ``env`` and ``workdir`` go to
+            (:func:`sandlot.sandboxes.modal.network.public_cidrs`); ``env`` and ``workdir`` go to
             the sandbox; ``labels`` plus the ``sandlot.*`` labels become Modal tags.
         options: :class:`ModalOptions`.
 
@@ -338,7 +338,7 @@ class ModalSandbox(StreamedExec):
 
 
 class _ModalProcess:
-    """A ``ContainerProcess`` as a :class:`~sandlot.sandboxes.streamed_exec.Process`."""
+    """A ``ContainerProcess`` as a :class:`~sandlot.sandboxes.shared.streamed_exec.Process`."""
 
     def __init__(self, proc: Any) -> None:
         self._proc, self.stdout, self.stderr = proc, proc.stdout, proc.stderr

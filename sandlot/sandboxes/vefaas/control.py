@@ -10,7 +10,7 @@ metadata, timeout, timeout_unit, cpu_milli, memory_mb)``, ``DescribeSandboxReque
 ``KillSandboxRequest``; API docs https://www.volcengine.com/docs/6662/1806654 (as summarised by
 vefaas-dev/code-examples ``sandbox-cookbook``). The SDK posts ``/?Action=<X>&Version=2024-06-06``
 with an HMAC-SHA256 signature; ``Configuration.host``/``scheme`` point it at another server.
-The SDK's own retries are turned off: :mod:`sandlot.sandboxes.limits` retries starts.
+The SDK's own retries are turned off: :mod:`sandlot.sandboxes.scale.starting` retries starts.
 
 Failure shapes, read in ``volcenginesdkcore/rest.py`` and
 ``interceptor/interceptors/deserialized_response_interceptor.py`` (5.0.54), all classified here:
@@ -46,11 +46,11 @@ import anyio
 
 from sandlot._optional import require
 from sandlot.errors import SandboxError, SandboxStartError
-from sandlot.sandboxes.backoff import retry
-from sandlot.sandboxes.pacer import Pacer
+from sandlot.sandboxes.scale.backoff import retry
 from sandlot.sandboxes.spec import SandboxSpec
 from sandlot.sandboxes.vefaas.config import Credentials
 from sandlot.sandboxes.vefaas.options import VefaasOptions
+from sandlot.sandboxes.vefaas.pacer import Pacer
 
 T = TypeVar("T")
 

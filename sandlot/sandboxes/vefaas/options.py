@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from sandlot.sandboxes.swerex_plane import SwerexPlaneOptions
+from sandlot.sandboxes.shared.swerex_plane import SwerexPlaneOptions
 
 
 class VefaasOptions(SwerexPlaneOptions):
     """Options of the ``vefaas`` backend, with those of its data plane
-    (:class:`~sandlot.sandboxes.swerex_plane.SwerexPlaneOptions`: ``max_output_bytes``,
+    (:class:`~sandlot.sandboxes.shared.swerex_plane.SwerexPlaneOptions`: ``max_output_bytes``,
     ``stop_grace_s``, ``request_retries``, ``server_restart_s``, ``port`` (the
     ``InstanceImageInfo.Port``), ``bootstrap``, ``ready_timeout_s``, ``swerex_python``,
     ``swerex_find_links``).

@@ -2,9 +2,9 @@
 
 Control plane: the veFaaS service package of the Volcengine SDK (``volcenginesdk-vefaas``
 5.0.54, see :mod:`sandlot.sandboxes.vefaas.control`). Data plane: the instance runs a SWE-ReX
-server (swe-rex 1.4.0, started by :mod:`sandlot.sandboxes.swerex_bootstrap`), reached at the
+server (swe-rex 1.4.0, started by :mod:`sandlot.sandboxes.shared.swerex_bootstrap`), reached at the
 function's HTTP route with the header ``x-faas-instance-name: <sandbox id>`` and the server's
-``X-API-Key`` (:mod:`sandlot.sandboxes.swerex_plane`: polled jobs, ``/upload``, ``base64``
+``X-API-Key`` (:mod:`sandlot.sandboxes.shared.swerex_plane`: polled jobs, ``/upload``, ``base64``
 over ``/execute``). Sources: the veFaaS sandbox API docs
 (https://www.volcengine.com/docs/6662/1806654), vefaas-dev/code-examples ``sandbox-cookbook``,
 and verl-project/uni-agent ``uni_agent/sandbox/vefaas.py`` (instance header, bootstrap ``exec``).
@@ -22,9 +22,9 @@ from sandlot.errors import SandboxError, SandboxStartError
 from sandlot.runtimes.swerex import SwerexClient
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.labels import OWNER, RUN_ID, SANDBOX_ID, sandbox_labels
-from sandlot.sandboxes.reaper import RemoteSandbox
+from sandlot.sandboxes.shared.swerex_plane import SwerexPlane
 from sandlot.sandboxes.spec import SandboxSpec
-from sandlot.sandboxes.swerex_plane import SwerexPlane
+from sandlot.sandboxes.transport import RemoteSandbox
 from sandlot.sandboxes.vefaas.config import FunctionTarget, credentials, function_ids, pick_target
 from sandlot.sandboxes.vefaas.control import (
     GONE,

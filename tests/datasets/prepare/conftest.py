@@ -44,3 +44,17 @@ def mirror(swe_mini_repos: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     _git("tag", "v0.1", MINICALC_BASE, cwd=minicalc)
     _git("branch", "feature", MINICALC_LATER, cwd=minicalc)
     return root
+
+
+@pytest.fixture
+def fakecloud(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A third party's backend, registered for this test only (nothing starts it here)."""
+    from sandlot.sandboxes import registry
+    from sandlot.sandboxes.base import Sandbox
+
+    class FakeCloud(Sandbox):
+        name = "fakecloud"
+
+    monkeypatch.setattr(registry, "_registered", dict(registry._registered))
+    registry.register_backend("fakecloud", FakeCloud)
+    return "fakecloud"

@@ -8,7 +8,7 @@ from typing import Any
 
 from repo_paths import REPO
 
-from sandlot.datasets.images import RowBackend
+from sandlot.datasets.images import ImageBackend
 from sandlot.datasets.prepare import PrepareOptions, PrepareResult, Preprocessor, prepare
 from sandlot.datasets.r2e_gym_subset import PREPROCESSOR as R2E
 from sandlot.datasets.swe_bench_verified import PREPROCESSOR as SWE_BENCH
@@ -37,7 +37,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 def run_prepare(
     name: str,
     out: Path,
-    backend: RowBackend,
+    backend: ImageBackend,
     *,
     input: str | Path | None = None,
     **options: Any,

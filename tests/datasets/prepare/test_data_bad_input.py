@@ -260,10 +260,13 @@ def test_prepare_says_which_deployment_it_chose(tmp_path: Path) -> None:
     args = ["--input", str(FIXTURES / "swe_rebench.jsonl"), "--local-save-dir", str(tmp_path)]
     chosen = _module("swe_rebench", *args)
     assert chosen.returncode == 0, chosen.stderr
-    assert "backend: docker (the default; $DEPLOYMENT is unset" in chosen.stderr
+    assert "backend: docker (from the default); choose with --backend" in chosen.stderr
     assert (tmp_path / "swe_rebench_filtered_docker.parquet").exists()
     told = _module("swe_rebench", *args, env={"DEPLOYMENT": "modal"})
-    assert told.returncode == 0 and "the default" not in told.stderr
+    assert told.returncode == 0 and "backend: modal (from $DEPLOYMENT)" in told.stderr
+    both = _module("swe_rebench", *args, env={"DEPLOYMENT": "modal", "SANDLOT_BACKEND": "vefaas"})
+    assert both.returncode == 0 and "backend: vefaas (from $SANDLOT_BACKEND)" in both.stderr
+    assert (tmp_path / "swe_rebench_filtered_vefaas.parquet").exists()
 
 
 def test_module_entry_points_do_not_import_the_cli() -> None:
@@ -284,7 +287,7 @@ def test_every_dataset_error_has_one_root_and_survives_pickling() -> None:
     import pickle
 
     from sandlot.datasets.errors import DatasetError as Root
-    from sandlot.datasets.images import ImageNameError, UnknownBackendError
+    from sandlot.datasets.images import ImageNameError
     from sandlot.datasets.local import LocalRowError
     from sandlot.datasets.prepare import SourceError
     from sandlot.datasets.prompts import PromptLeakError
@@ -295,7 +298,6 @@ def test_every_dataset_error_has_one_root_and_survives_pickling() -> None:
         DatasetError("in.jsonl", "bad", where="line 2", instance_id="x", fields=("f",)),
         SourceError("install_config", "must be an object"),
         ImageNameError("no image"),
-        UnknownBackendError("unknown backend"),
         LocalRowError("no mirror"),
         PromptLeakError("leak"),
         SpecError("no spec"),

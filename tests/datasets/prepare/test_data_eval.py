@@ -14,12 +14,11 @@ from requirements import EVAL, bwrap_missing, need_module, needs
 from sandlot.cli.main import cli
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
+from sandlot.datasets.sandbox_setup import fetch_repo_script, instance_spec, prepare_repo
 from sandlot.rewards.evaluation import evaluate
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalStatus
 from sandlot.rewards.runner import run_evaluation
-from sandlot.rewards.scripts import fetch_repo_script
 from sandlot.rollout.rows import load_rows
 from sandlot.sandboxes.open import open as open_sandbox
 

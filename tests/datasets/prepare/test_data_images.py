@@ -1,4 +1,4 @@
-"""Image names per backend, the override map and DEPLOYMENT parsing."""
+"""Image names per backend and the override map."""
 
 from __future__ import annotations
 
@@ -7,13 +7,7 @@ from pathlib import Path
 import pytest
 from requirements import EVAL, need_module
 
-from sandlot.datasets.images import (
-    ROW_BACKENDS,
-    ImageNameError,
-    UnknownBackendError,
-    image_name,
-    resolve_row_backend,
-)
+from sandlot.datasets.images import ImageNameError, image_name
 from sandlot.sandboxes.images import ImageFamily, image_key, load_image_overrides
 
 ID = "astropy__astropy-12907"
@@ -103,15 +97,3 @@ def test_override_map_wins_for_listed_instances_only(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"x": 3}')
     with pytest.raises(ValueError, match=r"bad\.json"):
         load_image_overrides(tmp_path / "bad.json")
-
-
-def test_deployment_from_argument_environment_or_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DEPLOYMENT", raising=False)
-    assert resolve_row_backend() == "docker"
-    monkeypatch.setenv("DEPLOYMENT", " Modal ")
-    assert resolve_row_backend() == "modal"
-    assert resolve_row_backend("vefaas") == "vefaas"
-    monkeypatch.setenv("DEPLOYMENT", "k8s")
-    with pytest.raises(UnknownBackendError) as err:
-        resolve_row_backend()
-    assert "k8s" in str(err.value) and all(d in str(err.value) for d in ROW_BACKENDS)

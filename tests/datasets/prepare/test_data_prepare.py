@@ -265,7 +265,8 @@ def test_unknown_deployment_is_refused_with_the_known_ones(tmp_path: Path) -> No
         env={"DEPLOYMENT": "kubernetes"},
     )
     assert result.exit_code == 2
-    assert "kubernetes" in result.output and "local, docker, modal, vefaas" in result.output
+    assert "unknown sandbox backend 'kubernetes' (set by $DEPLOYMENT)" in result.output
+    assert all(name in result.output for name in ("local", "docker", "modal", "vefaas"))
     assert list(tmp_path.iterdir()) == []
 
 

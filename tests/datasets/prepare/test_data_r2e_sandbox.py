@@ -19,7 +19,7 @@ from sandlot.datasets.git_history import strip_future_history_cmd
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.r2e_gym import GRADED_PATHS, SETUP_CMD
 from sandlot.datasets.rows import TaskRow
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.rewards.result import EvalStatus
 from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import parse_agent_config

@@ -158,6 +158,19 @@ def test_convert_rewrites_into_sandlot_rows(tmp_path: Path) -> None:
     assert inst.graded_paths == list(GRADED_PATHS)
 
 
+def test_convert_names_any_registered_backend(tmp_path: Path, fakecloud: str) -> None:
+    source = _write(tmp_path / "verified.parquet", uni_agent_rows("swe_bench"))
+    out = tmp_path / "out.parquet"
+    args = ["data", "convert", "--from", "uni-agent", str(source), str(out)]
+    result = CliRunner().invoke(cli, [*args, "--backend", fakecloud])
+    assert result.exit_code == 0, result.output
+    [row, *_] = [TaskRow.from_record(r) for r in pq.read_table(out).to_pylist()]
+    assert row.extra_info.tools_kwargs.env.sandbox.backend == "fakecloud"
+    refused = CliRunner().invoke(cli, [*args, "--backend", "nocloud"])
+    assert refused.exit_code == 2 and "unknown sandbox backend 'nocloud'" in refused.output
+    assert "fakecloud" in refused.output
+
+
 def test_eval_and_the_agent_loop_read_both_layouts(tmp_path: Path) -> None:
     source = _write(tmp_path / "rebench.parquet", uni_agent_rows("swe_rebench"))
     out = tmp_path / "converted.parquet"

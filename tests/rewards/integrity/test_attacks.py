@@ -26,8 +26,8 @@ from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing,
 import sandlot
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
 from sandlot.rewards.runner import run_evaluation

@@ -45,8 +45,8 @@ from requirements import (
 import sandlot
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
-from sandlot.rewards.instance_setup import instance_spec, prepare_repo
 from sandlot.rewards.integrity.channel import PLUGIN_SOURCE, ChannelRun, judge_records
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
 

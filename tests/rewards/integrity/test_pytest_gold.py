@@ -44,7 +44,7 @@ from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.local.venv import find_interpreter
-from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.setups.cache import SetupCache
 
 need_module("swebench", EVAL)
 

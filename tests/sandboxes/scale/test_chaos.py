@@ -31,7 +31,7 @@ from requirements import bwrap_missing, need
 
 from sandlot import SandboxError, SandboxSpec
 from sandlot.sandboxes.base import Sandbox
-from sandlot.sandboxes.limits import StartLimits
+from sandlot.sandboxes.scale.starting import StartLimits
 
 # ~45 s each on two busy cores (200 jails and their kill scripts): run with `-m ""`.
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -39,9 +39,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 N = 200
 MINI_SWEREX = TESTS / "fakes" / "mini_swerex.py"
 FAILURE_RATE = 0.3
-LIMITS = StartLimits(
-    max_starting=16, max_attempts=6, backoff_s=0.01, backoff_max_s=0.2, budget_s=120
-)
+LIMITS = StartLimits(max_attempts=6, backoff_s=0.01, backoff_max_s=0.2, budget_s=120)
+MAX_STARTING = 16  # the process's STARTING cap (SANDLOT_MAX_STARTING) in these tests
 
 
 async def _drive(sandboxes: list[Sandbox]) -> tuple[int, list[BaseException]]:
@@ -85,6 +84,7 @@ async def test_modal_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) ->
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
     monkeypatch.setenv("SANDLOT_RUN_ID", "run-modal-chaos")
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", str(MAX_STARTING))
     fake = FakeModal()
     fake.create_latency_s = 0.02
     fake.schedule_latency_s = 0.05
@@ -98,7 +98,7 @@ async def test_modal_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) ->
         assert ran > N // 2, f"only {ran} ran: {reported[:3]}"
         assert len(fake.faults_served) > N // 2  # the chaos really happened
         print(f"modal chaos: {len(fake.faults_served)} faults, {len(fake.sandboxes)} created")
-        assert fake.peak_creating <= LIMITS.max_starting
+        assert fake.peak_creating <= MAX_STARTING
         assert not fake.live(), f"leaked: {[s.object_id for s in fake.live()]}"
     finally:
         fake.close()
@@ -119,6 +119,7 @@ async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -
     from sandlot.sandboxes.vefaas.control import ControlPlane
 
     monkeypatch.setenv("SANDLOT_RUN_ID", "run-vefaas-chaos")
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", str(MAX_STARTING))
     fake = FakeVefaas().start()
     fake.create_latency_s = 0.02
     fake.kill_delay_s = 0.01
@@ -179,7 +180,7 @@ async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -
             f"vefaas chaos: {len(fake.faults_served)} faults, {len(fake.instances)} created, "
             f"{restarts} server restarts or deaths"
         )
-        assert fake.peak_starting <= LIMITS.max_starting
+        assert fake.peak_starting <= MAX_STARTING
         await anyio.sleep(0.2)  # kills are asynchronous on the service
         leaked = [i.id for i in fake.leaked() if i.id not in bystanders]
         assert not leaked, f"leaked: {leaked}"

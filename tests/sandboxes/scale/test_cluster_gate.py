@@ -8,8 +8,8 @@ import anyio
 import pytest
 from requirements import TRAIN, need_module
 
-from sandlot.sandboxes.cluster_gate import SlotTable, cluster_slot
-from sandlot.sandboxes.limits import ray_is_running
+from sandlot.sandboxes.scale.cluster_gate import SlotTable, cluster_slot
+from sandlot.sandboxes.scale.starting import ray_is_running
 
 
 class Clock:
@@ -66,7 +66,7 @@ def test_named_actor_caps_starting_across_the_cluster() -> None:
         actor = ray.get_actor("sandlot-starting-gate", namespace="sandlot")
         assert ray.get(actor.held.remote()) == 0
     finally:
-        import sandlot.sandboxes.cluster_gate as gate
+        import sandlot.sandboxes.scale.cluster_gate as gate
 
         gate._actor = None
         ray.shutdown()

@@ -7,10 +7,11 @@ import logging
 import anyio
 import pytest
 from cloud_sim import Cloud, FakeCloudSandbox
+from pydantic import ValidationError
 
 from sandlot import SandboxSpec, SandboxStartError
-from sandlot.sandboxes.limits import StartLimits, starting_gate
-from sandlot.settings import SettingsError
+from sandlot.sandboxes.scale.starting import StartLimits, starting_gate
+from sandlot.settings import Settings, SettingsError
 
 pytestmark = pytest.mark.anyio
 
@@ -29,10 +30,9 @@ def make(start_limits: StartLimits, **spec: object) -> FakeCloudSandbox:
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert StartLimits.from_env() == StartLimits()
-    monkeypatch.setenv("SANDLOT_MAX_STARTING", "7")
     monkeypatch.setenv("SANDLOT_START_BUDGET_S", "12.5")
     got = StartLimits.from_env()
-    assert (got.max_starting, got.budget_s, got.max_attempts) == (7, 12.5, 3)
+    assert (got.budget_s, got.max_attempts) == (12.5, 3)
     monkeypatch.setenv("SANDLOT_START_ATTEMPTS", "zero")
     with pytest.raises(SettingsError, match="SANDLOT_START_ATTEMPTS"):
         StartLimits.from_env()
@@ -46,13 +46,41 @@ def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
         assert len(pauses) > 1, "no jitter"
 
 
+async def test_the_starting_caps_are_process_settings_that_no_spec_can_resize(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The STARTING caps size one gate that every sandbox of the process shares, so they are
+    process settings (``SANDLOT_MAX_STARTING``, ``SANDLOT_CLUSTER_MAX_STARTING``), not fields of
+    one sandbox's ``start_limits`` (issue #39): each start sizes the gate from the settings."""
+    with pytest.raises(ValidationError, match="max_starting"):
+        SandboxSpec(start_limits={"max_starting": 1})
+    with pytest.raises(ValidationError, match="cluster_max_starting"):
+        StartLimits(cluster_max_starting=1)  # type: ignore[call-arg]
+    assert (Settings.from_env({}).max_starting, Settings.from_env({}).cluster_max_starting) == (
+        64,
+        256,
+    )
+    with pytest.raises(SettingsError, match="SANDLOT_MAX_STARTING"):
+        Settings.from_env({"SANDLOT_MAX_STARTING": "-1"})
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", "3")
+    cloud.latency_s = 0.05
+    sandboxes = [make(limits(max_attempts=1)) for _ in range(12)]
+    async with anyio.create_task_group() as tg:
+        for sb in sandboxes:
+            tg.start_soon(sb.start)
+    assert cloud.peak <= 3 and starting_gate().stats.peak == 3
+    for sb in sandboxes:
+        await sb.close()
+
+
 async def test_30_percent_rate_limited_all_start_under_the_cap(
-    cloud: Cloud, caplog: pytest.LogCaptureFixture
+    cloud: Cloud, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cloud.rate_limited = 0.3
-    lim = limits(max_starting=8, max_attempts=10)
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", "8")
+    lim = limits(max_attempts=10)
     sandboxes = [make(lim) for _ in range(60)]
-    retries_before = starting_gate(8).stats.retries
+    retries_before = starting_gate().stats.retries
     with caplog.at_level(logging.WARNING, logger="sandlot.sandboxes"):
         async with anyio.create_task_group() as tg:
             for sb in sandboxes:
@@ -93,7 +121,10 @@ async def test_start_budget_bounds_a_hung_create(cloud: Cloud) -> None:
     assert info.value.retryable and sb.closed
 
 
-async def test_slot_is_released_before_post_setup(cloud: Cloud) -> None:
+async def test_slot_is_released_before_post_setup(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", "1")
     seen: list[int] = []
 
     class Probe(FakeCloudSandbox):
@@ -101,16 +132,19 @@ async def test_slot_is_released_before_post_setup(cloud: Cloud) -> None:
             seen.append(starting_gate().stats.starting)
             return await super().exec(cmd, **kw)
 
-    spec = SandboxSpec(image=IMAGE, start_limits=limits(max_starting=1), post_setup_cmd="setup")
+    spec = SandboxSpec(image=IMAGE, start_limits=limits(), post_setup_cmd="setup")
     sb = Probe(spec)
     await sb.start()
     assert seen == [0]
     await sb.close()
 
 
-async def test_cancelled_run_of_200_starting_kills_every_created_sandbox(cloud: Cloud) -> None:
+async def test_cancelled_run_of_200_starting_kills_every_created_sandbox(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cloud.latency_s = 0.05
-    lim = limits(max_starting=32)
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", "32")
+    lim = limits()
     sandboxes = [make(lim) for _ in range(200)]
 
     async def rollout(sb: FakeCloudSandbox) -> None:

@@ -2,7 +2,7 @@
 
 A backend whose platform only creates and kills instances (veFaaS) starts a SWE-ReX server in
 each and reaches it through :class:`sandlot.runtimes.swerex.SwerexClient`: commands run as
-polled jobs (:mod:`sandlot.sandboxes.polled_jobs`) over ``/execute``, files move through
+polled jobs (:mod:`sandlot.sandboxes.shared.polled_jobs`) over ``/execute``, files move through
 ``/upload`` (bytes in) and ``base64`` over ``/execute`` (bytes out). :class:`SwerexPlane` is
 that half of such a backend; the backend adds the control plane (create, kill, status).
 """
@@ -21,9 +21,9 @@ from pydantic import Field
 
 from sandlot.errors import SandboxDeadError, SandboxFileError, SandboxStartError
 from sandlot.runtimes.swerex import SwerexClient, SwerexHTTPError, SwerexUnavailableError
-from sandlot.sandboxes.backoff import poll
-from sandlot.sandboxes.polled_jobs import JOBS_DIR, PolledJobs
-from sandlot.sandboxes.swerex_bootstrap import bootstrap_command
+from sandlot.sandboxes.scale.backoff import poll
+from sandlot.sandboxes.shared.polled_jobs import JOBS_DIR, PolledJobs
+from sandlot.sandboxes.shared.swerex_bootstrap import bootstrap_command
 from sandlot.sandboxes.transport import FILE_TIMEOUT_S, ExecOptions
 
 log = logging.getLogger("sandlot.sandboxes")
@@ -45,7 +45,7 @@ class SwerexPlaneOptions(ExecOptions):
         port: port of the SWE-ReX server in the instance.
         bootstrap: the instance's start command, a template with ``{workdir}``, ``{port}`` and
             ``{token}``; it must end by ``exec``-ing a SWE-ReX server (PID 1). ``None`` uses
-            :data:`sandlot.sandboxes.swerex_bootstrap.DEFAULT_BOOTSTRAP`.
+            :data:`sandlot.sandboxes.shared.swerex_bootstrap.DEFAULT_BOOTSTRAP`.
         ready_timeout_s: seconds to wait for the SWE-ReX server to answer after creation.
         swerex_python: path, inside the instance, of a Python interpreter that already has
             ``swe-rex`` (pre-staged in the image or on a mounted volume); the default bootstrap
@@ -104,7 +104,7 @@ class SwerexPlane(PolledJobs):
                 log.warning("sandbox %s: closing the data-plane client failed: %s", self.id, exc)
 
     def _server_command(self, workdir: str, token: str) -> str:
-        """The instance's start command (:mod:`sandlot.sandboxes.swerex_bootstrap`)."""
+        """The instance's start command (:mod:`sandlot.sandboxes.shared.swerex_bootstrap`)."""
         o = self.options
         return bootstrap_command(
             o.bootstrap,

@@ -1,6 +1,6 @@
 """``SetupTable``: who sets a key up, and which snapshots may be deleted, across processes.
 
-The logic of the shared set-up registry (:mod:`sandlot.sandboxes.shared_setups` runs it in a
+The logic of the shared set-up registry (:mod:`sandlot.sandboxes.setups.actor` runs it in a
 named Ray actor), plain Python so that it is testable without Ray. Per key, the first
 ``claim`` makes its caller the *builder*; the others ``wait`` until the builder publishes a
 snapshot (``ready``) or nothing (``failed``: each sample sets itself up). A build is a lease

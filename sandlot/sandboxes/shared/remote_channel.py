@@ -1,5 +1,5 @@
 """What the session channels of the container backends (``docker``, ``modal``) share: their
-shell carries an exec marker (:data:`~sandlot.sandboxes.remote_shell.EXEC_MARKER_ENV`), and
+shell carries an exec marker (:data:`~sandlot.sandboxes.shared.remote_shell.EXEC_MARKER_ENV`), and
 signals reach it and its children through one-shot execs in the same sandbox."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 
 from sandlot.runtimes.channel import Channel
-from sandlot.sandboxes import remote_shell
+from sandlot.sandboxes.shared import remote_shell
 
 _SIGNAL_TIMEOUT_S = 30.0
 

@@ -1,5 +1,7 @@
-"""Bring an instance's environment up in a fresh sandbox: spec, repository, setup commands.
+"""How an instance's sandbox is set up: its spec, the repository at ``base_commit``, setup commands.
 
+The agent's sandbox (:mod:`sandlot.rollout`), the evaluation's fresh one (:mod:`sandlot.rewards`)
+and training's are set up the same way, here, beside :class:`~sandlot.datasets.instance.Instance`.
 Order, as in the SWE-bench harness's env → repo → eval layers: the sandbox starts with the
 instance's environment packages (``Instance.environment``), the repository is put at
 ``base_commit``, the recipe's repository steps (``pre_install``, ``install``) run in it, then the
@@ -9,14 +11,14 @@ instance's ``post_setup_cmd``.
 from __future__ import annotations
 
 import re
+import shlex
 
 import anyio
 
+from sandlot.datasets.git_history import hide_future
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import spec_environment
 from sandlot.errors import SandboxSetupError
-from sandlot.rewards.history import hide_future
-from sandlot.rewards.scripts import EVAL_DIR, fetch_repo_script
 from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.registry import get_backend
@@ -24,7 +26,8 @@ from sandlot.sandboxes.spec import SandboxSpec
 
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*://|git@)", re.IGNORECASE)
 _SETUP_TIMEOUT_S = 1800.0
-_UPLOADED_REPO = f"{EVAL_DIR}/repo-source"
+# Where a host repository is uploaded before it is cloned into ``workdir`` (then deleted).
+_UPLOADED_REPO = "/tmp/sandlot_setup/repo-source"
 
 
 def is_url(source: str) -> bool:
@@ -83,7 +86,7 @@ def instance_spec(instance: Instance, backend: str) -> SandboxSpec:
 async def prepare_repo(sb: Sandbox, instance: Instance, backend: str | None = None) -> None:
     """Put the repository at ``base_commit`` into ``workdir``, run the environment recipe's
     repository steps (``pre_install``, ``install``), then ``post_setup_cmd``; then leave only
-    ``HEAD``'s history in the repository (:func:`sandlot.rewards.history.hide_future`).
+    ``HEAD``'s history in the repository (:func:`sandlot.datasets.git_history.hide_future`).
 
     ``backend`` (default: ``sb.name``) selects the recipe as :func:`instance_environment` does.
 
@@ -118,6 +121,24 @@ async def prepare_repo(sb: Sandbox, instance: Instance, backend: str | None = No
     if instance.post_setup_cmd:
         await _run_setup(sb, instance.post_setup_cmd, instance.workdir, step="post_setup_cmd")
     await hide_future(sb, instance)
+
+
+def fetch_repo_script(source: str, workdir: str, base_commit: str, *, uploaded: bool) -> str:
+    """Clone ``source`` into ``workdir`` and check out ``base_commit`` (detached, no remote).
+
+    ``uploaded`` means ``source`` is a path inside the sandbox (a host repo that was uploaded)
+    which is deleted afterwards.
+    """
+    q_src, q_dir, q_commit = shlex.quote(source), shlex.quote(workdir), shlex.quote(base_commit)
+    cleanup = f" && rm -rf {q_src}" if uploaded else ""
+    return (
+        "set -e\n"
+        "git config --global --add safe.directory '*'\n"
+        f"git clone -q --no-checkout {q_src} {q_dir}\n"
+        f"cd {q_dir}\n"
+        f"git -c advice.detachedHead=false checkout -q {q_commit}\n"
+        f"git remote remove origin{cleanup}\n"
+    )
 
 
 async def _run_setup(sb: Sandbox, script: str, cwd: str, *, step: str) -> None:

@@ -7,9 +7,10 @@ Modal). So ``Sandbox.start()`` holds a *STARTING slot* from the create call unti
 can run its first command (``post_setup_cmd`` runs after the slot is released):
 
 * process-wide: one ``anyio.CapacityLimiter`` per event loop (in practice per process) of
-  ``max_starting`` slots;
+  ``SANDLOT_MAX_STARTING`` slots;
 * cluster-wide, when the process runs under Ray (``ray.is_initialized()``): one more slot from
-  the named actor of :mod:`sandlot.sandboxes.cluster_gate`, ``cluster_max_starting`` in total.
+  the named actor of :mod:`sandlot.sandboxes.scale.cluster_gate`, ``SANDLOT_CLUSTER_MAX_STARTING``
+  in total.
 
 A start that fails with a *retryable* ``SandboxError`` (rate limit, capacity, transient network)
 is retried up to ``max_attempts`` times with exponential backoff and jitter, slot released while
@@ -17,13 +18,14 @@ it sleeps; a permanent error (bad image, bad credentials) fails at once. The att
 start share a wall budget of ``budget_s`` seconds, counted from the first slot acquisition
 (waiting in the queue for a slot does not consume it).
 
-Settings come from ``SandboxSpec.start_limits`` when given, else from the environment variables
-``SANDLOT_MAX_STARTING``, ``SANDLOT_START_*`` ... (:mod:`sandlot.settings` lists them).
+The two caps are process settings (:mod:`sandlot.settings`), read at each start: they size the
+gate every sandbox shares, so no sandbox's spec can resize it for the others. What is one start's
+own (attempts, backoff, budget) comes from ``SandboxSpec.start_limits`` when given, else from the
+``SANDLOT_START_*`` variables: :class:`StartLimits`.
 """
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import AsyncIterator
@@ -36,16 +38,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.settings import settings
 
-log = logging.getLogger("sandlot.sandboxes.limits")
-
 
 class StartLimits(BaseModel):
-    """How sandboxes start at scale (the defaults: :mod:`sandlot.settings`).
+    """How one sandbox's start retries (the defaults: :mod:`sandlot.settings`). The STARTING
+    caps are not here: they are process-wide settings (see the module docstring).
 
     Attributes:
-        max_starting: STARTING slots per process (per event loop); ``0`` disables the cap.
-        cluster_max_starting: STARTING slots across a Ray cluster, used only when Ray is
-            initialised in this process; ``0`` disables the cluster cap.
         max_attempts: attempts per start; ``1`` means no retry.
         backoff_s: backoff in seconds before the 2nd attempt; doubled before each later one.
         backoff_max_s: ceiling of the backoff in seconds (before jitter).
@@ -55,8 +53,6 @@ class StartLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_starting: int = Field(default=64, ge=0)
-    cluster_max_starting: int = Field(default=256, ge=0)
     max_attempts: int = Field(default=3, ge=1)
     backoff_s: float = Field(default=2.0, ge=0)
     backoff_max_s: float = Field(default=30.0, ge=0)
@@ -143,21 +139,22 @@ class StartingGate:
 _gate: RunVar[StartingGate] = RunVar("sandlot_starting_gate")
 
 
-def starting_gate(capacity: int | None = None) -> StartingGate:
-    """The gate of the running event loop, created on first use.
+def starting_gate() -> StartingGate:
+    """The gate of the running event loop, created on first use, sized to
+    ``$SANDLOT_MAX_STARTING`` as the environment says now (``0``: unlimited; holders keep their
+    slots when it shrinks).
 
-    Args:
-        capacity: resize the gate to this many slots (``0``: unlimited); ``None`` keeps it
-            (a new gate then takes ``$SANDLOT_MAX_STARTING`` or 64).
+    Raises:
+        SettingsError: ``$SANDLOT_MAX_STARTING`` is not an integer >= 0.
     """
+    capacity = settings().max_starting
     try:
         gate = _gate.get()
     except LookupError:
-        gate = StartingGate(StartLimits.from_env().max_starting if capacity is None else capacity)
+        gate = StartingGate(capacity)
         _gate.set(gate)
         return gate
-    if capacity is not None:
-        gate.resize(capacity)
+    gate.resize(capacity)
     return gate
 
 
@@ -174,17 +171,21 @@ def ray_is_running() -> bool:
 
 @asynccontextmanager
 async def starting_slot(holder: object, limits: StartLimits) -> AsyncIterator[None]:
-    """Hold a process slot and, under Ray, a cluster slot while the body runs.
+    """Hold a process slot and, under Ray, a cluster slot while the body runs; the caps are
+    the process's settings (``SANDLOT_MAX_STARTING``, ``SANDLOT_CLUSTER_MAX_STARTING``).
 
     The cluster slot is a lease the actor expires after ``limits.budget_s`` seconds, so a
     worker killed while holding one cannot shrink the cluster's cap for good.
-    """
-    gate = starting_gate(limits.max_starting)
-    async with gate.slot(holder):
-        if limits.cluster_max_starting and ray_is_running():
-            from sandlot.sandboxes.cluster_gate import cluster_slot
 
-            async with cluster_slot(limits.cluster_max_starting, lease_s=limits.budget_s):
+    Raises:
+        SettingsError: a cap's variable is not an integer >= 0.
+    """
+    cluster_cap = settings().cluster_max_starting
+    async with starting_gate().slot(holder):
+        if cluster_cap and ray_is_running():
+            from sandlot.sandboxes.scale.cluster_gate import cluster_slot
+
+            async with cluster_slot(cluster_cap, lease_s=limits.budget_s):
                 yield
         else:
             yield

@@ -18,7 +18,7 @@ sample is set up without a snapshot.
 
 One cache serves the samples of one event loop (``InProcessEpisodes``, one verl agent-loop
 worker, one ``sandlot eval``); with ``shared`` the caches of the run's processes share their
-set-ups through a Ray actor (:mod:`sandlot.sandboxes.shared_setups`).
+set-ups through a Ray actor (:mod:`sandlot.sandboxes.setups.actor`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pydantic import BaseModel
 from sandlot.errors import SandboxError
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open as open_sandbox
-from sandlot.sandboxes.shared_setups import SharedSetups, SnapshotRef
+from sandlot.sandboxes.setups.actor import SharedSetups, SnapshotRef
 from sandlot.sandboxes.snapshot import Snapshot
 from sandlot.sandboxes.spec import SandboxSpec
 
@@ -72,7 +72,7 @@ class SetupCache:
         max_snapshots: how many to keep at most (>= 1).
         fork_first: close the set-up sandbox once frozen and run the first sample in a fork.
         shared: share the set-ups with the run's other processes through its Ray actors
-            (:mod:`sandlot.sandboxes.shared_setups`, which then keeps the snapshots); ``None``:
+            (:mod:`sandlot.sandboxes.setups.actor`, which then keeps the snapshots); ``None``:
             within this cache only.
 
     Attributes:

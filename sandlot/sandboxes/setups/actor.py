@@ -1,7 +1,7 @@
 """Set-ups shared across processes and nodes: a named Ray actor per run and snapshot scope.
 
-A :class:`~sandlot.sandboxes.setups.SetupCache` given a :class:`SharedSetups` asks one
-:class:`~sandlot.sandboxes.setup_table.SetupTable`, held by a named actor, who sets a key up:
+A :class:`~sandlot.sandboxes.setups.cache.SetupCache` given a :class:`SharedSetups` asks one
+:class:`~sandlot.sandboxes.setups.table.SetupTable`, held by a named actor, who sets a key up:
 the first sample of the key in any process builds and publishes a :class:`SnapshotRef`, the
 others wait for it and fork it, each fork holding a lease on the snapshot. Where a snapshot can
 be opened decides where the actor lives (``Transport.snapshot_scope``): ``"node"`` snapshots
@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from sandlot.sandboxes.labels import run_id
 from sandlot.sandboxes.registry import get_backend
-from sandlot.sandboxes.setup_table import Claim, SetupTable
+from sandlot.sandboxes.setups.table import Claim, SetupTable
 from sandlot.sandboxes.snapshot import Snapshot
 from sandlot.sandboxes.spec import SandboxSpec
 

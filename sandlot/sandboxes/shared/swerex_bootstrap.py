@@ -1,10 +1,10 @@
 """The command an instance starts with: prepare the workdir, then become a SWE-ReX server.
 
-For the backends whose data plane is a SWE-ReX server (:mod:`sandlot.sandboxes.swerex_plane`).
-It must ``exec`` the server so that the server is PID 1 and receives the platform's SIGTERM
-(veFaaS's ``KillSandbox``): a server started under ``curl ... | bash`` or any wrapper that stays
-alive keeps the sandbox in ``Terminating`` until the platform's grace period ends (uni-agent
-PR #94).
+For the backends whose data plane is a SWE-ReX server
+(:mod:`sandlot.sandboxes.shared.swerex_plane`). It must ``exec`` the server so that the server is
+PID 1 and receives the platform's SIGTERM (veFaaS's ``KillSandbox``): a server started under
+``curl ... | bash`` or any wrapper that stays alive keeps the sandbox in ``Terminating`` until the
+platform's grace period ends (uni-agent PR #94).
 
 How the server gets there, first match wins:
 

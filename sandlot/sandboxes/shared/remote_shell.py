@@ -286,32 +286,3 @@ def shell_argv(cwd: str) -> list[str]:
 def mkdir_argv(path: str) -> list[str]:
     """argv creating the directory ``path`` with its parents."""
     return ["mkdir", "-p", "--", path]
-
-
-def tar_extract_argv(archive: str, parent: str) -> list[str]:
-    """argv unpacking the tar ``archive`` into directory ``parent`` (created), then deleting it."""
-    script = (
-        'mkdir -p -- "$1" && tar -x -f "$0" -C "$1" --no-same-owner; rc=$?; rm -f -- "$0"; exit $rc'
-    )
-    return ["/bin/sh", "-c", script, archive, parent]
-
-
-def tar_create_argv(path: str, archive: str, max_bytes: int, max_file_bytes: int) -> list[str]:
-    """argv packing ``path`` (file or tree, symlinks kept) into the tar ``archive``.
-
-    A symlink at ``path`` itself is resolved first (``readlink -f``), so the archive holds what
-    it leads to, as docker's archive endpoint does. A file above ``max_file_bytes`` stops it
-    (exit 3, ``... is larger than max_file_bytes=N`` on stderr); the archive is cut at
-    ``max_bytes``, so a sparse file costs at most that much to move (the extractor reports the
-    cut). Exits 2 with ``no such file or directory: <path>`` on stderr when ``path`` is missing.
-    """
-    script = (
-        'p=$(readlink -f -- "$0") && [ -e "$p" ] '
-        '|| { echo "no such file or directory: $0" >&2; exit 2; }; '
-        'big=$(find "$p" -type f -size +"$3"c -print -quit); '
-        '[ -z "$big" ] || { echo "$big is larger than max_file_bytes=$3" >&2; exit 3; }; '
-        '{ tar -c -f - -C "$(dirname -- "$p")" -- "$(basename -- "$p")"; echo $? >"$1.rc"; } '
-        '| head -c "$2" >"$1"; rc=$(cat -- "$1.rc"); rm -f -- "$1.rc"; '
-        '[ "$rc" = 0 ] || [ "$rc" = 141 ] || exit "$rc"'
-    )
-    return ["/bin/sh", "-c", script, path, archive, str(max_bytes), str(max_file_bytes)]

@@ -11,7 +11,7 @@ trip); otherwise short polls collect the result, at most ``cap`` bytes per strea
 so far is collected. No request lasts longer than a few seconds.
 
 Every process of a job carries ``SANDLOT_EXEC_ID=<id>`` in its environment, which is how a
-timed-out job's processes are found and killed (see :mod:`sandlot.sandboxes.remote_shell`).
+timed-out job's processes are found and killed (see :mod:`sandlot.sandboxes.shared.remote_shell`).
 Background processes a finished job left (they hold only its files) live on until the sandbox
 closes, as with ``docker exec``. A repeated launch (an HTTP retry) is a no-op: the job
 directory is created with ``mkdir``, which fails the second time.
@@ -27,10 +27,10 @@ import uuid
 from collections.abc import Mapping
 
 from sandlot.errors import SandboxError, SandlotError
-from sandlot.sandboxes import remote_shell
-from sandlot.sandboxes.backoff import poll
 from sandlot.sandboxes.base import Sandbox
-from sandlot.sandboxes.remote_shell import EXEC_MARKER_ENV
+from sandlot.sandboxes.scale.backoff import poll
+from sandlot.sandboxes.shared import remote_shell
+from sandlot.sandboxes.shared.remote_shell import EXEC_MARKER_ENV
 from sandlot.sandboxes.transport import RunOutput, RunRequest
 
 log = logging.getLogger("sandlot.sandboxes")

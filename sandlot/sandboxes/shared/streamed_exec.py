@@ -4,7 +4,7 @@ A platform whose exec starts a process and hands back its streams (Modal's
 ``ContainerProcess``, docker's hijacked exec connection; an SSH channel or a Kubernetes exec
 are the same shape) needs only
 :meth:`StreamedExec._spawn`, returning a :class:`Process`. :class:`StreamedExec` builds ``_run``
-on it (the :mod:`sandlot.sandboxes.remote_shell` wrapper and exec marker, stdin in drained
+on it (the :mod:`sandlot.sandboxes.shared.remote_shell` wrapper and exec marker, stdin in drained
 pieces, both streams read concurrently into the caps, the process-tree kill by a second exec)
 and :class:`ProcessChannel`, a session channel over a ``bash`` spawned with open stdin.
 """
@@ -28,11 +28,11 @@ import anyio
 from sandlot.errors import SandboxDeadError, SandboxError
 from sandlot.runtimes.channel_session import ChannelSession
 from sandlot.runtimes.session import BashSession, SessionConfig
-from sandlot.sandboxes import remote_shell
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.capped import CappedBuffer, CappedOutput
-from sandlot.sandboxes.remote_channel import RemoteShellChannel, Runner
-from sandlot.sandboxes.status_tail import StatusTail
+from sandlot.sandboxes.shared import remote_shell
+from sandlot.sandboxes.shared.remote_channel import RemoteShellChannel, Runner
+from sandlot.sandboxes.shared.status_tail import StatusTail
 from sandlot.sandboxes.transport import ExecOptions, RunOutput, RunRequest
 
 log = logging.getLogger("sandlot.sandboxes")
@@ -103,7 +103,7 @@ class StreamedExec(Sandbox):
         sandbox is gone, else ``SandboxError`` (retryable for transient faults)."""
 
     async def _run(self, run: RunRequest) -> RunOutput:
-        """Run ``command`` under :mod:`sandlot.sandboxes.remote_shell`'s wrapper (see
+        """Run ``command`` under :mod:`sandlot.sandboxes.shared.remote_shell`'s wrapper (see
         :meth:`Transport._run`).
 
         stdout and stderr are read concurrently. At ``timeout`` (or on cancellation) every

@@ -1,5 +1,5 @@
 """``sandlot.open_group``: n sandboxes of one spec, set up once (a GRPO group): one key of a
-:class:`~sandlot.sandboxes.setups.SetupCache` with ``fork_first``."""
+:class:`~sandlot.sandboxes.setups.cache.SetupCache` with ``fork_first``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.open import open
-from sandlot.sandboxes.registry import resolve_backend_name
-from sandlot.sandboxes.setups import SetupCache
+from sandlot.sandboxes.registry import choose_backend
+from sandlot.sandboxes.setups.cache import SetupCache
 from sandlot.sandboxes.spec import SandboxSpec
 
 
@@ -51,7 +51,7 @@ async def open_group(
     """
     if n < 1:
         raise ValueError(f"a group needs at least one sandbox, got n={n}")
-    name = resolve_backend_name(backend)
+    name = choose_backend(backend).name
     proto = open(name, spec, options=options, **fields)  # validated once, never started
     sandboxes: list[Sandbox] = []
     failures: list[Exception] = []
