@@ -178,7 +178,8 @@ def test_cli_eval_of_a_task_repository_says_how_to_convert_it(
         cli, ["eval", "--dataset", str(task_repo), "--predictions", "gold", "--backend", "local"]
     )
     assert result.exit_code != 0
-    assert result.output.startswith("Error: ")
+    # (the first line says which backend was chosen and where from)
+    assert any(line.startswith("Error: ") for line in result.output.splitlines())
     assert "data prepare swe_bench_verified --input" in result.output
     assert "Traceback" not in result.output
 

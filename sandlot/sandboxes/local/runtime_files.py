@@ -35,6 +35,7 @@ import os
 import stat
 from pathlib import Path
 
+from sandlot.errors import SandboxStartError
 from sandlot.images import ImageRoot
 
 DOCKER_HOSTS_IPV4 = (("127.0.0.1", "localhost"),)
@@ -57,8 +58,9 @@ _HOST_RESOLV = "/etc/resolv.conf"
 _IPV6_LOOPBACK = "0" * 31 + "1"  # ::1 as /proc/net/if_inet6 writes it
 
 
-class RuntimeFilesError(OSError):
-    """The runtime files cannot be written (the sandbox's ``/etc`` is not a directory)."""
+class RuntimeFilesError(SandboxStartError):
+    """The runtime files cannot be written (the sandbox's ``/etc`` is not a directory): the
+    sandbox cannot (re)start."""
 
 
 def sandbox_hostname(sandbox_id: str) -> str:
