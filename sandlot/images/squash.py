@@ -20,7 +20,10 @@ The rewrite (OCI ``image-spec/layer.md`` -> ``Documentation/filesystems/overlayf
   metadata); names with ``..`` are refused, a leading ``/`` or ``./`` dropped;
 * a hard link to a file of a layer below (which one layer's image cannot express) becomes a
   copy of it, read from the image of the layer that has it (``rdsquashfs``), as docker and
-  containers/storage resolve such links; the layers below are asked for only then.
+  containers/storage resolve such links; the layers below are asked for only then;
+* what a layer holds is capped as when it is unpacked (:mod:`sandlot.images.unpack_caps`),
+  each entry charged before its data is read: a sparse file at its apparent size (written
+  with its holes as zeros, as a plain file), so a bomb is refused without streaming them.
 
 ``lz4`` compresses the blocks: measured on a 128 MB (345 MB, 13,532 files) layer on 2 cores,
 ``tar2sqfs`` takes 0.8 s with lz4, 1.3 s with zstd level 1, 56 s with gzip and 87 s with the
@@ -52,6 +55,7 @@ from typing import IO, Any
 
 from sandlot.images.errors import ImageError
 from sandlot.images.tools import find_tool
+from sandlot.images.unpack_caps import ENTRY_COST, Budget, charger
 from sandlot.settings import settings
 
 OPAQUE_XATTR = "user.overlay.opaque"
@@ -153,7 +157,13 @@ class _Duplicate(Exception):
 
 
 def convert_layer(
-    blob: Path, diff_id: str, dest: Path, below: Callable[[], Iterable[Path]] = tuple
+    blob: Path,
+    diff_id: str,
+    dest: Path,
+    below: Callable[[], Iterable[Path]] = tuple,
+    *,
+    declared_size: int | None = None,
+    image_budget: Budget | None = None,
 ) -> tuple[ConvertStats, Index]:
     """Write layer ``blob`` as the squashfs image ``dest`` (which must not exist; the caller
     renames it into place); its stats and index. A layer in which a path appears twice
@@ -162,26 +172,54 @@ def convert_layer(
     for a hard link whose target is not in this layer (an iterator that waits for each
     image waits for no more layers than the link needs).
 
+    What the layer holds is capped as when it is unpacked (:mod:`sandlot.images.unpack_caps`):
+    each entry's declared size (a sparse file's apparent size), copies from below and xattr
+    values are charged to the layer's cap (a multiple of ``declared_size``, the blob's size
+    as its manifest declares it; default: its size on disk) and to ``image_budget``, before
+    the entry's data is read: a bomb is refused without streaming its zeros.
+
     Raises:
         ImageError: the blob is not a valid (gzip, zstd or plain) tar, its digest is not
-            ``diff_id``, an entry is refused, or ``tar2sqfs`` failed (not retryable).
+            ``diff_id``, an entry is refused, a cap is passed, or ``tar2sqfs`` failed (not
+            retryable). ``dest`` is removed.
         BackendUnavailableError: ``tar2sqfs`` is missing.
         OSError: the disk refused a write.
     """
+    size = blob.stat().st_size if declared_size is None else declared_size
+    first = charger(blob.name, size, image_budget)
+    charged = 0
+
+    def charge_first(n: int) -> None:
+        nonlocal charged
+        charged += n
+        first(n)
+
     try:
-        return _convert(blob, diff_id, dest, None, below)
+        return _convert(blob, diff_id, dest, None, below, charge_first)
     except _Duplicate:
         dest.unlink(missing_ok=True)
+        if image_budget is not None:
+            image_budget.release(charged)  # charged again by the second pass
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
     counts: dict[str, int] = {}
+    charge = charger(blob.name, size, None)  # the layer's cap alone: the image's is charged once
     with (
         open(blob, "rb") as raw,
         _Chunks(_decompressed(raw, blob.name)) as source,
         tarfile.open(fileobj=source, mode="r|", errorlevel=2) as tar,  # type: ignore[call-overload]
     ):
         for member in tar:
+            charge(ENTRY_COST + (member.size if member.isreg() else 0))  # before the data
             name = _target_name(_clean(member.name, blob.name))
             counts[name] = counts.get(name, 0) + 1
-    return _convert(blob, diff_id, dest, counts, below)
+    try:
+        charge = charger(blob.name, size, image_budget)
+        return _convert(blob, diff_id, dest, counts, below, charge)
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
 
 
 def _target_name(name: str) -> str:
@@ -221,6 +259,7 @@ def _convert(
     dest: Path,
     counts: dict[str, int] | None,
     below: Callable[[], Iterable[Path]],
+    charge: Callable[[int], None],
 ) -> tuple[ConvertStats, Index]:
     argv = [find_tool("tar2sqfs"), "--quiet", "--no-skip", "--compressor", COMPRESSOR]
     argv += ["--num-jobs", str(len(os.sched_getaffinity(0))), str(dest)]
@@ -240,7 +279,7 @@ def _convert(
     try:
         with os.fdopen(read_end, "rb", buffering=_CHUNK) as source:
             try:
-                _rewrite(source, process.stdin, stats, index, blob.name, counts, below)
+                _rewrite(source, process.stdin, stats, index, blob.name, counts, below, charge)
                 while source.read(_CHUNK):  # the zero blocks after the end: diff_id covers them
                     pass
             finally:
@@ -288,13 +327,15 @@ def _rewrite(
     blob: str,
     counts: dict[str, int] | None,
     below: Callable[[], Iterable[Path]],
+    charge: Callable[[int], None],
 ) -> None:
     """Copy the tar ``source`` to ``sink`` in overlayfs form (module docstring), filling
     ``stats`` and ``index``. Directories are written last, once their opaque marks are known
     (``tar2sqfs`` creates a parent met first with defaults, and the directory's own entry
     then sets its attributes; it refuses a path written twice). ``counts``: how often each
     path appears (then only the last is written), or ``None``, when a path seen twice
-    raises :class:`_Duplicate`."""
+    raises :class:`_Duplicate`. ``charge`` counts what each entry holds before its data is
+    read (raises past a cap)."""
     dirs: dict[str, tarfile.TarInfo] = {}
     opaque: list[str] = []
     seen: dict[str, int] = {}
@@ -303,6 +344,7 @@ def _rewrite(
         tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out,
     ):
         for member in tar:
+            charge(ENTRY_COST)
             name = _clean(member.name, blob)
             target = _target_name(name)
             seen[target] = seen.get(target, 0) + 1
@@ -330,6 +372,9 @@ def _rewrite(
                 continue
             info.type = member.type if member.type != tarfile.AREGTYPE else tarfile.REGTYPE
             info.pax_headers = _kept_xattrs(member, stats)
+            charge(
+                sum(len(v.encode("utf-8", "surrogateescape")) for v in info.pax_headers.values())
+            )
             mode = stat.S_IMODE(member.mode)
             data = None
             if member.islnk():
@@ -337,6 +382,7 @@ def _rewrite(
                 linked = index.entries.get(info.linkname)
                 if linked is None:  # in a layer below: a copy of it
                     mode, content = _from_below(below, info.linkname, blob, name)
+                    charge(len(content))
                     info.type, info.linkname, info.size = tarfile.REGTYPE, "", len(content)
                     info.mode = stat.S_IMODE(mode)
                     index.entries[name] = [mode, None]
@@ -359,8 +405,9 @@ def _rewrite(
                 continue  # written last
             elif member.isfifo():
                 index.entries[name] = [stat.S_IFIFO | mode, None]
-            elif member.isreg():
-                info.size = member.size
+            elif member.isreg():  # a sparse file too: written with its holes as zeros
+                charge(member.size)  # its apparent size, before a byte of it is read
+                info.type, info.size = tarfile.REGTYPE, member.size
                 data = tar.extractfile(member)
                 stats.bytes += member.size
                 index.entries[name] = [stat.S_IFREG | mode, None]

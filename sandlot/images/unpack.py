@@ -51,7 +51,7 @@ from typing import IO
 from sandlot.images.errors import ImageError
 from sandlot.images.layer_writer import OPAQUE_XATTR, LayerWriter
 from sandlot.images.store import remove_tree
-from sandlot.images.unpack_caps import Budget, layer_budget
+from sandlot.images.unpack_caps import Budget, charger
 
 __all__ = ["OPAQUE_XATTR", "UnpackStats", "unpack_layer"]
 
@@ -187,14 +187,8 @@ def unpack_layer(
             (not retryable). ``dest`` is removed.
         OSError: the disk refused a write (``dest`` is removed).
     """
-    layer = blob.name
-    budget = layer_budget(blob.stat().st_size if declared_size is None else declared_size)
-
-    def charge(size: int) -> None:
-        budget.charge(size, layer)
-        if image_budget is not None:
-            image_budget.charge(size, layer)
-
+    size = blob.stat().st_size if declared_size is None else declared_size
+    charge = charger(blob.name, size, image_budget)
     dest.mkdir(mode=0o700)
     try:
         return _unpack(blob, diff_id, dest, below, charge)
