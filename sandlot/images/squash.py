@@ -36,9 +36,7 @@ directories, and the text of :data:`SMALL_FILES`.
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -46,14 +44,13 @@ import stat
 import subprocess
 import tarfile
 import threading
-import zlib
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import suppress
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from sandlot.images.errors import ImageError
+from sandlot.images.layer_stream import LayerStream
 from sandlot.images.tools import find_tool
 from sandlot.images.unpack_caps import ENTRY_COST, Budget, charger
 from sandlot.settings import settings
@@ -72,7 +69,6 @@ COMPRESSOR = "lz4"
 
 _WHITEOUT = ".wh."
 _OPAQUE = ".wh..wh..opq"
-_CHUNK = 1 << 20
 _XATTR = "SCHILY.xattr."
 
 
@@ -205,15 +201,16 @@ def convert_layer(
         raise
     counts: dict[str, int] = {}
     charge = charger(blob.name, size, None)  # the layer's cap alone: the image's is charged once
-    with (
-        open(blob, "rb") as raw,
-        _Chunks(_decompressed(raw, blob.name)) as source,
-        tarfile.open(fileobj=source, mode="r|", errorlevel=2) as tar,  # type: ignore[call-overload]
-    ):
-        for member in tar:
-            charge(ENTRY_COST + (member.size if member.isreg() else 0))  # before the data
-            name = _target_name(_clean(member.name, blob.name))
-            counts[name] = counts.get(name, 0) + 1
+    with LayerStream(blob) as stream:
+        try:
+            with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tar:  # type: ignore[call-overload]
+                for member in tar:
+                    charge(ENTRY_COST + (member.size if member.isreg() else 0))  # before the data
+                    name = _target_name(_clean(member.name, blob.name))
+                    counts[name] = counts.get(name, 0) + 1
+        except (tarfile.TarError, EOFError, ValueError) as exc:
+            stream.check()  # a corrupt blob explains a truncated tar: say that
+            raise ImageError(f"layer {blob.name} is not a valid tar: {exc}") from exc
     try:
         charge = charger(blob.name, size, image_budget)
         return _convert(blob, diff_id, dest, counts, below, charge)
@@ -227,30 +224,6 @@ def _target_name(name: str) -> str:
     if base.startswith(_WHITEOUT) and base != _OPAQUE:
         return f"{parent}/{base[len(_WHITEOUT) :]}".lstrip("/")
     return name
-
-
-class _Chunks:
-    """A read-only file over an iterator of chunks (the pre-pass only)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks, self.buffer = chunks, bytearray()
-
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self.buffer) < size:
-            chunk = next(self.chunks, None)
-            if chunk is None:
-                break
-            self.buffer += chunk
-        size = len(self.buffer) if size < 0 else size
-        out = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        return out
-
-    def __enter__(self) -> _Chunks:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        pass
 
 
 def _convert(
@@ -271,23 +244,16 @@ def _convert(
     drain = threading.Thread(target=lambda: stderr.append(process.stderr.read()), daemon=True)  # type: ignore[union-attr]
     drain.start()
     stats, index = ConvertStats(), Index()
-    read_end, write_end = os.pipe()
-    with suppress(OSError):  # 1 MiB, the most an unprivileged user gets: fewer switches
-        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _CHUNK)
-    feeder = _Feeder(blob, write_end)
-    feeder.start()
     try:
-        with os.fdopen(read_end, "rb", buffering=_CHUNK) as source:
+        with LayerStream(blob) as stream:
             try:
-                _rewrite(source, process.stdin, stats, index, blob.name, counts, below, charge)
-                while source.read(_CHUNK):  # the zero blocks after the end: diff_id covers them
-                    pass
-            finally:
-                source.close()  # the feeder, if still writing, stops on a broken pipe
-                feeder.join()
-        feeder.check()
+                _rewrite(stream, process.stdin, stats, index, blob.name, counts, below, charge)
+            except (BrokenPipeError, tarfile.TarError, EOFError, ValueError):
+                stream.check()  # a corrupt blob explains a truncated tar: say that
+                raise
+            found = stream.digest()  # the zero blocks after the tar's end count too
         process.stdin.close()
-    except (BrokenPipeError, tarfile.TarError, zlib.error, EOFError, ValueError) as exc:
+    except (BrokenPipeError, tarfile.TarError, EOFError, ValueError) as exc:
         process.kill()
         process.wait()
         drain.join()
@@ -303,10 +269,10 @@ def _convert(
     if returncode != 0:
         detail = b"".join(stderr).decode(errors="replace").strip()[-500:]
         raise ImageError(f"tar2sqfs failed on layer {blob.name}: {detail}")
-    if "sha256:" + feeder.digest.hexdigest() != diff_id:
+    if found != diff_id:
         raise ImageError(
-            f"layer {blob.name} does not match its diff_id {diff_id} (got "
-            f"sha256:{feeder.digest.hexdigest()}); nothing of it is cached"
+            f"layer {blob.name} does not match its diff_id {diff_id} (got {found}); nothing "
+            f"of it is cached"
         )
     stats.size = dest.stat().st_size
     return stats, index
@@ -320,7 +286,7 @@ def _clean(name: str, blob: str) -> str:
 
 
 def _rewrite(
-    source: IO[bytes],
+    source: LayerStream,
     sink: IO[bytes],
     stats: ConvertStats,
     index: Index,
@@ -340,7 +306,7 @@ def _rewrite(
     opaque: list[str] = []
     seen: dict[str, int] = {}
     with (
-        tarfile.open(fileobj=source, mode="r|", errorlevel=2) as tar,
+        tarfile.open(fileobj=source, mode="r|", errorlevel=2) as tar,  # type: ignore[call-overload]
         tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out,
     ):
         for member in tar:
@@ -485,79 +451,3 @@ class _Bytes:
         end = len(self.data) if size < 0 else self.offset + size
         chunk, self.offset = self.data[self.offset : end], min(end, len(self.data))
         return chunk
-
-
-class _Feeder(threading.Thread):
-    """Decompresses and hashes the blob into a pipe in a thread of its own (zlib, zstd,
-    sha256 and ``write(2)`` release the GIL: it runs on another core than the tar rewrite)."""
-
-    def __init__(self, blob: Path, pipe: int) -> None:
-        super().__init__(name=f"sandlot-squash-{blob.name[:12]}", daemon=True)
-        self.blob, self.pipe = blob, pipe
-        self.digest = hashlib.sha256()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with open(self.blob, "rb") as raw:
-                for chunk in _decompressed(raw, self.blob.name):
-                    self.digest.update(chunk)
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(self.pipe, view) :]
-        except BrokenPipeError:
-            pass  # the rewrite stopped early: its own error is raised
-        except BaseException as exc:  # raised in the caller's thread by check()
-            self.error = exc
-        finally:
-            os.close(self.pipe)
-
-    def check(self) -> None:
-        """Raise what stopped the thread, a corrupt blob as :class:`ImageError`."""
-        if self.error is None:
-            return
-        if isinstance(self.error, (ImageError, OSError)):
-            raise self.error
-        raise ImageError(f"layer {self.blob.name} is not a valid compressed tar: {self.error}")
-
-
-def _inflater() -> Any:
-    """A gzip member decompressor: ISA-L's (2.4x zlib's on a 128 MB layer) when installed."""
-    try:
-        from isal import isal_zlib
-    except ImportError:
-        return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    return isal_zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-
-
-def _decompressed(raw: IO[bytes], blob: str) -> Iterator[bytes]:
-    """The uncompressed bytes of ``raw`` (gzip of one or more members, zstd, or plain tar)."""
-    magic = raw.read(4)
-    raw.seek(0)
-    if magic.startswith(b"\x1f\x8b"):
-        inflate = _inflater()
-        while data := raw.read(_CHUNK):
-            while data:
-                yield inflate.decompress(data)
-                if not inflate.eof:
-                    break
-                data = inflate.unused_data
-                if not data.strip(b"\0"):
-                    break
-                inflate = _inflater()
-        if not inflate.eof:
-            raise EOFError("the gzip stream ends before its end marker")
-    elif magic == b"\x28\xb5\x2f\xfd":
-        try:
-            import zstandard  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            raise ImageError(
-                f"layer {blob} is zstd-compressed, which needs the zstandard module: "
-                f"pip install zstandard"
-            ) from None
-        reader = zstandard.ZstdDecompressor().stream_reader(raw)
-        while chunk := reader.read(_CHUNK):
-            yield chunk
-    else:
-        while chunk := raw.read(_CHUNK):
-            yield chunk
