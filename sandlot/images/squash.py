@@ -36,6 +36,7 @@ directories, and the text of :data:`SMALL_FILES`.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -45,12 +46,14 @@ import subprocess
 import tarfile
 import threading
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from sandlot.images.errors import ImageError
 from sandlot.images.layer_stream import LayerStream
+from sandlot.images.tar_members import BLOCK, CHUNK, TarMembers, end_of_archive, padding
 from sandlot.images.tools import find_tool
 from sandlot.images.unpack_caps import ENTRY_COST, Budget, charger
 from sandlot.settings import settings
@@ -237,9 +240,15 @@ def _convert(
     argv = [find_tool("tar2sqfs"), "--quiet", "--no-skip", "--compressor", COMPRESSOR]
     argv += ["--num-jobs", str(len(os.sched_getaffinity(0))), str(dest)]
     process = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        bufsize=CHUNK,  # headers gathered into large writes
     )
     assert process.stdin is not None and process.stderr is not None
+    with suppress(OSError):  # 1 MiB, the most an unprivileged user gets: fewer switches
+        fcntl.fcntl(process.stdin.fileno(), fcntl.F_SETPIPE_SZ, CHUNK)
     stderr: list[bytes] = []
     drain = threading.Thread(target=lambda: stderr.append(process.stderr.read()), daemon=True)  # type: ignore[union-attr]
     drain.start()
@@ -302,105 +311,157 @@ def _rewrite(
     path appears (then only the last is written), or ``None``, when a path seen twice
     raises :class:`_Duplicate`. ``charge`` counts what each entry holds before its data is
     read (raises past a cap)."""
-    dirs: dict[str, tarfile.TarInfo] = {}
+    dirs: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}  # info, header kept as read
     opaque: list[str] = []
     seen: dict[str, int] = {}
-    with (
-        tarfile.open(fileobj=source, mode="r|", errorlevel=2) as tar,  # type: ignore[call-overload]
-        tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out,
-    ):
-        for member in tar:
-            charge(ENTRY_COST)
-            name = _clean(member.name, blob)
-            target = _target_name(name)
-            seen[target] = seen.get(target, 0) + 1
-            if counts is None and seen[target] > 1 and not member.isdir():
-                raise _Duplicate(target)
-            if counts is not None and seen[target] < counts.get(target, 0):
-                continue  # a later entry of the same path wins
-            parent, _, base = name.rpartition("/")
-            if base == _OPAQUE:
-                opaque.append(parent)
-                continue
-            if member.ischr() or member.isblk():
-                stats.devices_skipped += 1
-                continue
-            info = tarfile.TarInfo(name)
-            info.uid = info.gid = 0
-            info.mtime = member.mtime
-            info.mode = member.mode
-            if base.startswith(_WHITEOUT):
-                info.name = f"{parent}/{base[len(_WHITEOUT) :]}".lstrip("/")
-                info.type, info.mode, info.devmajor, info.devminor = tarfile.CHRTYPE, 0, 0, 0
-                index.entries[info.name] = [stat.S_IFCHR, None]
-                out.addfile(info)
-                stats.entries += 1
-                continue
-            info.type = member.type if member.type != tarfile.AREGTYPE else tarfile.REGTYPE
-            info.pax_headers = _kept_xattrs(member, stats)
-            charge(
-                sum(len(v.encode("utf-8", "surrogateescape")) for v in info.pax_headers.values())
-            )
-            mode = stat.S_IMODE(member.mode)
-            data = None
-            if member.islnk():
-                info.linkname = _clean(member.linkname, blob)
-                linked = index.entries.get(info.linkname)
-                if linked is None:  # in a layer below: a copy of it
-                    mode, content = _from_below(below, info.linkname, blob, name)
-                    charge(len(content))
-                    info.type, info.linkname, info.size = tarfile.REGTYPE, "", len(content)
-                    info.mode = stat.S_IMODE(mode)
-                    index.entries[name] = [mode, None]
-                    out.addfile(info, _Bytes(content))
-                    stats.entries += 1
-                    stats.bytes += len(content)
-                    continue
-                if not stat.S_ISREG(linked[0]):
-                    raise ImageError(
-                        f"layer {blob} hard-links {name!r} to {member.linkname!r}, which is "
-                        f"not a regular file"
-                    )
-                index.entries[name] = list(linked)
-            elif member.issym():
-                info.linkname = member.linkname
-                index.entries[name] = [stat.S_IFLNK | 0o777, member.linkname]
-            elif member.isdir():
-                dirs[name] = info
-                index.entries[name] = [stat.S_IFDIR | mode, None]
-                continue  # written last
-            elif member.isfifo():
-                index.entries[name] = [stat.S_IFIFO | mode, None]
-            elif member.isreg():  # a sparse file too: written with its holes as zeros
-                charge(member.size)  # its apparent size, before a byte of it is read
-                info.type, info.size = tarfile.REGTYPE, member.size
-                data = tar.extractfile(member)
-                stats.bytes += member.size
-                index.entries[name] = [stat.S_IFREG | mode, None]
-                if name in SMALL_FILES and member.size <= SMALL_FILE_MAX and data is not None:
-                    text = data.read()
-                    index.files[name] = text.decode(errors="replace")
-                    out.addfile(info, _Bytes(text))
-                    stats.entries += 1
-                    continue
-            else:
-                continue  # sparse/other GNU extension types are read as regular above
-            out.addfile(info, data)
+    members = TarMembers(source)
+    write = sink.write
+    for member, header in members:
+        charge(ENTRY_COST)
+        name = _clean(member.name, blob)
+        target = _target_name(name)
+        seen[target] = seen.get(target, 0) + 1
+        if counts is None and seen[target] > 1 and not member.isdir():
+            raise _Duplicate(target)
+        if counts is not None and seen[target] < counts.get(target, 0):
+            continue  # a later entry of the same path wins
+        parent, _, base = name.rpartition("/")
+        if base == _OPAQUE:
+            opaque.append(parent)
+            continue
+        if member.ischr() or member.isblk():
+            stats.devices_skipped += 1
+            continue
+        if base.startswith(_WHITEOUT):
+            info = tarfile.TarInfo(target)
+            info.type, info.mode, info.mtime = tarfile.CHRTYPE, 0, member.mtime
+            index.entries[target] = [stat.S_IFCHR, None]
+            write(_header(info))
             stats.entries += 1
-        for name in opaque:
-            if not name:
-                continue  # the layer's root itself cannot be opaque in a lower layer
-            info = dirs.get(name) or tarfile.TarInfo(name)
-            if name not in dirs:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                index.entries.setdefault(name, [stat.S_IFDIR | 0o755, None])
-                dirs[name] = info
-            info.pax_headers = {**info.pax_headers, _XATTR + OPAQUE_XATTR: "y"}
-            index.opaque.append(name)
-        for name, info in dirs.items():
-            if name:  # "." or "/": the image's root keeps tar2sqfs's defaults
-                out.addfile(info)
+            continue
+        kept = _kept_xattrs(member, stats)
+        charge(sum(len(v.encode("utf-8", "surrogateescape")) for v in kept.values()))
+        mode = stat.S_IMODE(member.mode)
+        same = _unchanged(member, header, name, kept, members)
+        if member.islnk():
+            linkname = _clean(member.linkname, blob)
+            linked = index.entries.get(linkname)
+            if linked is None:  # in a layer below: a copy of it
+                below_mode, content = _from_below(below, linkname, blob, name)
+                charge(len(content))
+                info = _fresh(member, name, kept)
+                info.type, info.linkname, info.size = tarfile.REGTYPE, "", len(content)
+                info.mode = stat.S_IMODE(below_mode)
+                index.entries[name] = [below_mode, None]
+                write(_header(info) + content + padding(len(content)))
                 stats.entries += 1
+                stats.bytes += len(content)
+                continue
+            if not stat.S_ISREG(linked[0]):
+                raise ImageError(
+                    f"layer {blob} hard-links {name!r} to {member.linkname!r}, which is "
+                    f"not a regular file"
+                )
+            index.entries[name] = list(linked)
+            same = same and linkname == member.linkname
+            member.linkname = linkname
+        elif member.issym():
+            index.entries[name] = [stat.S_IFLNK | 0o777, member.linkname]
+        elif member.isdir():
+            index.entries[name] = [stat.S_IFDIR | mode, None]
+            dirs[name] = (_fresh(member, name, kept), header if same else None)
+            continue  # written last
+        elif member.isfifo():
+            index.entries[name] = [stat.S_IFIFO | mode, None]
+        elif member.isreg():  # a sparse file too: written with its holes as zeros
+            charge(member.size)  # its apparent size, before a byte of it is read
+            stats.bytes += member.size
+            index.entries[name] = [stat.S_IFREG | mode, None]
+            if name in SMALL_FILES and member.size <= SMALL_FILE_MAX:
+                text = b"".join(members.content(member))
+                index.files[name] = text.decode(errors="replace")
+                write(_header(_fresh(member, name, kept)) + text + padding(len(text)))
+                stats.entries += 1
+                continue
+        else:
+            continue  # a type layers cannot hold
+        stats.entries += 1
+        if same:
+            write(header)
+            members.copy_data(write)
+        else:
+            write(_header(_fresh(member, name, kept)))
+            if member.isreg():
+                for piece in members.content(member):
+                    write(piece)
+                write(padding(member.size))
+    for name in opaque:
+        if not name:
+            continue  # the layer's root itself cannot be opaque in a lower layer
+        info, _ = dirs.get(name) or (tarfile.TarInfo(name), None)
+        if name not in dirs:
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            index.entries.setdefault(name, [stat.S_IFDIR | 0o755, None])
+        info.pax_headers = {**info.pax_headers, _XATTR + OPAQUE_XATTR: "y"}
+        dirs[name] = (info, None)
+        index.opaque.append(name)
+    for name, (info, kept_header) in dirs.items():
+        if name:  # "." or "/": the image's root keeps tar2sqfs's defaults
+            write(kept_header or _header(info))
+            stats.entries += 1
+    write(end_of_archive())
+
+
+_PLAIN_PAX = frozenset(
+    {"path", "linkpath", "size", "mtime", "atime", "ctime", "uid", "gid", "uname", "gname"}
+)
+"""PAX records an entry written back unchanged may carry (besides the xattrs kept)."""
+
+_PLAIN_TYPES = frozenset(
+    {tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE}
+)
+
+
+def _unchanged(
+    member: tarfile.TarInfo, header: bytes, name: str, kept: dict[str, str], members: TarMembers
+) -> bool:
+    """Whether ``member``'s ``header``, as read, says what the rewrite would (most entries):
+    owned by 0:0, named as cleaned (but for a leading ``./``), a plain type (not sparse), in
+    ustar form or after one PAX header (no GNU long names) whose records are plain or kept
+    xattrs, and no global PAX records in force (they would not reach ``tar2sqfs``); the
+    ustar name prefix only where the POSIX magic says it is one (old GNU headers keep times
+    there, which :mod:`tarfile` would read as a name). Such a header means the same to
+    ``tar2sqfs`` as to :mod:`tarfile`: same name, type and size, so the data that follows
+    is the same bytes to both, and no record that forges overlay metadata or a device."""
+    return (
+        member.uid == 0
+        and member.gid == 0
+        and member.name.removeprefix("./") == name  # tar2sqfs drops "./" as we do
+        and member.type in _PLAIN_TYPES
+        and member.sparse is None
+        and (len(header) == BLOCK or header[156:157] == tarfile.XHDTYPE)
+        and (
+            header[-BLOCK + 257 : -BLOCK + 263] == b"ustar\0"
+            or not header[-BLOCK + 345 :].strip(b"\0")
+        )
+        and not members.pax_headers
+        and all(key in _PLAIN_PAX or key in kept for key in member.pax_headers)
+    )
+
+
+def _fresh(member: tarfile.TarInfo, name: str, kept: dict[str, str]) -> tarfile.TarInfo:
+    """``member`` as the rewrite writes it: named ``name``, owned by 0:0, with the xattrs
+    ``kept`` and nothing else of its PAX records (a sparse file as a plain one)."""
+    info = tarfile.TarInfo(name)
+    info.mtime, info.mode, info.linkname = member.mtime, member.mode, member.linkname
+    info.type = tarfile.REGTYPE if member.isreg() else member.type
+    info.size = member.size if member.isreg() else 0
+    info.pax_headers = kept
+    return info
+
+
+def _header(info: tarfile.TarInfo) -> bytes:
+    return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
 
 
 def _from_below(
@@ -439,15 +500,3 @@ def _kept_xattrs(member: tarfile.TarInfo, stats: ConvertStats) -> dict[str, str]
         else:
             stats.xattrs_skipped += 1
     return kept
-
-
-class _Bytes:
-    """A read-only file over bytes already read (``tarfile.addfile`` reads its source)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.offset = data, 0
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self.data) if size < 0 else self.offset + size
-        chunk, self.offset = self.data[self.offset : end], min(end, len(self.data))
-        return chunk
