@@ -27,7 +27,7 @@ _END = bytes(2 * BLOCK)
 
 
 class Readable(Protocol):
-    """What the stream must offer: ``read(size)`` returning fewer bytes only at its end."""
+    """What the stream must offer: ``read(size)``, at most ``size`` bytes, none only at its end."""
 
     def read(self, size: int = -1) -> bytes: ...
 
