@@ -44,6 +44,7 @@ import fcntl
 import functools
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -432,7 +433,9 @@ def _unchanged(
     """Whether ``member``'s ``header``, as read, says what the rewrite would (most entries):
     owned by 0:0, named as cleaned (but for a leading ``./``), a plain type (not sparse), in
     ustar form or after one PAX header (no GNU long names) whose records are plain or kept
-    xattrs, and no global PAX records in force (they would not reach ``tar2sqfs``); the
+    xattrs, and no global PAX records in force (they would not reach ``tar2sqfs``); sizes in
+    plain octal, none but a regular file's non-zero, none from a PAX record (a reader that
+    skipped other bytes than :mod:`tarfile` did would take file data for headers); the
     ustar name prefix only where the POSIX magic says it is one (old GNU headers keep times
     there, which :mod:`tarfile` would read as a name). Such a header means the same to
     ``tar2sqfs`` as to :mod:`tarfile`: same name, type and size, so the data that follows
@@ -443,13 +446,37 @@ def _unchanged(
         and member.name.removeprefix("./") == name  # tar2sqfs drops "./" as we do
         and member.type in _PLAIN_TYPES
         and member.sparse is None
-        and (len(header) == BLOCK or header[156:157] == tarfile.XHDTYPE)
+        and (member.isreg() or member.size == 0)
+        and "size" not in member.pax_headers
+        and _octal(header[-BLOCK + 124 : -BLOCK + 136]) == member.size
+        and (len(header) == BLOCK or _one_pax_header(header))
         and (
             header[-BLOCK + 257 : -BLOCK + 263] == b"ustar\0"
             or not header[-BLOCK + 345 :].strip(b"\0")
         )
         and not members.pax_headers
         and all(key in _PLAIN_PAX or key in kept for key in member.pax_headers)
+    )
+
+
+_OCTAL = re.compile(rb"([0-7]{1,11})[\0 ]*")
+
+
+def _octal(field: bytes) -> int | None:
+    """A size field's value when it is plain octal (digits, then NULs or spaces), else None:
+    where readers could disagree (base-256, spaces first, junk), the entry is written anew."""
+    found = _OCTAL.fullmatch(field)
+    return int(found.group(1), 8) if found else None
+
+
+def _one_pax_header(header: bytes) -> bool:
+    """Whether ``header`` is one PAX header, its records and the entry's ustar header, sized
+    in plain octal (so that any reader finds the entry where :mod:`tarfile` did)."""
+    size = _octal(header[124:136])
+    return (
+        header[156:157] == tarfile.XHDTYPE
+        and size is not None
+        and len(header) == BLOCK + -(-size // BLOCK) * BLOCK + BLOCK
     )
 
 

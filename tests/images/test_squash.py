@@ -130,3 +130,22 @@ def test_a_truncated_layer_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ImageError, match=r"layer\.blob"):
         _convert(tmp_path, tar)
     assert not (tmp_path / "layer.sqfs").exists()
+
+
+def test_a_size_on_an_entry_without_data_cannot_make_file_data_headers(tmp_path: Path) -> None:
+    # tarfile reads no data after a symlink, whatever its size field says; a reader that
+    # skipped 512 bytes there would take the next file's content for a header: a device.
+    # tar2sqfs 1.2 agrees with tarfile here (measured); the conversion does not rely on it:
+    # such an entry is written anew, its size 0.
+    forged = _member("evil", tarfile.CHRTYPE)
+    tar = b"".join([
+        _member("s", tarfile.SYMTYPE, linkname="t", fmt=tarfile.USTAR_FORMAT, size=512),
+        _member("f", tarfile.REGTYPE, forged),
+        bytes(2 * tarfile.BLOCKSIZE),
+    ])  # fmt: skip
+    symlink_header = tarfile.TarInfo.frombuf(tar[:512], "utf-8", "surrogateescape")
+    assert symlink_header.size == 512  # the layer says so
+    image, index = _convert(tmp_path, tar)
+    found = _read_back(image)
+    assert set(found) - {""} == {"s", "f"} == set(index.entries)
+    assert found["s"][0].issym() and found["f"][1] == forged
