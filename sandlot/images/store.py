@@ -182,13 +182,24 @@ class ImageStore:
         """Whether layer ``diff_id`` is ready: as an image file (``mounted``) or unpacked."""
         return self.layer_image(diff_id).is_file() if mounted else self.layer(diff_id).is_dir()
 
-    def unpacked_size(self, diff_id: str) -> int:
-        """Bytes of the unpacked layer ``diff_id`` (0 when it is not unpacked)."""
+    def _meta(self, diff_id: str) -> dict[str, Any]:
         try:
             meta = json.loads((self.layers / f"{hex_of(diff_id)}.json").read_text())
         except (OSError, ValueError):
-            return 0
-        return int(meta.get("unpacked", 0))
+            return {}
+        return meta if isinstance(meta, dict) else {}
+
+    def unpacked_size(self, diff_id: str) -> int:
+        """Bytes on disk of the unpacked or converted layer ``diff_id`` (0 when it is
+        neither)."""
+        return int(self._meta(diff_id).get("unpacked", 0))
+
+    def content_size(self, diff_id: str) -> int:
+        """Bytes of file content layer ``diff_id`` holds, as the caps count it (its files
+        when unpacked; what its image file holds uncompressed when converted; 0 when it is
+        neither)."""
+        meta = self._meta(diff_id)
+        return int(meta.get("bytes", meta.get("unpacked", 0)))
 
     def layer_sizes(self, record: dict[str, Any]) -> dict[str, int]:
         """diff_id -> bytes of its blob plus, when unpacked, its files, for image ``record``."""

@@ -35,29 +35,18 @@ The uncompressed stream is hashed while it is read: a layer whose digest is not 
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import importlib
-import os
 import tarfile
-import threading
-import zlib
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import suppress
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from sandlot.images.errors import ImageError
+from sandlot.images.layer_stream import LayerStream
 from sandlot.images.layer_writer import OPAQUE_XATTR, LayerWriter
 from sandlot.images.store import remove_tree
-from sandlot.images.unpack_caps import Budget, layer_budget
+from sandlot.images.unpack_caps import Budget, charger
 
 __all__ = ["OPAQUE_XATTR", "UnpackStats", "unpack_layer"]
-
-_CHUNK = 1 << 20
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 @dataclass
@@ -75,86 +64,6 @@ class UnpackStats:
     bytes: int = 0
     devices_skipped: int = 0
     xattrs_skipped: int = 0
-
-
-class _Feeder(threading.Thread):
-    """Decompresses and hashes the blob into a pipe, in a thread of its own: zlib, zstd,
-    sha256 and ``write(2)`` release the GIL, so this runs on the other core while the reader
-    parses the tar and creates its files (one thread doing both was the pull's bottleneck)."""
-
-    def __init__(self, blob: Path, pipe: int) -> None:
-        super().__init__(name=f"sandlot-unpack-{blob.name[:12]}", daemon=True)
-        self.blob = blob
-        self.pipe = pipe
-        self.digest = hashlib.sha256()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with open(self.blob, "rb") as raw:
-                for chunk in _decompressed(raw, self.blob):
-                    self.digest.update(chunk)
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(self.pipe, view) :]
-        except BrokenPipeError:
-            pass  # the reader stopped early: the layer was refused, its error is raised there
-        except BaseException as exc:  # handed to the reader's thread by check()
-            self.error = exc
-        finally:
-            os.close(self.pipe)
-
-    def check(self) -> None:
-        """Raise what stopped the thread; a corrupt blob as :class:`ImageError`."""
-        if self.error is None:
-            return
-        if isinstance(self.error, (ImageError, OSError)):
-            raise self.error
-        raise ImageError(
-            f"layer {self.blob.name} is not a valid compressed tar: {self.error}"
-        ) from self.error
-
-
-def _decompressed(raw: IO[bytes], blob: Path) -> Iterator[bytes]:
-    """The uncompressed bytes of ``raw`` in chunks (gzip, possibly of several members; zstd;
-    or a plain tar), read 1 MiB at a time so that each call into the codec is a long one."""
-    magic = raw.read(4)
-    raw.seek(0)
-    if magic.startswith(_GZIP_MAGIC):
-        yield from _gunzipped(raw)
-    elif magic == _ZSTD_MAGIC:
-        try:
-            zstandard = importlib.import_module("zstandard")
-        except ImportError:
-            raise ImageError(
-                f"layer {blob.name} is zstd-compressed, which needs the zstandard module: "
-                f"pip install zstandard"
-            ) from None
-        reader = zstandard.ZstdDecompressor().stream_reader(raw)
-        while chunk := reader.read(_CHUNK):
-            yield chunk
-    else:  # an uncompressed tar
-        while chunk := raw.read(_CHUNK):
-            yield chunk
-
-
-def _gunzipped(raw: IO[bytes]) -> Iterator[bytes]:
-    """RFC 1952 members one after another, as ``gzip -d`` reads them (zero padding after the
-    last one is ignored, anything else is an error)."""
-    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    while data := raw.read(_CHUNK):
-        while data:
-            yield inflate.decompress(data)
-            if not inflate.eof:
-                break
-            data = inflate.unused_data
-            if not data.strip(b"\0"):
-                break  # padding (what follows it is checked by the next read)
-            if not data.startswith(_GZIP_MAGIC):
-                raise zlib.error("bytes after the gzip stream that are not a gzip member")
-            inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    if not inflate.eof:
-        raise EOFError("the gzip stream ends before its end marker")
 
 
 def unpack_layer(
@@ -187,14 +96,8 @@ def unpack_layer(
             (not retryable). ``dest`` is removed.
         OSError: the disk refused a write (``dest`` is removed).
     """
-    layer = blob.name
-    budget = layer_budget(blob.stat().st_size if declared_size is None else declared_size)
-
-    def charge(size: int) -> None:
-        budget.charge(size, layer)
-        if image_budget is not None:
-            image_budget.charge(size, layer)
-
+    size = blob.stat().st_size if declared_size is None else declared_size
+    charge = charger(blob.name, size, image_budget)
     dest.mkdir(mode=0o700)
     try:
         return _unpack(blob, diff_id, dest, below, charge)
@@ -211,31 +114,20 @@ def _unpack(
     charge: Callable[[int], None],
 ) -> UnpackStats:
     stats = UnpackStats()
-    read_end, write_end = os.pipe()
-    with suppress(OSError):  # 1 MiB, the most an unprivileged user gets: fewer switches
-        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _CHUNK)
-    feeder = _Feeder(blob, write_end)
-    feeder.start()
     writer = LayerWriter(dest, below, stats, blob.name, charge)
     try:
-        with os.fdopen(read_end, "rb", buffering=_CHUNK) as reader:
+        with LayerStream(blob) as stream:
             try:
-                with tarfile.open(fileobj=reader, mode="r|", errorlevel=2) as tar:
+                with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tar:  # type: ignore[call-overload]
                     for member in tar:
                         writer.add(tar, member)
-                while reader.read(_CHUNK):  # trailing bytes are part of the diff_id too
-                    pass
-            finally:
-                reader.close()  # before join: a feeder blocked on the full pipe then stops
-                feeder.join()
-        feeder.check()
+                found = stream.digest()
+            except (tarfile.TarError, EOFError, ValueError) as exc:
+                stream.check()  # a corrupt blob explains a truncated tar: say that
+                raise ImageError(f"layer {blob.name} is not a valid tar: {exc}") from exc
         writer.finish()
-    except (tarfile.TarError, EOFError, ValueError) as exc:
-        feeder.check()  # a corrupt blob explains a truncated tar: say that
-        raise ImageError(f"layer {blob.name} is not a valid tar: {exc}") from exc
     finally:
         writer.close()
-    found = "sha256:" + feeder.digest.hexdigest()
     if found != diff_id:
         raise ImageError(
             f"layer {blob.name} unpacks to {found}, not the diff_id {diff_id} its image config "

@@ -25,6 +25,7 @@ and without ``useradd -l``) needs a larger ratio: the error names the setting.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from sandlot.images.errors import ImageError
 from sandlot.settings import settings
@@ -74,6 +75,12 @@ class Budget:
                 retryable=False,
             )
 
+    def release(self, size: int) -> None:
+        """Give back ``size`` bytes charged for what will not be kept after all (a layer
+        read again from its start)."""
+        with self._lock:
+            self.used -= size
+
 
 def layer_budget(declared_size: int) -> Budget:
     """The cap of one layer whose blob is ``declared_size`` bytes."""
@@ -87,6 +94,20 @@ def layer_budget(declared_size: int) -> Budget:
         f"{_size(limit)} ({ratio}x the {_size(declared_size)} its registry declared, at least "
         f"{_size(LAYER_FLOOR)}; SANDLOT_UNPACK_MAX_RATIO sets the multiple, 0 for none)",
     )
+
+
+def charger(layer: str, declared_size: int, image: Budget | None) -> Callable[[int], None]:
+    """What counts the bytes layer ``layer`` (its blob's name) is about to write, against its
+    own cap (:func:`layer_budget` of ``declared_size``) and ``image``'s (``None``: none); the
+    callable raises :class:`ImageError` past either, before the bytes are written."""
+    budget = layer_budget(declared_size)
+
+    def charge(size: int) -> None:
+        budget.charge(size, layer)
+        if image is not None:
+            image.charge(size, layer)
+
+    return charge
 
 
 def image_budget(already: int = 0) -> Budget:

@@ -66,7 +66,7 @@ def unpack_image(
         return 0
     futures: dict[str, Future[bool]] = {}
     # One cap for the image, what its layers unpacked for other images included.
-    budget = image_budget(sum(store.unpacked_size(d) for d in set(diff_ids)))
+    budget = image_budget(sum(store.content_size(d) for d in set(diff_ids)))
 
     def below(index: int) -> Callable[[], Iterable[Path]]:
         def each_when_ready() -> Iterator[Path]:
@@ -138,7 +138,10 @@ def _convert_one(
         path = store.blob(blob["digest"])
         with store.scratch() as scratch:
             try:
-                stats, index = convert_layer(path, diff_id, scratch / "layer.sqfs", below)
+                stats, index = convert_layer(
+                    path, diff_id, scratch / "layer.sqfs", below,
+                    declared_size=blob["size"], image_budget=budget,
+                )  # fmt: skip
             except ImageError:
                 _drop_if_corrupt(path, blob["digest"])
                 raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +19,17 @@ def image_layers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     mode = getattr(request.module, "IMAGE_LAYERS", None)
     if mode:
         monkeypatch.setenv("SANDLOT_IMAGE_LAYERS", mode)
+
+
+@pytest.fixture(params=["unpack", "mount"])
+def layer_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each layer store in turn (``SANDLOT_IMAGE_LAYERS``): layers unpacked into directories,
+    and converted into squashfs files (which needs ``tar2sqfs`` and ``rdsquashfs``, not FUSE:
+    a test of the conversion reads the image files)."""
+    if request.param == "mount" and not (shutil.which("tar2sqfs") and shutil.which("rdsquashfs")):
+        missing("squashfs-tools-ng (tar2sqfs, rdsquashfs) is not installed")
+    monkeypatch.setenv("SANDLOT_IMAGE_LAYERS", request.param)
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")
