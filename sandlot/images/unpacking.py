@@ -78,12 +78,11 @@ def unpack_image(
 
         return each_when_ready
 
-    one = _convert_one if mounted else _unpack_one
     count = min(len(missing), workers or len(os.sched_getaffinity(0)))
     with store.pulling(), ThreadPoolExecutor(count, thread_name_prefix="sandlot-unpack") as pool:
         for i in missing:  # bottom up: a layer's lower layers are submitted before it
             futures[diff_ids[i]] = pool.submit(
-                one, store, diff_ids[i], blobs[i], below(i), log, budget
+                _ready_one, store, diff_ids[i], blobs[i], below(i), log, budget, mounted
             )
         try:
             return sum(future.result() for future in futures.values())
@@ -92,64 +91,65 @@ def unpack_image(
                 future.cancel()  # the pool's exit then waits only for those running
 
 
-def _unpack_one(
+def _ready_one(
     store: ImageStore,
     diff_id: str,
     blob: dict[str, Any],
     below: Callable[[], Iterable[Path]],
     log: Callable[[str], None] | None,
-    budget: Budget | None = None,
+    budget: Budget,
+    mounted: bool,
 ) -> bool:
-    """Unpack one layer unless it is already; whether this call did."""
+    """Convert (``mounted``) or unpack one layer unless it is ready; whether this call did."""
     with store.lock("layer-" + hex_of(diff_id)):
-        if store.layer(diff_id).is_dir():
+        if store.ready(diff_id, mounted):
             return False
         if log:
-            log(f"unpacking layer {diff_id[7:19]} ({blob['size']} bytes)")
+            verb = "converting" if mounted else "unpacking"
+            log(f"{verb} layer {diff_id[7:19]} ({blob['size']} bytes)")
         path = store.blob(blob["digest"])
         with store.scratch() as scratch:
             try:
-                stats = unpack_layer(path, diff_id, scratch / "layer", below,
-                                     declared_size=blob["size"], image_budget=budget)  # fmt: skip
+                store_layer = _convert if mounted else _unpack
+                store_layer(store, diff_id, blob, path, scratch, below, budget)
             except ImageError:
                 _drop_if_corrupt(path, blob["digest"])
                 raise
-            meta = {"unpacked": stats.bytes, "blob": blob["size"], "entries": stats.entries,
-                    "devices_skipped": stats.devices_skipped,
-                    "xattrs_skipped": stats.xattrs_skipped}  # fmt: skip
-            store.put_layer(diff_id, scratch / "layer", meta)
     return True
 
 
-def _convert_one(
+def _unpack(
     store: ImageStore,
     diff_id: str,
     blob: dict[str, Any],
+    path: Path,
+    scratch: Path,
     below: Callable[[], Iterable[Path]],
-    log: Callable[[str], None] | None,
-    budget: Budget | None = None,
-) -> bool:
-    """Convert one layer unless it is already; whether this call did."""
-    with store.lock("layer-" + hex_of(diff_id)):
-        if store.layer_image(diff_id).is_file():
-            return False
-        if log:
-            log(f"converting layer {diff_id[7:19]} ({blob['size']} bytes)")
-        path = store.blob(blob["digest"])
-        with store.scratch() as scratch:
-            try:
-                stats, index = convert_layer(
-                    path, diff_id, scratch / "layer.sqfs", below,
-                    declared_size=blob["size"], image_budget=budget,
-                )  # fmt: skip
-            except ImageError:
-                _drop_if_corrupt(path, blob["digest"])
-                raise
-            meta = {"unpacked": stats.size, "blob": blob["size"], "entries": stats.entries,
-                    "bytes": stats.bytes, "devices_skipped": stats.devices_skipped,
-                    "xattrs_skipped": stats.xattrs_skipped, "format": "squashfs"}  # fmt: skip
-            store.put_layer_image(diff_id, scratch / "layer.sqfs", dataclasses.asdict(index), meta)
-    return True
+    budget: Budget,
+) -> None:
+    stats = unpack_layer(path, diff_id, scratch / "layer", below,
+                         declared_size=blob["size"], image_budget=budget)  # fmt: skip
+    meta = {"unpacked": stats.bytes, "blob": blob["size"], "entries": stats.entries,
+            "devices_skipped": stats.devices_skipped,
+            "xattrs_skipped": stats.xattrs_skipped}  # fmt: skip
+    store.put_layer(diff_id, scratch / "layer", meta)
+
+
+def _convert(
+    store: ImageStore,
+    diff_id: str,
+    blob: dict[str, Any],
+    path: Path,
+    scratch: Path,
+    below: Callable[[], Iterable[Path]],
+    budget: Budget,
+) -> None:
+    stats, index = convert_layer(path, diff_id, scratch / "layer.sqfs", below,
+                                 declared_size=blob["size"], image_budget=budget)  # fmt: skip
+    meta = {"unpacked": stats.size, "blob": blob["size"], "entries": stats.entries,
+            "bytes": stats.bytes, "devices_skipped": stats.devices_skipped,
+            "xattrs_skipped": stats.xattrs_skipped, "format": "squashfs"}  # fmt: skip
+    store.put_layer_image(diff_id, scratch / "layer.sqfs", dataclasses.asdict(index), meta)
 
 
 def _drop_if_corrupt(path: Path, digest: str) -> None:
