@@ -260,8 +260,9 @@ def test_two_processes_share_one_set_up_and_a_dead_builder_is_given_up(
     local_root: Path,
 ) -> None:
     ray = need_module("ray", TRAIN)
-    tests = str(TESTS)
-    path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), tests])
+    # The workers import this module (``Sampler``) by name, and it imports ``repo_paths``.
+    here = str(Path(__file__).parent)
+    path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(TESTS), here])
     ray.init(
         num_cpus=2,
         include_dashboard=False,
