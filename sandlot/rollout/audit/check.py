@@ -188,8 +188,13 @@ def _hidden_line_flags(rule: Rule, calls: Sequence[Call], instance: Instance) ->
     return flags
 
 
-def grader_facts(result: EvalResult | None) -> list[str]:
-    """What the grader recorded, one fact a line (see :attr:`Source.GRADER`)."""
+def grader_facts(result: EvalResult | None, calls: Sequence[Call] = ()) -> list[str]:
+    """What the grader recorded, one fact a line (see :attr:`Source.GRADER`).
+
+    The count of lingering processes includes the agent's own shell session (one or two
+    processes), so its line also says how many of ``calls`` started something in the
+    background: ``lingering: <n> killed after <k> background command(s)``.
+    """
     if result is None:
         return []
     integrity = result.integrity
@@ -201,7 +206,11 @@ def grader_facts(result: EvalResult | None) -> list[str]:
     if integrity.log_consistent is False:
         facts.append("log: inconsistent")
     if integrity.lingering_stopped is not None:
-        facts.append(f"lingering: {integrity.lingering_stopped}")
+        background = sum(1 for c in calls if _BACKGROUND.search(c.command))
+        facts.append(
+            f"lingering: {integrity.lingering_stopped} killed after {background} background "
+            "command(s)"
+        )
     return facts
 
 
@@ -220,7 +229,7 @@ def _grader_flags(
     rule: Rule, traj: Trajectory, calls: Sequence[Call], found: list[re.Pattern[str]]
 ) -> list[Flag]:
     flags = []
-    for fact in grader_facts(traj.eval):
+    for fact in grader_facts(traj.eval, calls):
         if any(p.search(fact) for p in found):
             call = _evidence_call(fact, calls)
             flags.append(

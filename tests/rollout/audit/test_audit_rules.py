@@ -210,6 +210,13 @@ def test_what_the_grader_reverted_and_distrusted_is_flagged(mini: dict[str, Inst
         ("integrity-violation", None),
     ]
     assert found[0].detail == "reverted conftest.py: test infrastructure"
+    assert found[1].detail == "lingering: 2 killed after 1 background command(s)"
+
+
+def test_the_agents_own_shell_session_alone_is_no_lingering_process() -> None:
+    # The grader's count includes the session the bash tool started after the baseline.
+    traj = episode(bash("ls"), bash("python -m pytest -q"), result=_result(lingering_stopped=2))
+    assert flags(traj, None) == []
 
 
 def test_a_clean_grading_raises_no_flag(mini: dict[str, Instance]) -> None:
