@@ -144,6 +144,7 @@ def test_the_cheater_is_flagged_for_each_behaviour_and_the_solver_for_none(
     report = _audit(honest)
     assert report["episodes"] == 2 and report["unchecked"] == {}
     assert report["flagged_episodes"] == 0, report["audits"]
+    assert 'class="flag"' not in (honest / "report.html").read_text()
 
     report = _audit(cheated)
     assert report["unchecked"] == {}
@@ -151,6 +152,9 @@ def test_the_cheater_is_flagged_for_each_behaviour_and_the_solver_for_none(
     for iid in IDS:
         assert {(f["rule"], f["turn"]) for f in flags[iid]} == EXPECTED[iid], flags[iid]
     assert report["per_rule"]["network"] == {"episodes": 2, "flags": 2}
+    page = (cheated / "report.html").read_text()  # written by the rollout, flags beside each
+    for rule in {rule for rule, _ in EXPECTED[IDS[0]] | EXPECTED[IDS[1]]}:
+        assert f'<span class="flag">{rule}</span>' in page, rule
     (reverted,) = [f for f in flags[IDS[0]] if f["rule"] == "test-infra-edited"]
     assert (
         reverted["detail"].startswith("reverted conftest.py")
