@@ -13,7 +13,6 @@ from sandlot.cli.exit_codes import InputError, OutputError
 from sandlot.rollout.audit import AUDIT_FILE, RULES, AuditReport, audit_run
 from sandlot.rollout.audit.run import write_audit
 from sandlot.rollout.errors import RolloutError
-from sandlot.rollout.store import TRAJECTORIES_FILE
 
 _SHOWN_COMMAND_CHARS = 120
 
@@ -33,18 +32,22 @@ _SHOWN_COMMAND_CHARS = 120
     help=f"Where to write the JSON report (default: RUN_DIR/{AUDIT_FILE}).",
 )
 def audit_command(run_dir: Path, dataset: Path | None, output: Path | None) -> None:
-    """Flag the episodes of a `sandlot rollout` output directory that look for git history,
+    """Flag the episodes of a `sandlot rollout` output directory (or of the trajectories
+    `sandlot train --trajectory-dir` keeps) that look for git history,
     read graded files, try the network, edit test infrastructure, leave processes behind or
     trip the grader's integrity checks; each flag with its turn and command.
 
     Prints a table per rule and per instance and writes a JSON report. Exit status: 0 (flags
     are findings, not failures), 2 bad input, 4 the report could not be written.
     """
-    if not (run_dir / TRAJECTORIES_FILE).is_file():
-        raise InputError(f"{run_dir} has no {TRAJECTORIES_FILE}; pass a sandlot rollout output")
     try:
         report = audit_run(run_dir, dataset=dataset)
-    except (RolloutError, ValueError, ImportError) as exc:  # DatasetError is a ValueError
+    except (
+        RolloutError,
+        ValueError,
+        ImportError,
+        FileNotFoundError,
+    ) as exc:  # DatasetError is a ValueError
         raise InputError(str(exc)) from None
     dest = output or run_dir / AUDIT_FILE
     try:

@@ -1,6 +1,11 @@
 """The audit of a rollout directory: every episode's flags, counted per rule and per instance,
 written as ``audit.json``.
 
+A directory is a ``sandlot rollout`` output (its ``trajectories.jsonl``: the latest trajectory
+of each episode) or one where training keeps its trajectories (``trajectories.<host>.<pid>.jsonl``
+files, :mod:`sandlot.rollout.dump`: every line is an episode, for training samples an instance
+again and again).
+
 The rules that read the instance (its base commit, graded artefacts, patches) need the run's
 dataset: ``--dataset``, else the ``dataset`` that ``summary.json`` records (as given to
 ``sandlot rollout``: absolute, or relative to where it ran, else to the run directory's
@@ -12,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -21,6 +26,7 @@ from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import iter_instances
 from sandlot.rollout.audit.check import EpisodeAudit, audit_episode
 from sandlot.rollout.audit.rules import RULES, Rule
+from sandlot.rollout.dump import DUMP_GLOB
 from sandlot.rollout.store import TRAJECTORIES_FILE, atomic_write, iter_trajectories
 from sandlot.rollout.trajectory import Trajectory
 
@@ -38,7 +44,7 @@ class AuditReport(BaseModel):
     """The audit of one run.
 
     Attributes:
-        trajectories: the file audited.
+        trajectories: the files audited (comma-separated).
         dataset: where the instances came from (``None``: not found).
         episodes / flagged_episodes: how many were audited, and flagged by any rule.
         per_rule: every rule of the table, with its counts (zero included).
@@ -116,26 +122,53 @@ def instances_by_id(dataset: str | os.PathLike[str] | None) -> dict[str, Instanc
     return {i.instance_id: i for i in iter_instances(dataset)}
 
 
+def run_files(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The trajectory files of ``run_dir``: its ``trajectories.jsonl``, else its training
+    dumps (``trajectories.<host>.<pid>.jsonl``, in name order).
+
+    Raises:
+        FileNotFoundError: it has neither.
+    """
+    directory = Path(run_dir)
+    if (directory / TRAJECTORIES_FILE).is_file():
+        return [directory / TRAJECTORIES_FILE]
+    dumps = sorted(p for p in directory.glob(DUMP_GLOB) if p.is_file())
+    if not dumps:
+        raise FileNotFoundError(
+            f"{directory} has no {TRAJECTORIES_FILE} (sandlot rollout) and no {DUMP_GLOB} "
+            "(sandlot train --trajectory-dir)"
+        )
+    return dumps
+
+
+def _episodes(files: list[Path]) -> Iterator[Trajectory]:
+    if len(files) == 1 and files[0].name == TRAJECTORIES_FILE:
+        yield from iter_trajectories(files[0])
+        return
+    for file in files:
+        yield from iter_trajectories(file, latest=False)
+
+
 def audit_run(
     run_dir: str | os.PathLike[str], *, dataset: str | os.PathLike[str] | None = None
 ) -> AuditReport:
-    """Audit the ``trajectories.jsonl`` of ``run_dir`` (the latest trajectory per episode).
+    """Audit the trajectories of ``run_dir`` (:func:`run_files`).
 
     Args:
-        run_dir: a ``sandlot rollout`` output directory.
+        run_dir: a ``sandlot rollout`` output directory, or a training trajectory directory.
         dataset: the instances (default: :func:`run_dataset`).
 
     Raises:
-        FileNotFoundError: no ``trajectories.jsonl``, or no such dataset.
-        TrajectoryFileError: a line other than the last is not a trajectory.
+        FileNotFoundError: no trajectories, or no such dataset.
+        TrajectoryFileError: a line other than the last of a file is not a trajectory.
         DatasetError: the dataset is invalid.
     """
-    source = Path(run_dir) / TRAJECTORIES_FILE
+    files = run_files(run_dir)
     found = Path(dataset) if dataset is not None else run_dataset(run_dir)
     return audit_trajectories(
-        iter_trajectories(source),
+        _episodes(files),
         instances_by_id(found),
-        source=str(source),
+        source=", ".join(str(f) for f in files),
         dataset=str(found) if found else None,
     )
 

@@ -84,3 +84,18 @@ def test_without_a_dataset_the_instance_rules_are_unchecked(tmp_path: Path) -> N
 def test_a_directory_without_trajectories_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["audit", str(tmp_path)])
     assert result.exit_code == 2 and "has no trajectories.jsonl" in result.output
+
+
+def test_a_training_directory_audits_every_line_of_every_dump(tmp_path: Path) -> None:
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    # Training runs an instance again and again, always as sample 0, from several processes.
+    one = [_traj("textkit__textkit-1", 0, "cat tests/test_wrap.py"), _traj("textkit__textkit-1", 0)]
+    two = [_traj("textkit__textkit-1", 0, "git reflog")]
+    for name, trajs in (("trajectories.n1.11.jsonl", one), ("trajectories.n2.7.jsonl", two)):
+        (kept / name).write_text("".join(t.model_dump_json() + "\n" for t in trajs))
+    result = CliRunner().invoke(cli, ["audit", str(kept), "--dataset", str(INSTANCES)])
+    assert result.exit_code == 0, result.output
+    assert "2/3 episode(s) flagged" in result.output
+    report = json.loads((kept / "audit.json").read_text())
+    assert report["per_instance"] == {"textkit__textkit-1": {"graded-read": 1, "git-history": 1}}
