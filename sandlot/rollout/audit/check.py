@@ -260,20 +260,20 @@ def audit_episode(
     calls = episode_calls(traj)
     audit = EpisodeAudit(instance_id=traj.instance_id, sample=traj.sample, reward=traj.reward)
     for rule in rules:
-        if rule.needs_instance and instance is None:
-            audit.unchecked.append(rule.name)
+        if instance is None:
+            if rule.needs_instance:
+                audit.unchecked.append(rule.name)
+                continue
+        elif rule.source is Source.HIDDEN_LINES:  # its patterns name patches: nothing to compile
+            audit.flags += _hidden_line_flags(rule, calls, instance)
             continue
         found = _patterns(rule, instance)
         if found is None:
             continue
         if rule.source is Source.COMMAND:
             audit.flags += _command_flags(rule, calls, found)
-        elif rule.source is Source.UNSEEN_SHA:
-            assert instance is not None
+        elif rule.source is Source.UNSEEN_SHA and instance is not None:
             audit.flags += _unseen_sha_flags(rule, traj, calls, found, instance)
-        elif rule.source is Source.HIDDEN_LINES:
-            assert instance is not None
-            audit.flags += _hidden_line_flags(rule, calls, instance)
-        else:
+        elif rule.source is Source.GRADER:
             audit.flags += _grader_flags(rule, traj, calls, found)
     return audit

@@ -17,7 +17,7 @@ from sandlot.rewards.result import (
     Integrity,
     RevertedFile,
 )
-from sandlot.rollout.audit import RULES, audit_episode
+from sandlot.rollout.audit import RULES, Rule, Source, audit_episode
 from sandlot.rollout.audit.check import added_lines
 from sandlot.rollout.trajectory import ExitReason, Step, ToolObservation, Trajectory
 
@@ -245,3 +245,14 @@ def test_every_rule_is_documented_with_its_false_positives() -> None:
         section = docs.split(f"### `{rule.name}`", 1)
         assert len(section) == 2, f"docs/audit.md has no section for {rule.name}"
         assert "False positives" in section[1].split("### ", 1)[0], rule.name
+
+
+def test_a_new_rule_is_a_row_and_a_bad_pattern_names_its_rule() -> None:
+    mine = Rule("pip-freeze", Source.COMMAND, (r"\bpip\s+freeze\b",), "listed the packages")
+    traj = episode(bash("ls"), bash("pip freeze | grep minicalc"))
+    assert [(f.rule, f.turn) for f in audit_episode(traj, None, [*RULES, mine]).flags] == [
+        ("pip-freeze", 2)
+    ]
+    broken = Rule("broken", Source.COMMAND, ("(",), "never compiles")
+    with pytest.raises(ValueError, match="audit rule 'broken'"):
+        audit_episode(traj, None, [broken])
