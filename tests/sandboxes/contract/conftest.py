@@ -50,6 +50,7 @@ import importlib.util
 import os
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,6 +277,29 @@ async def sandbox(open_sandbox: Callable[..., Sandbox]) -> AsyncIterator[Sandbox
     """A started sandbox of the current target, closed after the test."""
     async with open_sandbox() as sb:
         yield sb
+
+
+async def _short_timeout(run_trivial: Callable[[], Awaitable[object]], floor_s: float) -> float:
+    """A timeout (seconds) for a test whose command must get past its first lines before it is
+    stopped: ``floor_s``, or ten times what ``run_trivial()`` (e.g. ``sb.exec("true")``) takes
+    right now if that is longer.
+
+    The start of a command (a ``podman exec``, a jail, a round trip to a fake cloud, a Python
+    interpreter) is what a loaded machine stretches: a fixed sub-second timeout can then stop
+    the command before its first line, and the test would fail for the machine, not the code.
+    """
+    started = time.monotonic()
+    await run_trivial()
+    return max(floor_s, 10 * (time.monotonic() - started))
+
+
+ShortTimeout = Callable[[Callable[[], Awaitable[object]], float], Awaitable[float]]
+
+
+@pytest.fixture
+def short_timeout() -> ShortTimeout:
+    """``await short_timeout(run_trivial, floor_s)``: see :func:`_short_timeout`."""
+    return _short_timeout
 
 
 class TickProbe:

@@ -13,7 +13,7 @@ import pytest
 from sandlot import TIMEOUT_EXIT_CODE, ExecResult, Sandbox
 
 if TYPE_CHECKING:
-    from conftest import ContractTarget, TickProbe
+    from conftest import ContractTarget, ShortTimeout, TickProbe
 
 pytestmark = pytest.mark.anyio
 
@@ -51,9 +51,12 @@ async def test_duration_is_measured(sandbox: Sandbox) -> None:
     assert 0.25 <= r.duration_s < 10
 
 
-async def test_timeout_returns_partial_output(sandbox: Sandbox) -> None:
+async def test_timeout_returns_partial_output(
+    sandbox: Sandbox, short_timeout: ShortTimeout
+) -> None:
+    timeout = await short_timeout(lambda: sandbox.exec("true"), 1)
     started = time.monotonic()
-    r = await sandbox.exec("echo started; echo warn >&2; sleep 300; echo never", timeout=1)
+    r = await sandbox.exec("echo started; echo warn >&2; sleep 300; echo never", timeout=timeout)
     assert r.timed_out and r.exit_code == TIMEOUT_EXIT_CODE and not r.ok
     assert r.stdout == "started\n" and r.stderr == "warn\n"
     # Far below the sleep, far above a loaded machine's kill time: it did not wait for it.
@@ -61,10 +64,11 @@ async def test_timeout_returns_partial_output(sandbox: Sandbox) -> None:
 
 
 async def test_timeout_kills_the_whole_process_tree(
-    sandbox: Sandbox, tick_probe: Callable[[Sandbox], TickProbe]
+    sandbox: Sandbox, tick_probe: Callable[[Sandbox], TickProbe], short_timeout: ShortTimeout
 ) -> None:
     probe = tick_probe(sandbox)
-    r = await sandbox.exec(probe.command + "sleep 30", timeout=0.5)
+    timeout = await short_timeout(lambda: sandbox.exec("true"), 0.5)
+    r = await sandbox.exec(probe.command + "sleep 30", timeout=timeout)
     assert r.timed_out
     await probe.assert_stopped()
 

@@ -15,7 +15,7 @@ import pytest
 from sandlot import Sandbox, SandboxStartError
 
 if TYPE_CHECKING:
-    from conftest import ContractTarget, TickProbe
+    from conftest import ContractTarget, ShortTimeout, TickProbe
 
 pytestmark = pytest.mark.anyio
 
@@ -57,7 +57,7 @@ async def test_a_process_flood_is_killed_at_the_timeout(
 
 
 async def test_timeouts_kill_after_grep_and_sleep_are_deleted(
-    sandbox: Sandbox, target: ContractTarget
+    sandbox: Sandbox, target: ContractTarget, short_timeout: ShortTimeout
 ) -> None:
     target.require_isolated()
     # Never let this delete the host's tools: the sandbox's /usr/bin must not be the host's.
@@ -69,7 +69,8 @@ async def test_timeouts_kill_after_grep_and_sleep_are_deleted(
     await sandbox.exec("rm -f /usr/bin/grep /usr/bin/sleep /bin/grep /bin/sleep")
     assert shutil.which("grep") and shutil.which("sleep")
     n = _unique()
-    r = await sandbox.exec(f"trap '' TERM; echo started {n}; while :; do :; done", timeout=1)
+    timeout = await short_timeout(lambda: sandbox.exec("true"), 1)
+    r = await sandbox.exec(f"trap '' TERM; echo started {n}; while :; do :; done", timeout=timeout)
     assert r.timed_out and r.stdout == f"started {n}\n"
     assert await _count(sandbox, f"bash -c trap '' TERM; echo started {n}") == 0
     assert (await sandbox.exec("echo alive")).stdout == "alive\n"

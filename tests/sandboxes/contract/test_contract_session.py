@@ -20,7 +20,7 @@ from sandlot.runtimes import BashSession, ExecSession, SessionClosedError, Sessi
 from sandlot.runtimes.observation import INTERRUPTED_EXIT_CODE
 
 if TYPE_CHECKING:
-    from conftest import ContractTarget, TickProbe
+    from conftest import ContractTarget, ShortTimeout, TickProbe
 
 pytestmark = pytest.mark.anyio
 
@@ -150,10 +150,13 @@ async def test_long_output_keeps_head_and_tail(sandbox: Sandbox) -> None:
     assert "characters omitted" in r.output and len(r.output) < 1200
 
 
-async def test_timeout_returns_partial_output_and_keeps_state(session: BashSession) -> None:
+async def test_timeout_returns_partial_output_and_keeps_state(
+    session: BashSession, short_timeout: ShortTimeout
+) -> None:
     await session.run("cd /tmp && export SANDLOT_E=kept")
+    timeout = await short_timeout(lambda: session.run("true"), 0.5)
     started = time.monotonic()
-    r = await session.run("echo started; sleep 300; echo never", timeout=0.5)
+    r = await session.run("echo started; sleep 300; echo never", timeout=timeout)
     assert (r.timed_out, r.interrupted, r.exit_code) == (True, True, TIMEOUT_EXIT_CODE)
     assert r.output.startswith("started\n") and "never" not in r.output
     assert not r.shell_restarted
@@ -167,11 +170,14 @@ async def test_timeout_of_a_busy_loop(session: BashSession) -> None:
     assert (await session.run("echo alive")).output == "alive\n"
 
 
-async def test_timeout_escalates_past_an_ignored_sigint(session: BashSession) -> None:
+async def test_timeout_escalates_past_an_ignored_sigint(
+    session: BashSession, short_timeout: ShortTimeout
+) -> None:
+    timeout = await short_timeout(lambda: session.run("python3 -c pass"), 0.5)
     r = await session.run(
         "python3 -c 'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
         'print("up", flush=True); time.sleep(60)\'',
-        timeout=0.5,
+        timeout=timeout,
     )
     assert r.timed_out and r.output.startswith("up\n") and not r.shell_restarted
     assert (await session.run("echo alive")).output == "alive\n"
