@@ -246,7 +246,8 @@ async def _guarded(
         log.exception("evaluation of %s failed unexpectedly", instance.instance_id)
         message = f"unexpected {type(exc).__name__}: {exc}"
     else:
-        timings["total"] = time.monotonic() - started
+        # The result holds a copy of ``timings`` (pydantic validates the dict into its own).
+        result.timings_s["total"] = time.monotonic() - started
         return result
     timings["total"] = time.monotonic() - started
     return EvalResult(
