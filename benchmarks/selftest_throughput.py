@@ -75,7 +75,8 @@ async def _selftest(rows: list[Instance], out: Path, backend: str, workers: int)
     outcome = await run_selftest(
         rows, run_id="selftest", output_dir=out, backend=backend, workers=workers
     )
-    assert outcome.report["kept_rows"] == len(rows), json.dumps(outcome.report, indent=1)
+    rejected = [v.model_dump(mode="json") for v in outcome.verdicts if not v.kept]
+    assert not rejected, json.dumps(rejected, indent=1)
 
 
 async def _gold(rows: list[Instance], out: Path, backend: str, workers: int) -> None:

@@ -211,12 +211,8 @@ async def run_evaluations(
         if on_result:
             on_result(result)
 
-    # Instance by instance, so the evaluations of one instance run near in time (its
-    # snapshot is deleted once the last of them opened).
-    order = {inst.instance_id: k for k, inst in enumerate(instances)}
-    jobs = sorted(
-        ((plan, inst, pred) for plan in plans for inst, pred in plan.todo),
-        key=lambda job: order[job[1].instance_id],
+    jobs = _scheduled(
+        [(plan, inst, pred) for plan in plans for inst, pred in plan.todo], instances, workers
     )
     set_ups: int | None = None
     try:
@@ -244,6 +240,26 @@ async def run_evaluations(
             for plan, preds in zip(plans, prediction_sets, strict=True)
         ]
     return outcomes
+
+
+def _scheduled(
+    jobs: list[tuple[_Plan, Instance, Prediction]], instances: Sequence[Instance], workers: int
+) -> list[tuple[_Plan, Instance, Prediction]]:
+    """The order to start ``jobs`` in: instance by instance, so the evaluations of one instance
+    run near in time (its snapshot is deleted once the last of them opened), but an instance's
+    ``k``-th evaluation ``k * workers`` places after its first, so that it does not hold a
+    worker idle while the set-up it forks from is still running (the first evaluations of the
+    next instances set up meanwhile)."""
+    order = {inst.instance_id: k for k, inst in enumerate(instances)}
+    seen: Counter[str] = Counter()
+    keyed = []
+    for job in jobs:
+        iid = job[1].instance_id
+        k = seen[iid]
+        seen[iid] += 1
+        keyed.append(((order[iid] + k * workers, k), job))
+    keyed.sort(key=lambda item: item[0])  # stable: the sets' order within a key
+    return [job for _, job in keyed]
 
 
 @dataclass
