@@ -83,7 +83,8 @@ def row_verdict(
     """The verdict on ``instance`` from its run without the fix (``before``: the empty patch,
     tests run) and its gold runs, checked in this order: a run missing (interrupted), the
     row's own errors, infrastructure errors, timeouts, disagreeing gold runs, the first gold
-    run's failing tests, then the run before the fix.
+    run's failing tests (FAIL_TO_PASS, then PASS_TO_PASS), then the run before the fix
+    (PASS_TO_PASS failing, then FAIL_TO_PASS passing).
 
     Args:
         instance: the row.
@@ -135,16 +136,16 @@ def row_verdict(
             )
         why = "; ".join(gold.log_warnings) or "no test result in the log"
         return bad(Reason.GOLD_DOES_NOT_RESOLVE, why.strip().splitlines()[0], gold)
-    if before.FAIL_TO_PASS.success:
-        return bad(
-            Reason.F2P_PASSES_BEFORE,
-            "FAIL_TO_PASS passing without the fix: " + _names(before.FAIL_TO_PASS.success),
-            before,
-        )
     if before.PASS_TO_PASS.failure:
         return bad(
             Reason.P2P_FAILS,
             "PASS_TO_PASS failing without the fix: " + _names(before.PASS_TO_PASS.failure),
+            before,
+        )
+    if before.FAIL_TO_PASS.success:
+        return bad(
+            Reason.F2P_PASSES_BEFORE,
+            "FAIL_TO_PASS passing without the fix: " + _names(before.FAIL_TO_PASS.success),
             before,
         )
     if before.resolved:  # no FAIL_TO_PASS test at all
