@@ -1,5 +1,5 @@
-"""`sandlot eval --ray` on a local Ray head (`ray start --head`) writes the reports it writes
-without Ray."""
+"""`sandlot eval --ray` and `sandlot data selftest --ray` on a local Ray head (`ray start
+--head`) write the reports they write without Ray."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def ray_head(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[str]:
     """A Ray head of this machine (`ray start --head --block` in a session of its own,
     killed with its processes after the test; never `ray stop`, which would stop every
     cluster of the user). Its workers import this checkout's sandlot. Token authentication is
@@ -64,9 +64,10 @@ def ray_head(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
                 assert time.monotonic() < deadline, "the Ray head did not start"
                 time.sleep(0.5)
         address = f"127.0.0.1:{port}"
-        monkeypatch.setenv("RAY_ADDRESS", address)
-        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-        yield address
+        with pytest.MonkeyPatch.context() as env_patch:
+            env_patch.setenv("RAY_ADDRESS", address)
+            env_patch.setenv("RAY_AUTH_MODE", "disabled")
+            yield address
     finally:
         os.killpg(head.pid, signal.SIGKILL)  # the head's session: its raylet, GCS, workers
         head.wait()
@@ -87,16 +88,24 @@ def _reports(run: Path) -> dict[str, Any]:
     return found
 
 
-@needs(importable("ray", TRAIN), importable("swebench", EVAL), bwrap_missing)
-@pytest.mark.e2e
-def test_eval_on_ray_writes_the_reports_of_one_machine(ray_head: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """swe-mini's rows, their repositories built beside."""
+    root = tmp_path_factory.mktemp("swe-mini")
     subprocess.run(
-        [sys.executable, str(SWE_MINI / "make_repos.py"), "--dest", str(tmp_path / "repos")],
+        [sys.executable, str(SWE_MINI / "make_repos.py"), "--dest", str(root / "repos")],
         check=True,
         capture_output=True,
     )
-    dataset = tmp_path / "instances.jsonl"
-    shutil.copy(SWE_MINI / "instances.jsonl", dataset)
+    shutil.copy(SWE_MINI / "instances.jsonl", root / "instances.jsonl")
+    return root / "instances.jsonl"
+
+
+@needs(importable("ray", TRAIN), importable("swebench", EVAL), bwrap_missing)
+@pytest.mark.e2e
+def test_eval_on_ray_writes_the_reports_of_one_machine(
+    ray_head: str, dataset: Path, tmp_path: Path
+) -> None:
     wrong = SWE_MINI / "predictions" / "wrong.jsonl"
     common = ["eval", "--dataset", str(dataset), "--predictions", f"gold,{wrong}"]
     common += ["--backend", "local", "-j", "4", "--output-dir", str(tmp_path / "logs")]
@@ -108,3 +117,29 @@ def test_eval_on_ray_writes_the_reports_of_one_machine(ray_head: str, tmp_path: 
     reports = _reports(tmp_path / "logs" / "ray")
     assert len(reports) == 2 + 16  # a run report per file, a report.json per evaluation
     assert reports == _reports(tmp_path / "logs" / "alone")
+
+
+@needs(importable("ray", TRAIN), importable("swebench", EVAL), bwrap_missing)
+@pytest.mark.e2e
+def test_selftest_on_ray_gives_the_verdicts_of_one_machine(
+    ray_head: str, dataset: Path, tmp_path: Path
+) -> None:
+    rows = dataset.read_text().splitlines()[:3]
+    broken = json.loads(rows[0]) | {"instance_id": "bad__missing-commit", "base_commit": "0" * 40}
+    three = dataset.with_name("three.jsonl")
+    three.write_text("".join(line + "\n" for line in [*rows[1:], json.dumps(broken)]))
+    common = ["data", "selftest", "--dataset", str(three), "--backend", "local", "-j", "4"]
+    common += ["--output-dir", str(tmp_path)]
+    alone = CliRunner().invoke(cli, [*common, "--run-id", "alone"])
+    assert alone.exit_code == 0, alone.output
+    on_ray = CliRunner().invoke(cli, [*common, "--run-id", "ray", "--ray"])
+    assert on_ray.exit_code == 0, on_ray.output
+    reports = [
+        json.loads((tmp_path / run / "selftest.json").read_text()) for run in ("alone", "ray")
+    ]
+    for report in reports:
+        assert report["reasons"] == {"repository_unavailable": 1}
+        report.pop("run_id")
+        for row in report["rows"]:
+            row["log"] = row["log"].replace("/ray/", "/alone/")
+    assert reports[0] == reports[1]
