@@ -19,7 +19,7 @@ from sandlot.cli.gc_cmd import leak_note
 from sandlot.cli.ray_option import ray_evaluator, ray_option
 from sandlot.cli.repo_mirror import mirror_dir, repo_mirror_option, settle_sources
 from sandlot.datasets.errors import DatasetError
-from sandlot.datasets.loaders import load_instances
+from sandlot.datasets.loaders import SUFFIXES, load_instances
 from sandlot.datasets.subset import write_subset
 from sandlot.preflight import exit_on, no_preflight_option, run_problems
 from sandlot.rewards.result import EvalResult
@@ -122,10 +122,10 @@ def selftest_command(
         raise InputError(str(exc)) from None
     if not instances:
         raise InputError(f"{dataset}: the dataset holds no rows; pass a non-empty one")
-    if output is not None and output.suffix != _suffix(dataset):
+    if output is not None and {output.suffix} != (types := _file_types(dataset)):
         raise click.BadParameter(
-            f"{output} must end in {_suffix(dataset)}, as the dataset does (rows are written "
-            "in their own format)",
+            f"{output} must end in {' or '.join(sorted(types))}, as the dataset's files do "
+            "(rows are written in their own format; a directory must hold one file type)",
             param_hint="--output",
         )
     if image:
@@ -196,7 +196,7 @@ def selftest_command(
     if output is not None:
         try:
             written = write_subset(dataset, set(outcome.kept_ids), output)
-        except OSError as exc:
+        except (OSError, DatasetError) as exc:
             raise OutputError(f"cannot write --output {output}: {exc}") from None
         console.print(f"{written} kept row(s) written to {output}", soft_wrap=True)
     note = leak_note(backend_name, run_id)
@@ -212,12 +212,10 @@ def selftest_command(
         raise SystemExit(ExitCode.ERRORS)
 
 
-def _suffix(dataset: Path) -> str:
-    """The dataset's file type (a directory's first dataset file's)."""
-    if dataset.is_dir():
-        found = sorted(p.suffix for p in dataset.iterdir() if p.suffix in {".jsonl", ".json"})
-        return (found or [".parquet"])[0]
-    return dataset.suffix
+def _file_types(dataset: Path) -> set[str]:
+    """The suffixes of the dataset's files (a directory's dataset files')."""
+    files = dataset.iterdir() if dataset.is_dir() else [dataset]
+    return {f.suffix for f in files if f.suffix in SUFFIXES}
 
 
 def _print_outcome(console: Console, outcome: SelftestOutcome, elapsed: float) -> None:

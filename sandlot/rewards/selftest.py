@@ -51,6 +51,7 @@ class SelftestOutcome:
 
     @property
     def kept_ids(self) -> list[str]:
+        """The ids of the rows kept, in dataset order."""
         return [v.instance_id for v in self.verdicts if v.kept]
 
     def log_path(self, verdict: RowVerdict) -> Path | None:

@@ -155,3 +155,15 @@ def test_a_rerun_with_the_run_id_evaluates_nothing_again(
     assert "resumed 2 finished evaluation(s)" in second
     assert {p: p.stat().st_mtime_ns for p in finished} == finished
     assert json.loads((tmp_path / "again" / "selftest.json").read_text()) == report
+
+
+def test_an_output_in_another_format_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    dataset = tmp_path / "rows.jsonl"
+    shutil.copy(SWE_MINI / "instances.jsonl", dataset)
+    code, out = _invoke(
+        "data", "selftest", "--dataset", str(dataset), "--output", str(tmp_path / "kept.parquet"),
+        "--output-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert code == 2
+    assert "kept.parquet" in out and ".jsonl" in out
+    assert not (tmp_path / "logs").exists()
