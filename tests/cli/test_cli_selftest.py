@@ -16,6 +16,9 @@ from repo_paths import EXAMPLES
 from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine_missing, importable, needs
 
 from sandlot.cli.main import cli
+from sandlot.datasets.loaders import iter_records, load_instances
+from sandlot.datasets.parquet import write_rows
+from sandlot.datasets.rows import TaskRow, build_row
 
 SWE_MINI = EXAMPLES / "swe-mini"
 
@@ -167,3 +170,33 @@ def test_an_output_in_another_format_is_refused_before_anything_runs(tmp_path: P
     assert code == 2
     assert "kept.parquet" in out and ".jsonl" in out
     assert not (tmp_path / "logs").exists()
+
+
+@needs(bwrap_missing, importable("swebench", EVAL))
+@pytest.mark.e2e
+def test_verl_parquet_rows_are_judged_and_kept_as_verl_rows(
+    mixed: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    dataset, _ = mixed
+    chosen = {"textkit__textkit-1", "bad__f2p-passes-before"}
+    instances = [  # as `sandlot data prepare` writes them: the backend's image chosen
+        i.model_copy(update={"image": i.image_for("local")})
+        for i in load_instances(dataset)
+        if i.instance_id in chosen
+    ]
+    rows = [
+        build_row(
+            inst, index=n, prompt=[{"role": "user", "content": inst.problem_statement}],
+            data_source="swe-mini", reward_name="swe", backend="local",
+        )
+        for n, inst in enumerate(instances)
+    ]  # fmt: skip
+    source = write_rows(rows, tmp_path / "rows.parquet")
+    code, out = _invoke(
+        "data", "selftest", "--dataset", str(source), "--backend", "local",
+        "--output", str(tmp_path / "kept.parquet"), "--output-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert code == 0, out
+    assert "1/2 rows kept" in out and "f2p_passes_before" in out
+    kept = [TaskRow.from_record(r) for _, r in iter_records(tmp_path / "kept.parquet")]
+    assert kept == [r for r in rows if r.extra_info.instance_id == "textkit__textkit-1"]
