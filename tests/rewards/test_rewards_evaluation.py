@@ -224,6 +224,7 @@ def test_post_setup_failure_is_an_error_with_its_output(
     _assert_no_leaks(sandbox_root)
 
 
+@pytest.mark.e2e
 def test_an_empty_patch_with_test_empty_runs_the_tests_before_the_fix(
     instances: dict[str, Instance], sandbox_root: Path
 ) -> None:
