@@ -38,6 +38,8 @@ INPUTS = {
     "a.jsonl": "the user's predictions (docs/groups.md)",
     "b.jsonl": "the user's predictions (docs/groups.md)",
     "train.parquet": "the user's training rows",
+    "rows.parquet": "the user's rows (docs/datasets.md's selftest example)",
+    "kept.parquet": "the file the user names with `sandlot data selftest --output`",
     "r2e_subset.parquet": "a user's export of a source dataset (--input)",
     "torch-pin.txt": "a pip constraints file the user writes",
     "gpu.txt": "a pip requirements file the user writes",

@@ -16,6 +16,7 @@ from sandlot.cli.env_cmd import build_recipes, distinct_recipes
 from sandlot.cli.eval_exit import eval_exit
 from sandlot.cli.exit_codes import ExitCode, InputError, OutputError, write_failure
 from sandlot.cli.gc_cmd import leak_note
+from sandlot.cli.ray_option import ray_evaluator, ray_option
 from sandlot.cli.repo_mirror import mirror_dir, repo_mirror_option, settle_sources
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
@@ -162,6 +163,7 @@ def _needing_repo(instances: list[Instance], pred_sets: list[dict[str, Predictio
     type=click.Path(file_okay=False, path_type=Path),
     help="Where logs and reports go.",
 )
+@ray_option
 @no_preflight_option
 def eval_command(
     dataset: Path,
@@ -174,6 +176,7 @@ def eval_command(
     image: str | None,
     run_id: str | None,
     output_dir: Path,
+    use_ray: bool,
     no_preflight: bool,
 ) -> None:
     """Evaluate model patches on SWE-bench style instances and write SWE-bench style reports.
@@ -209,6 +212,7 @@ def eval_command(
     console.print(
         f"[bold]sandlot eval[/] run [cyan]{run_id}[/]: {todo} prediction(s){files} on "
         f"{len(instances)} instance(s), backend [cyan]{backend_name}[/], {workers} worker(s)"
+        f"{', on Ray' if use_ray else ''}"
     )
     started = time.monotonic()
     if get_backend(backend_name).on_host:
@@ -230,9 +234,9 @@ def eval_command(
             resolved += result.resolved
             progress.update(task, advance=1, description=f"evaluating ({resolved} resolved)")
 
-        try:
-            outcomes = anyio.run(
-                lambda: run_evaluations(
+        async def main() -> list[RunOutcome]:
+            async with ray_evaluator(use_ray, backend_name, timeout, workers) as evaluator:
+                return await run_evaluations(
                     instances,
                     pred_sets,
                     run_id=run_id,
@@ -241,8 +245,11 @@ def eval_command(
                     workers=workers,
                     timeout=timeout,
                     on_result=on_result,
+                    evaluator=evaluator,
                 )
-            )
+
+        try:
+            outcomes = anyio.run(main)
         except KeyboardInterrupt:
             console.print(
                 f"[yellow]interrupted[/]; finished instances are saved. Resume with "

@@ -14,6 +14,7 @@ from sandlot.cli.eval_cmd import eval_command
 from sandlot.cli.gc_cmd import gc_command
 from sandlot.cli.image_cmd import image_group
 from sandlot.cli.rollout_cmd import report_command, rollout_command
+from sandlot.cli.selftest_cmd import selftest_command
 from sandlot.cli.train_cmd import train_command
 
 
@@ -28,6 +29,7 @@ def cli(verbose: int) -> None:
 
 cli.add_command(eval_command)
 cli.add_command(data_group)
+data_group.add_command(selftest_command)
 cli.add_command(gc_command)
 cli.add_command(image_group)
 cli.add_command(env_group)

@@ -99,6 +99,10 @@ def strip_future_history_cmd(base_commit: str) -> str:
     return _SCRIPT.format(base=shlex.quote(base_commit))
 
 
+HIDE_STEP = "remove the repository's history after base_commit"
+"""The ``step`` of the :class:`SandboxSetupError` :func:`hide_future` raises."""
+
+
 async def hide_future(sb: Sandbox, instance: Instance) -> None:
     """Leave only ``HEAD``'s history in ``instance.workdir``'s repository
     (:func:`strip_future_history_cmd`); a work directory that is not a git repository is left
@@ -115,6 +119,6 @@ async def hide_future(sb: Sandbox, instance: Instance) -> None:
             "sandlot.datasets.git_history.strip_future_history_cmd",
             r.exit_code,
             output_tail(r.stdout + r.stderr),
-            step="remove the repository's history after base_commit",
+            step=HIDE_STEP,
         )
     log.debug("%s: history after base_commit removed", instance.instance_id)

@@ -106,6 +106,20 @@ def write_rows(
     return Path(path)
 
 
+def write_table(table: Any, path: str | os.PathLike[str]) -> Path:
+    """Write the ``pyarrow.Table`` ``table`` to the parquet file ``path`` through a temporary
+    file and a rename (mode as for :func:`write_rows`), its schema as it is.
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+    import pyarrow.parquet as pq
+
+    with _replacing(Path(path)) as tmp:
+        pq.write_table(table, tmp)
+    return Path(path)
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename (mode as for
     :func:`write_rows`).

@@ -15,7 +15,7 @@ import shlex
 
 import anyio
 
-from sandlot.datasets.git_history import hide_future
+from sandlot.datasets.git_history import HIDE_STEP, hide_future
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import spec_environment
 from sandlot.errors import SandboxSetupError
@@ -83,6 +83,18 @@ def instance_spec(instance: Instance, backend: str) -> SandboxSpec:
     )
 
 
+FETCH_STEP = "fetch repo"
+"""How the ``step`` of a :class:`SandboxSetupError` that fetching the repository at
+``base_commit`` raised begins."""
+
+
+def repository_step(step: str) -> bool:
+    """Whether a failed set-up ``step`` (``SandboxSetupError.step``) was bringing the
+    repository to ``base_commit``: cloning it, checking the commit out, or cutting the history
+    after it (a ``base_commit`` missing from the repository fails one of these)."""
+    return step.startswith(FETCH_STEP) or step == HIDE_STEP
+
+
 async def prepare_repo(sb: Sandbox, instance: Instance, backend: str | None = None) -> None:
     """Put the repository at ``base_commit`` into ``workdir``, run the environment recipe's
     repository steps (``pre_install``, ``install``), then ``post_setup_cmd``; then leave only
@@ -114,7 +126,7 @@ async def prepare_repo(sb: Sandbox, instance: Instance, backend: str | None = No
             script = fetch_repo_script(
                 _UPLOADED_REPO, instance.workdir, instance.base_commit, uploaded=True
             )
-        await _run_setup(sb, script, "/", step=f"fetch repo from {source}")
+        await _run_setup(sb, script, "/", step=f"{FETCH_STEP} from {source}")
     recipe = instance_environment(instance, backend or sb.name)
     for command in recipe.repo_steps if recipe else []:
         await _run_setup(sb, command, instance.workdir, step="environment install")

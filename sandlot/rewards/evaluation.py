@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sandlot.datasets.instance import Instance
-from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
+from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo, repository_step
 from sandlot.datasets.swebench_specs import resolve_log_parser, resolve_test_cmd
 from sandlot.errors import (
     EnvironmentBuildError,
@@ -55,7 +55,14 @@ from sandlot.rewards.integrity.grader_files import (
 )
 from sandlot.rewards.integrity.revert import RevertError, revert_test_infrastructure
 from sandlot.rewards.missing_runner import missing_runner
-from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus, Integrity, RevertedFile
+from sandlot.rewards.result import (
+    ChannelState,
+    EvalFailure,
+    EvalResult,
+    EvalStatus,
+    Integrity,
+    RevertedFile,
+)
 from sandlot.rewards.scripts import (
     EVAL_DIR,
     MODEL_PATCH_PATH,
@@ -80,9 +87,10 @@ _INLINE_NAMES_MAX = 32_000
 class _EvalError(Exception):
     """A step failed in a way that makes the instance an ``error`` (message says which)."""
 
-    def __init__(self, status: EvalStatus, message: str) -> None:
+    def __init__(self, status: EvalStatus, message: str, failure: EvalFailure) -> None:
         super().__init__(message)
         self.status = status
+        self.failure = failure
 
 
 async def evaluate(
@@ -96,6 +104,7 @@ async def evaluate(
     integrity_checks: bool = True,
     setups: SetupCache | None = None,
     uses: int | None = None,
+    test_empty: bool = False,
 ) -> EvalResult:
     """Evaluate ``model_patch`` on ``instance`` in a fresh sandbox and grade it.
 
@@ -119,6 +128,9 @@ async def evaluate(
             the patch is applied in a fork of the clean set-up, never in the snapshotted sandbox);
             ``timings_s["setup"]`` then covers the fork's start.
         uses: how many evaluations of the instance open through ``setups`` (``SetupCache.open``).
+        test_empty: run the tests for an empty ``model_patch`` too (the repository as it is
+            at ``base_commit``, with ``test_patch``: ``sandlot data selftest``'s run before the
+            fix) instead of returning ``empty_patch`` without a sandbox.
 
     Returns:
         The ``EvalResult``; ``reward`` is 1.0 exactly when ``resolved``.
@@ -133,7 +145,7 @@ async def evaluate(
                 await prepare_repo(sb, instance, backend_name)
                 timings["setup"] = time.monotonic() - t
                 return await _test_and_grade(
-                    sb, instance, model_patch, base, timings, timeout, integrity_checks
+                    sb, instance, model_patch or "", base, timings, timeout, integrity_checks
                 )
         raw = sandbox_options
         raw = raw.model_dump() if isinstance(raw, BaseModel) else dict(raw or {})
@@ -148,12 +160,12 @@ async def evaluate(
         timings["setup"] = time.monotonic() - t
         try:
             return await _test_and_grade(
-                sb, instance, model_patch, base, timings, timeout, integrity_checks
+                sb, instance, model_patch or "", base, timings, timeout, integrity_checks
             )
         finally:
             await sb.close()
 
-    return await _guarded(steps, instance, model_patch, model_name_or_path)
+    return await _guarded(steps, instance, model_patch, model_name_or_path, test_empty)
 
 
 async def evaluate_in_sandbox(
@@ -194,36 +206,53 @@ async def _guarded(
     instance: Instance,
     model_patch: str | None,
     model_name_or_path: str,
+    test_empty: bool = False,
 ) -> EvalResult:
-    """``empty_patch`` for an empty ``model_patch``; else run ``steps(base, timings)`` (the
-    result's common fields; step durations in seconds, filled as they go), turning every
-    failure but cancellation into an error ``EvalResult``."""
+    """``empty_patch`` for an empty ``model_patch`` (unless ``test_empty``); else run
+    ``steps(base, timings)`` (the result's common fields; step durations in seconds, filled as
+    they go), turning every failure but cancellation into an error ``EvalResult`` labelled with
+    its :class:`EvalFailure`."""
     started = time.monotonic()
     base: dict[str, Any] = {
         "instance_id": instance.instance_id,
         "model_name_or_path": model_name_or_path,
     }
-    if not model_patch or not model_patch.strip():
+    if (not model_patch or not model_patch.strip()) and not test_empty:
         return EvalResult(**base, status=EvalStatus.EMPTY_PATCH)
     timings: dict[str, float] = {}
+    failure = EvalFailure.INFRASTRUCTURE
     try:
         result = await steps(base, timings)
     except _EvalError as exc:
         timings["total"] = time.monotonic() - started
-        return EvalResult(**base, status=exc.status, error=str(exc), timings_s=timings)
+        return EvalResult(
+            **base, status=exc.status, error=str(exc), failure=exc.failure, timings_s=timings
+        )
     except SandboxSetupError as exc:
-        return _error(base, f"environment setup failed: {exc}", timings, started)
+        repository = repository_step(exc.step)
+        failure = EvalFailure.REPOSITORY if repository else EvalFailure.ENVIRONMENT
+        message = f"environment setup failed: {exc}"
     except EnvironmentBuildError as exc:
-        return _error(base, f"environment build failed: {exc}", timings, started)
+        failure, message = EvalFailure.ENVIRONMENT, f"environment build failed: {exc}"
     except SandboxError as exc:
-        return _error(base, f"sandbox failure ({type(exc).__name__}): {exc}", timings, started)
-    except (ValueError, OSError, LookupError) as exc:
-        return _error(base, f"{type(exc).__name__}: {exc}", timings, started)
+        message = f"sandbox failure ({type(exc).__name__}): {exc}"
+    except FileNotFoundError as exc:  # repo_source is not on this machine
+        failure, message = EvalFailure.REPOSITORY, f"{type(exc).__name__}: {exc}"
+    except ValueError as exc:  # what the instance lacks (a test command, an image)
+        failure, message = EvalFailure.INSTANCE, f"{type(exc).__name__}: {exc}"
+    except (OSError, LookupError) as exc:
+        message = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # one instance must never take down the batch
         log.exception("evaluation of %s failed unexpectedly", instance.instance_id)
-        return _error(base, f"unexpected {type(exc).__name__}: {exc}", timings, started)
+        message = f"unexpected {type(exc).__name__}: {exc}"
+    else:
+        # The result holds a copy of ``timings`` (pydantic validates the dict into its own).
+        result.timings_s["total"] = time.monotonic() - started
+        return result
     timings["total"] = time.monotonic() - started
-    return result
+    return EvalResult(
+        **base, status=EvalStatus.ERROR, error=message, failure=failure, timings_s=timings
+    )
 
 
 async def _test_and_grade(
@@ -237,14 +266,17 @@ async def _test_and_grade(
 ) -> EvalResult:
     """Apply ``model_patch`` (``None``: already in place), list what the model changed from
     the repository, revert its test infrastructure, prepare the tests, run them (with the
-    pytest channel), grade. A patch into ``.git/``, outside the repository or through a
-    symlink is refused (unresolved) before its tests run."""
+    pytest channel), grade. An empty ``model_patch`` changes nothing. A patch into ``.git/``,
+    outside the repository or through a symlink is refused (unresolved) before its tests
+    run."""
     test_cmd = resolve_test_cmd(instance)
     parser = resolve_log_parser(instance)
     t = time.monotonic()
     git = TrustedGit(instance.workdir, instance.base_commit, scratch=EVAL_DIR)
     apply_cmd = None
-    if model_patch is not None:
+    if model_patch is not None and not model_patch.strip():
+        changes = Changes()
+    elif model_patch is not None:
         refused = refused_names(model_patch)
         if refused:
             return _refused(base, refused, timings, applied=False)
@@ -261,7 +293,7 @@ async def _test_and_grade(
         try:
             reverted = await revert_test_infrastructure(sb, instance, changes, git)
         except RevertError as exc:
-            raise _EvalError(EvalStatus.ERROR, str(exc)) from exc
+            raise _EvalError(EvalStatus.ERROR, str(exc), EvalFailure.INFRASTRUCTURE) from exc
     prepared = await _prepare_tests(
         sb, instance, git, then=hash_script(instance) if integrity_checks else ""
     )
@@ -295,6 +327,7 @@ async def _test_and_grade(
             **applied,
             status=EvalStatus.ERROR,
             error=cannot_start,
+            failure=EvalFailure.ENVIRONMENT,
             tests_exit_code=run.exit_code,
             timings_s=timings,
             log=run.stdout + run.stderr,
@@ -384,13 +417,6 @@ async def _after_tests(
     return parse_hashes(r.stdout), records
 
 
-def _error(
-    base: dict[str, Any], message: str, timings: dict[str, float], started: float
-) -> EvalResult:
-    timings["total"] = time.monotonic() - started
-    return EvalResult(**base, status=EvalStatus.ERROR, error=message, timings_s=timings)
-
-
 async def _apply_model_patch(
     sb: Sandbox, instance: Instance, model_patch: str, git: TrustedGit, list_changes: bool
 ) -> Changes:
@@ -422,6 +448,7 @@ async def _apply_model_patch(
             EvalStatus.ERROR,
             f"applying the model patch failed (exit {r.exit_code}):\n"
             + output_tail(r.stdout + r.stderr),
+            EvalFailure.INFRASTRUCTURE,
         )
     if not changes.applied:
         attempts = [
@@ -431,6 +458,7 @@ async def _apply_model_patch(
         raise _EvalError(
             EvalStatus.PATCH_FAILED,
             "patch failed to apply with every fallback:\n" + "\n".join(attempts),
+            EvalFailure.PATCH,
         )
     return changes
 
@@ -446,6 +474,7 @@ async def _working_changes(sb: Sandbox, instance: Instance, git: TrustedGit) -> 
         raise _EvalError(
             EvalStatus.ERROR,
             f"cannot list the model's changes:\n{output_tail(r.stdout + r.stderr)}",
+            EvalFailure.INFRASTRUCTURE,
         )
     output = await _read_listing(sb, git) if r.truncated else r.stdout
     return parse_working_changes(output)
@@ -457,7 +486,9 @@ async def _read_listing(sb: Sandbox, git: TrustedGit) -> str:
         data = await sb.read_file(f"{git.git_dir}/{LISTING}")
     except SandboxFileError as exc:
         raise _EvalError(
-            EvalStatus.ERROR, f"cannot read the list of the model's changes: {exc}"
+            EvalStatus.ERROR,
+            f"cannot read the list of the model's changes: {exc}",
+            EvalFailure.INFRASTRUCTURE,
         ) from exc
     return data.decode("utf-8", "surrogateescape")
 
@@ -505,5 +536,6 @@ async def _prepare_tests(
             EvalStatus.ERROR,
             "test_patch failed to apply after resetting the test files (check the "
             f"instance's base_commit and test_patch):\n{output_tail(r.stdout + r.stderr)}",
+            EvalFailure.TEST_PATCH,
         )
     return r.stdout

@@ -28,6 +28,26 @@ class EvalStatus(str, Enum):
         return self in (EvalStatus.PATCH_FAILED, EvalStatus.ERROR)
 
 
+class EvalFailure(str, Enum):
+    """What an evaluation that ended in an error status failed at (the harness's
+    ``infra_failure`` labels, advisory): tells the row's fault from the machinery's.
+
+    ``environment``: the test environment could not be built or set up, or does not run the
+    tests; ``repository``: the repository or ``base_commit`` could not be fetched;
+    ``patch``: the model patch applies with no fallback; ``test_patch``: the instance's
+    ``test_patch`` does not apply at ``base_commit``; ``instance``: the instance lacks
+    what its evaluation needs (no test command can be derived); ``infrastructure``: the
+    sandbox or sandlot failed (a re-run may pass).
+    """
+
+    ENVIRONMENT = "environment"
+    REPOSITORY = "repository"
+    PATCH = "patch"
+    TEST_PATCH = "test_patch"
+    INSTANCE = "instance"
+    INFRASTRUCTURE = "infrastructure"
+
+
 class TestOutcome(BaseModel):
     """Success/failure split of one test list (the harness's ``tests_status`` entries)."""
 
@@ -104,6 +124,7 @@ class EvalResult(BaseModel):
         reverted_files: the model's changes to test infrastructure undone before the tests.
         integrity: which defences ran and what they found (see ``Integrity``).
         error: what went wrong for error statuses, naming the step and what to do.
+        failure: the cause of an error status (``None`` for the others).
         timings_s: seconds spent per step (``setup``, ``apply``, ``tests``, ``total``).
         log: the test command's output (combined stdout and stderr).
     """
@@ -124,5 +145,6 @@ class EvalResult(BaseModel):
     reverted_files: list[RevertedFile] = Field(default_factory=list)
     integrity: Integrity = Field(default_factory=Integrity)
     error: str | None = None
+    failure: EvalFailure | None = None
     timings_s: dict[str, float] = Field(default_factory=dict)
     log: str = ""

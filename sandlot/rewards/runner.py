@@ -16,6 +16,7 @@ id and model is evaluated again, and a ``report.json`` or ``result.json`` that d
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from collections import Counter
@@ -29,7 +30,7 @@ from pydantic import BaseModel
 
 from sandlot.datasets.instance import Instance
 from sandlot.datasets.swebench_specs import resolve_test_cmd
-from sandlot.rewards.evaluation import evaluate
+from sandlot.rewards.evaluators import Evaluator, InProcessEvaluator
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalResult
 from sandlot.rewards.run_report import (
@@ -39,7 +40,6 @@ from sandlot.rewards.run_report import (
     write_text_atomic,
 )
 from sandlot.rewards.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, eval_script, patch_files
-from sandlot.sandboxes.setups.cache import SetupCache
 
 REPORT_FILE = "report.json"
 RESULT_FILE = "result.json"
@@ -144,6 +144,8 @@ async def run_evaluations(
     timeout: float | None = None,
     sandbox_options: BaseModel | dict[str, Any] | None = None,
     on_result: Callable[[EvalResult], None] | None = None,
+    test_empty: bool = False,
+    evaluator: Evaluator | None = None,
 ) -> list[RunOutcome]:
     """Evaluate each prediction set (file) on ``instances``, ``workers`` evaluations at a time
     in all, writing as results come, each set with its own run report. An instance that
@@ -163,6 +165,11 @@ async def run_evaluations(
         timeout: seconds for each test command, overriding each instance's ``eval_timeout``.
         sandbox_options: backend-specific options.
         on_result: called after each instance finishes (progress display).
+        test_empty: run the tests for empty patches too (``sandlot data selftest``'s run
+            before the fix; see :func:`~sandlot.rewards.evaluation.evaluate`).
+        evaluator: where the evaluations run, entered by the caller (e.g.
+            :class:`~sandlot.rewards.ray_evaluator.RayEvaluator`); ``backend``, ``timeout``
+            and ``sandbox_options`` are then its own. Default: this process.
 
     Returns:
         One :class:`RunOutcome` per set, in order (its run report with SWE-bench keys, every
@@ -189,22 +196,14 @@ async def run_evaluations(
         inst.instance_id
         for plan in plans
         for inst, pred in plan.todo
-        if pred.model_patch and pred.model_patch.strip()
+        if test_empty or (pred.model_patch and pred.model_patch.strip())
     )
-    shared = any(n > 1 for n in uses.values())
     limiter = anyio.CapacityLimiter(workers)
 
-    async def one(plan: _Plan, inst: Instance, pred: Prediction, setups: SetupCache | None) -> None:
+    async def one(plan: _Plan, inst: Instance, pred: Prediction, runs: Evaluator) -> None:
         async with limiter:
-            result = await evaluate(
-                inst,
-                pred.model_patch,
-                backend=backend,
-                model_name_or_path=pred.model_name_or_path,
-                timeout=timeout,
-                sandbox_options=sandbox_options,
-                setups=setups,
-                uses=uses[inst.instance_id],
+            result = await runs.evaluate(
+                inst, pred, uses=uses[inst.instance_id], test_empty=test_empty
             )
         directory = _instance_dir(output_dir, run_id, pred)
         await anyio.to_thread.run_sync(_write_artifacts, directory, inst, pred, result)
@@ -212,27 +211,55 @@ async def run_evaluations(
         if on_result:
             on_result(result)
 
-    # Instance by instance, so the evaluations of one instance run near in time (its
-    # snapshot is deleted once the last of them opened).
-    order = {inst.instance_id: k for k, inst in enumerate(instances)}
-    jobs = sorted(
-        ((plan, inst, pred) for plan in plans for inst, pred in plan.todo),
-        key=lambda job: order[job[1].instance_id],
+    jobs = _scheduled(
+        [(plan, inst, pred) for plan in plans for inst, pred in plan.todo], instances, workers
     )
-    setups = SetupCache(fork_first=True) if shared else None
+    set_ups: int | None = None
     try:
-        async with anyio.create_task_group() as tg:
-            for plan, inst, pred in jobs:
-                tg.start_soon(one, plan, inst, pred, setups)
+        async with contextlib.AsyncExitStack() as stack:
+            runs: Evaluator
+            if evaluator is not None:
+                runs = evaluator
+            else:
+                runs = await stack.enter_async_context(
+                    InProcessEvaluator(
+                        backend=backend,
+                        timeout=timeout,
+                        sandbox_options=sandbox_options,
+                        share_setups=any(n > 1 for n in uses.values()),
+                    )
+                )
+            async with anyio.create_task_group() as tg:
+                for plan, inst, pred in jobs:
+                    tg.start_soon(one, plan, inst, pred, runs)
+            set_ups = await runs.set_ups()
     finally:
-        if setups is not None:
-            await setups.aclose()
         # Also on Ctrl-C: the reports then cover what finished, and a re-run resumes the rest.
         outcomes = [
-            plan.write(instances, preds, output_dir, run_id, setups)
+            plan.write(instances, preds, output_dir, run_id, set_ups)
             for plan, preds in zip(plans, prediction_sets, strict=True)
         ]
     return outcomes
+
+
+def _scheduled(
+    jobs: list[tuple[_Plan, Instance, Prediction]], instances: Sequence[Instance], workers: int
+) -> list[tuple[_Plan, Instance, Prediction]]:
+    """The order to start ``jobs`` in: instance by instance, so the evaluations of one instance
+    run near in time (its snapshot is deleted once the last of them opened), but an instance's
+    ``k``-th evaluation ``k * workers`` places after its first, so that it does not hold a
+    worker idle while the set-up it forks from is still running (the first evaluations of the
+    next instances set up meanwhile)."""
+    order = {inst.instance_id: k for k, inst in enumerate(instances)}
+    seen: Counter[str] = Counter()
+    keyed = []
+    for job in jobs:
+        iid = job[1].instance_id
+        k = seen[iid]
+        seen[iid] += 1
+        keyed.append(((order[iid] + k * workers, k), job))
+    keyed.sort(key=lambda item: item[0])  # stable: the sets' order within a key
+    return [job for _, job in keyed]
 
 
 @dataclass
@@ -249,7 +276,7 @@ class _Plan:
         predictions: dict[str, Prediction],
         output_dir: Path,
         run_id: str,
-        setups: SetupCache | None,
+        set_ups: int | None,
     ) -> RunOutcome:
         """Write the run report; the outcome."""
         first = next(iter(predictions.values())).model_name_or_path if predictions else "none"
@@ -262,7 +289,7 @@ class _Plan:
             results=self.results,
             report_path=report_path,
             resumed=self.resumed,
-            set_ups=setups.set_ups if setups is not None else None,
+            set_ups=set_ups,
         )
 
 

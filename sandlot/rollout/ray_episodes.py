@@ -25,7 +25,7 @@ from sandlot.rollout.errors import RolloutError
 from sandlot.rollout.policy import Policy
 from sandlot.rollout.trajectory import Trajectory
 from sandlot.sandboxes.base import live_sandboxes
-from sandlot.sandboxes.labels import pin_run_id
+from sandlot.sandboxes.labels import forwarded_env
 from sandlot.sandboxes.scale.starting import starting_gate
 from sandlot.sandboxes.setups.actor import SharedSetups
 from sandlot.sandboxes.setups.cache import SetupCache
@@ -113,15 +113,6 @@ class EpisodeWorker:
             await self._setups.aclose()
         await self._stack.aclose()
         return live_sandboxes(self._backend)
-
-
-def forwarded_env() -> dict[str, str]:
-    """The environment Ray actors need to label and reach sandboxes as this process does:
-    every ``SANDLOT_*`` variable (the run id among them), ``DEPLOYMENT`` and ``DOCKER_HOST``.
-    Secrets are not forwarded."""
-    pin_run_id()
-    keep = ("DEPLOYMENT", "DOCKER_HOST", "CONTAINERS_CONF")
-    return {k: v for k, v in os.environ.items() if k.startswith("SANDLOT_") or k in keep}
 
 
 class RayEpisodes:

@@ -67,6 +67,15 @@ _RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 _RUN_ID_MAX = 63  # a label value every backend accepts (docker labels, Modal tags, veFaaS)
 
 
+def forwarded_env() -> dict[str, str]:
+    """The environment Ray actors need to label and reach sandboxes as this process does:
+    every ``SANDLOT_*`` variable (the run id among them), ``DEPLOYMENT`` and ``DOCKER_HOST``.
+    Secrets are not forwarded."""
+    pin_run_id()
+    keep = ("DEPLOYMENT", "DOCKER_HOST", "CONTAINERS_CONF")
+    return {k: v for k, v in os.environ.items() if k.startswith("SANDLOT_") or k in keep}
+
+
 def use_run_id(value: str) -> str:
     """Make ``value`` this process tree's run id (``$SANDLOT_RUN_ID``): the id a user chose
     with ``--run-id``, so ``sandlot gc --run-id <value>`` finds the run's sandboxes.

@@ -21,7 +21,7 @@ from sandlot.datasets.instance import Instance
 from sandlot.datasets.loaders import load_instances
 from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.predictions import Prediction, load_predictions
-from sandlot.rewards.result import EvalResult, EvalStatus
+from sandlot.rewards.result import EvalFailure, EvalResult, EvalStatus
 from sandlot.rewards.runner import run_evaluation
 
 need_module("swebench", EVAL)
@@ -189,6 +189,7 @@ def test_bad_patch_is_an_error_and_the_batch_goes_on(
     out = _run(run_evaluation, [bad, good], preds, run_id="b", output_dir=tmp_path, backend="local")
     assert out.results[bad.instance_id].status is EvalStatus.PATCH_FAILED
     assert out.results[bad.instance_id].status.value == "error: patch failed to apply"
+    assert out.results[bad.instance_id].failure is EvalFailure.PATCH
     assert "nope.py" in (out.results[bad.instance_id].error or "")
     assert out.report["error_ids"] == [bad.instance_id]
     assert out.report["resolved_ids"] == [good.instance_id]
@@ -219,6 +220,30 @@ def test_post_setup_failure_is_an_error_with_its_output(
     result: EvalResult = _run(evaluate, inst, inst.patch, backend="local")
     assert result.status is EvalStatus.ERROR
     assert "installing-deps" in (result.error or "") and "exit 3" in (result.error or "")
+    assert result.failure is EvalFailure.ENVIRONMENT
+    _assert_no_leaks(sandbox_root)
+
+
+@pytest.mark.e2e
+def test_an_empty_patch_with_test_empty_runs_the_tests_before_the_fix(
+    instances: dict[str, Instance], sandbox_root: Path
+) -> None:
+    inst = instances["ledger__ledger-1"]
+    result: EvalResult = _run(evaluate, inst, "", backend="local", test_empty=True)
+    assert result.status is EvalStatus.UNRESOLVED
+    assert result.FAIL_TO_PASS.failure == inst.FAIL_TO_PASS
+    assert result.PASS_TO_PASS.success == inst.PASS_TO_PASS
+    assert result.timings_s["total"] >= result.timings_s["tests"] > 0
+    _assert_no_leaks(sandbox_root)
+
+
+def test_a_base_commit_missing_from_the_repository_is_a_repository_failure(
+    instances: dict[str, Instance], sandbox_root: Path
+) -> None:
+    inst = instances["ledger__ledger-1"].model_copy(update={"base_commit": "0123456789" * 4})
+    result: EvalResult = _run(evaluate, inst, inst.patch, backend="local")
+    assert result.status is EvalStatus.ERROR and result.failure is EvalFailure.REPOSITORY
+    assert "reference is not a tree" in (result.error or "")
     _assert_no_leaks(sandbox_root)
 
 
