@@ -6,6 +6,8 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
+from sandlot.sandboxes.setups.counts import SetupCounts
+
 
 class EvalStatus(str, Enum):
     """How an evaluation ended. ``resolved``/``unresolved``/``timed_out`` completed grading."""
@@ -105,6 +107,9 @@ class EvalResult(BaseModel):
         integrity: which defences ran and what they found (see ``Integrity``).
         error: what went wrong for error statuses, naming the step and what to do.
         timings_s: seconds spent per step (``setup``, ``apply``, ``tests``, ``total``).
+        setup: whether this evaluation set its sandbox up (``set_up``), started it as a fork
+            of the instance's clean set-up (``forked``), or both (the evaluation that set a
+            shared set-up up runs in a fork of it); 0 and 0 when no sandbox was opened.
         log: the test command's output (combined stdout and stderr).
     """
 
@@ -125,4 +130,5 @@ class EvalResult(BaseModel):
     integrity: Integrity = Field(default_factory=Integrity)
     error: str | None = None
     timings_s: dict[str, float] = Field(default_factory=dict)
+    setup: SetupCounts = Field(default_factory=SetupCounts)
     log: str = ""

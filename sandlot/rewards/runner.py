@@ -148,9 +148,8 @@ async def run_evaluations(
     """Evaluate each prediction set (file) on ``instances``, ``workers`` evaluations at a time
     in all, writing as results come, each set with its own run report. An instance that
     several sets evaluate is set up once for all of them
-    (:class:`~sandlot.sandboxes.setups.cache.SetupCache` with ``fork_first``: every evaluation runs
-    in a fork of the clean set-up; a snapshot that fails falls back to one set-up per
-    evaluation).
+    (:class:`~sandlot.sandboxes.setups.cache.SetupCache`: every evaluation runs in a fork of
+    the clean set-up; a snapshot that fails falls back to one set-up per evaluation).
 
     Args:
         instances: the dataset (already filtered to the instances to run).
@@ -185,13 +184,13 @@ async def run_evaluations(
             )
     plans = [_plan(instances, preds, output_dir, run_id, on_result) for preds in prediction_sets]
     # The evaluations that open a sandbox (an empty patch is graded without one).
-    uses = Counter(
+    group_sizes = Counter(
         inst.instance_id
         for plan in plans
         for inst, pred in plan.todo
         if pred.model_patch and pred.model_patch.strip()
     )
-    shared = any(n > 1 for n in uses.values())
+    shared = any(n > 1 for n in group_sizes.values())
     limiter = anyio.CapacityLimiter(workers)
 
     async def one(plan: _Plan, inst: Instance, pred: Prediction, setups: SetupCache | None) -> None:
@@ -204,7 +203,7 @@ async def run_evaluations(
                 timeout=timeout,
                 sandbox_options=sandbox_options,
                 setups=setups,
-                uses=uses[inst.instance_id],
+                group_size=group_sizes[inst.instance_id],
             )
         directory = _instance_dir(output_dir, run_id, pred)
         await anyio.to_thread.run_sync(_write_artifacts, directory, inst, pred, result)
@@ -219,7 +218,7 @@ async def run_evaluations(
         ((plan, inst, pred) for plan in plans for inst, pred in plan.todo),
         key=lambda job: order[job[1].instance_id],
     )
-    setups = SetupCache(fork_first=True) if shared else None
+    setups = SetupCache() if shared else None
     try:
         async with anyio.create_task_group() as tg:
             for plan, inst, pred in jobs:
@@ -262,7 +261,7 @@ class _Plan:
             results=self.results,
             report_path=report_path,
             resumed=self.resumed,
-            set_ups=setups.set_ups if setups is not None else None,
+            set_ups=setups.counts.set_up if setups is not None else None,
         )
 
 

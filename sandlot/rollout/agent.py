@@ -387,12 +387,13 @@ async def run_episode(
         backend: overrides the config's backend (``None``: ``config.sandbox.resolved_backend``).
         model_name_or_path: recorded in the trajectory and its ``EvalResult``.
         sandbox_options: overrides the config's options for the backend.
-        setups: shares the set-up of the row's samples (:mod:`sandlot.sandboxes.setups.cache`;
-            ``reward.mode: fresh`` only): a fork of the first sample's set-up sandbox, whose
-            ``timings_s["setup"]`` then covers the start too (``Trajectory.forked`` says
-            whether it was a fork).
-        group_size: how many samples of the row open through ``setups`` (its ``uses``:
-            the snapshot is deleted once the last one opened); ``None``: kept until evicted.
+        setups: shares the set-ups of the row's samples (:mod:`sandlot.sandboxes.setups.cache`;
+            ``reward.mode: fresh`` only): the agent's sandbox is a fork of the first sample's
+            set-up sandbox, whose ``timings_s["setup"]`` then covers the start too, and the
+            grading's a fork of the instance's clean set-up (``Trajectory.setups`` counts
+            both).
+        group_size: how many samples of the row open through ``setups`` (each snapshot is
+            deleted once the last one opened); ``None``: kept until evicted.
 
     Returns:
         The :class:`Trajectory`; ``timings_s`` has ``start``, ``setup``, ``agent``, ``model``,
@@ -415,12 +416,13 @@ async def run_episode(
             key = setup_key(ep.instance.instance_id, backend, spec, options)
 
             async def prepare(sb: Sandbox) -> None:
+                traj.setups.agent.set_up += 1
                 await prepare_repo(sb, ep.instance, backend)
                 await _remove_graded(ep, sb, None)
 
             with timer("setup"):
-                sb = await setups.open(key, backend, spec, options, prepare, uses=group_size)
-            traj.forked = sb.origin is not None
+                sb = await setups.open(key, backend, spec, options, prepare, group_size=group_size)
+            traj.setups.agent.forked += sb.origin is not None
         else:
             sb = open_sandbox(backend, spec, options=options)
         try:
@@ -428,6 +430,7 @@ async def run_episode(
                 with timer("start"):
                     await sb.start()
                 with timer("setup"):
+                    traj.setups.agent.set_up += 1
                     await prepare_repo(sb, ep.instance, backend)
                     graded = await _remove_graded(ep, sb, Path(copies.name) if copies else None)
                     # Before the first turn: nothing in it is the agent's (rewards.lingering).
@@ -466,7 +469,10 @@ async def run_episode(
                     model_name_or_path=model_name_or_path,
                     timeout=reward.eval_timeout,
                     sandbox_options=options,
+                    setups=setups,
+                    group_size=group_size,
                 )
+                traj.setups.grading = traj.eval.setup
     except PolicyError as exc:
         ep.end(ExitReason.INFRA_ERROR, f"model server: {exc}")
         traj.retryable = exc.retryable

@@ -209,8 +209,9 @@ def test_agent_loop_manager_runs_sandlot_episodes(
 
 def test_the_samples_of_a_prompt_share_one_set_up(setup: Setup, qwen_dir: Path) -> None:
     """GRPO groups: n=4 samples of 2 prompts, repeated as verl's trainers repeat a batch
-    (``DataProto.repeat(n, interleave=True)``), run on one worker: one set-up per prompt, the
-    other samples are forks, and every snapshot is gone when the run ends."""
+    (``DataProto.repeat(n, interleave=True)``), run on one worker: per prompt one agent
+    set-up and one grading set-up, the other sandboxes are forks, every sample graded, and
+    every snapshot is gone when the run ends."""
     from verl.experimental.agent_loop import AgentLoopManager
 
     fresh = setup.tmp_path / "fresh.yaml"
@@ -233,9 +234,16 @@ def test_the_samples_of_a_prompt_share_one_set_up(setup: Setup, qwen_dir: Path) 
     extra = out.non_tensor_batch
     assert list(extra["exit_reason"]) == ["submitted"] * 8, extra["error"]
     assert out.batch["rm_scores"].sum(dim=1).tolist() == [1.0] * 8
-    forked = zip(extra["instance_id"], extra["forked"], strict=True)
-    set_ups = Counter(instance for instance, fork in forked if not fork)
-    assert set_ups == {INSTANCE: 1, "textkit__textkit-1": 1}
+    for purpose in ("agent", "grading"):
+        set_ups: Counter[str] = Counter()
+        forks: Counter[str] = Counter()
+        for instance, setups in zip(extra["instance_id"], extra["setups"], strict=True):
+            set_ups[instance] += setups[purpose]["set_up"]
+            forks[instance] += setups[purpose]["forked"]
+        assert set_ups == {INSTANCE: 1, "textkit__textkit-1": 1}, purpose
+        assert forks == {INSTANCE: 3 + (purpose == "grading")} | {
+            "textkit__textkit-1": 3 + (purpose == "grading")
+        }, purpose
     assert not list(setup.local_root.iterdir()), "sandboxes or snapshots left"
 
 

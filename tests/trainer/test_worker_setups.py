@@ -33,7 +33,7 @@ def test_the_exit_hook_deletes_what_the_worker_caches_hold(
         spec, options = SandboxSpec(), LocalSandbox.Options()
         sb = await cache.open("a", "local", spec, options, prepare)  # no uses: kept
         await sb.close()
-        assert cache.set_ups == 1
+        assert cache.counts.set_up == 1
 
     loop = asyncio.new_event_loop()
     try:

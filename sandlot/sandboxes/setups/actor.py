@@ -94,13 +94,21 @@ class LeasedSnapshot(Snapshot):
 
 
 class SetupActor:
-    """The actor: a :class:`SetupTable` and the deletion of what it gives up."""
+    """A :class:`SetupTable` and the deletion of what it gives up: what a
+    :class:`~sandlot.sandboxes.setups.cache.SetupCache` asks, in its own process or hosted by
+    a named Ray actor (:class:`SharedSetups`). Every method is a coroutine, so both are
+    called alike (``await``; :class:`RemoteSetups` wraps the Ray handle).
+
+    Args:
+        max_snapshots: how many ready snapshots the table keeps (>= 1).
+    """
 
     def __init__(self, max_snapshots: int) -> None:
         self._table: SetupTable[SnapshotRef] = SetupTable(max_snapshots)
         self._clients: set[str] = set()
+        self._published: anyio.Event | None = None
 
-    def attach(self, client: str) -> None:
+    async def attach(self, client: str) -> None:
         self._clients.add(client)
 
     async def detach(self, client: str) -> bool:
@@ -111,18 +119,35 @@ class SetupActor:
         await _delete(self._table.close())
         return True
 
-    def claim(self, key: str, holder: str, lease_s: float) -> Claim:
+    async def claim(self, key: str, holder: str, lease_s: float) -> Claim:
         return self._table.claim(key, holder, lease_s)
 
-    def renew(self, key: str, holder: str, lease_s: float) -> bool:
+    async def renew(self, key: str, holder: str, lease_s: float) -> bool:
         return self._table.renew(key, holder, lease_s)
 
-    async def publish(
-        self, key: str, holder: str, ref: SnapshotRef | None, opened: int, uses: int | None
-    ) -> None:
-        await _delete(self._table.publish(key, holder, ref, opened=opened, uses=uses))
+    async def wait(self, timeout_s: float) -> None:
+        """Return at the next ``publish`` of any key, or after ``timeout_s`` seconds (a
+        waiter claims again: its key may be ready, or its builder's lease run out)."""
+        if self._published is None:
+            self._published = anyio.Event()
+        with anyio.move_on_after(timeout_s):
+            await self._published.wait()
 
-    def acquire(self, key: str, lease: str) -> SnapshotRef | None:
+    async def publish(
+        self,
+        key: str,
+        holder: str,
+        ref: SnapshotRef | None,
+        group_size: int | None,
+        lease: str | None,
+    ) -> None:
+        deleted = self._table.publish(key, holder, ref, group_size=group_size, lease=lease)
+        if self._published is not None:
+            self._published.set()
+            self._published = None
+        await _delete(deleted)
+
+    async def acquire(self, key: str, lease: str) -> SnapshotRef | None:
         return self._table.acquire(key, lease)
 
     async def release(self, lease: str) -> None:
@@ -134,6 +159,40 @@ async def _delete(refs: list[SnapshotRef]) -> None:
         await ref.snapshot().delete()  # logged, not raised, when it fails
 
 
+class RemoteSetups:
+    """A Ray handle of a :class:`SetupActor`, called as the actor itself is."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    async def claim(self, key: str, holder: str, lease_s: float) -> Claim:
+        claim: Claim = await self._handle.claim.remote(key, holder, lease_s)
+        return claim
+
+    async def renew(self, key: str, holder: str, lease_s: float) -> bool:
+        return bool(await self._handle.renew.remote(key, holder, lease_s))
+
+    async def wait(self, timeout_s: float) -> None:
+        await self._handle.wait.remote(timeout_s)
+
+    async def publish(
+        self,
+        key: str,
+        holder: str,
+        ref: SnapshotRef | None,
+        group_size: int | None,
+        lease: str | None,
+    ) -> None:
+        await self._handle.publish.remote(key, holder, ref, group_size, lease)
+
+    async def acquire(self, key: str, lease: str) -> SnapshotRef | None:
+        ref: SnapshotRef | None = await self._handle.acquire.remote(key, lease)
+        return ref
+
+    async def release(self, lease: str) -> None:
+        await self._handle.release.remote(lease)
+
+
 class SharedSetups:
     """This process's handle on the run's set-up registry (needs Ray initialised).
 
@@ -141,29 +200,20 @@ class SharedSetups:
         run: the run whose actors to use (default: this process's run id, which Ray's workers
             inherit as ``SANDLOT_RUN_ID``).
         max_snapshots: how many ready snapshots an actor keeps (for the actor that is created).
-        wait_s: how long a sample waits for another process's set-up before setting up alone.
-        lease_s: a builder that has not renewed its build for this long (its process died) is
-            given up: its waiters set up alone.
     """
 
-    def __init__(
-        self,
-        run: str | None = None,
-        *,
-        max_snapshots: int = 64,
-        wait_s: float = 1800.0,
-        lease_s: float = 30.0,
-    ) -> None:
+    def __init__(self, run: str | None = None, *, max_snapshots: int = 64) -> None:
         self.run = run or run_id()
         self.max_snapshots = max_snapshots
-        self.wait_s = wait_s
-        self.lease_s = lease_s
         self._client = uuid.uuid4().hex
         self._actors: dict[str, Any] = {}
 
-    async def actor(self, backend: str) -> Any:
+    async def setups(self, backend: str) -> RemoteSetups:
         """The actor that shares ``backend``'s snapshots (created on first use, pinned to this
-        node for ``"node"`` scope)."""
+        node for ``"node"`` scope, one for the cluster for ``"global"``)."""
+        return RemoteSetups(await self._actor(backend))
+
+    async def _actor(self, backend: str) -> Any:
         scope = get_backend(backend).snapshot_scope
         if scope not in self._actors:
             import ray
