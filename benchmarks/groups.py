@@ -197,11 +197,13 @@ class _Meter:
             finally:
                 self.spent += time.perf_counter() - started
 
-        Sandbox.start, Sandbox.snapshot = timed_start, timed_snapshot  # type: ignore[method-assign,assignment]
+        Sandbox.start = timed_start  # type: ignore[method-assign]
+        Sandbox.snapshot = timed_snapshot  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
-            Sandbox.start, Sandbox.snapshot = start, snapshot  # type: ignore[method-assign,assignment]
+            Sandbox.start = start  # type: ignore[method-assign]
+            Sandbox.snapshot = snapshot  # type: ignore[method-assign]
 
 
 async def training_cost(fields: dict[str, Any], args: argparse.Namespace, way: str) -> float:
