@@ -197,7 +197,7 @@ class _Meter:
             finally:
                 self.spent += time.perf_counter() - started
 
-        Sandbox.start = timed_start  # type: ignore[method-assign]
+        Sandbox.start = timed_start  # type: ignore[method-assign,assignment]
         Sandbox.snapshot = timed_snapshot  # type: ignore[method-assign,assignment]
         try:
             yield
