@@ -80,6 +80,7 @@ from sandlot.sandboxes.scale.starting import ray_is_running
 from sandlot.sandboxes.setups.actor import SharedSetups
 from sandlot.sandboxes.setups.cache import SetupCache
 from sandlot.settings import settings
+from sandlot.trainer import setup_counts
 from sandlot.trainer.drift import check_drift, drifted_tokens
 from sandlot.trainer.mapping import DEFAULT_MASKED_EXITS, TokenBuffer, to_agent_loop_output
 
@@ -372,6 +373,7 @@ class SandlotAgentLoop(AgentLoopBase):
             log.exception("sandlot agent loop failed")
             traj = _failed(kwargs, f"agent loop: {type(exc).__name__}: {exc}")
             traj.error = f"{traj.error}\n{traceback.format_exc(limit=5)}"
+        await setup_counts.add(traj.setups)
         if not policy.tokens.prompt_ids:  # failed before the first generation
             messages = [dict(m) for m in _plain_list(kwargs.get("raw_prompt", []))]
             ids = await self.ct_build_initial_tokens(messages) if messages else []

@@ -27,6 +27,9 @@ ray = need_module("ray", TRAIN)
 
 from sandlot.datasets.loaders import load_instances  # noqa: E402
 from sandlot.datasets.rows import build_row  # noqa: E402
+from sandlot.rollout.trajectory import EpisodeSetups  # noqa: E402
+from sandlot.sandboxes.setups.counts import SetupCounts  # noqa: E402
+from sandlot.trainer import setup_counts  # noqa: E402
 from sandlot.trainer.launch import (  # noqa: E402
     TrainOptions,
     hydra_overrides,
@@ -228,11 +231,16 @@ def test_the_samples_of_a_prompt_share_one_set_up(setup: Setup, qwen_dir: Path) 
             config=cfg, llm_client=server, reward_loop_worker_handles=None
         )
         out = manager.generate_sequences(batch(records).repeat(4, interleave=True))
+        step = setup_counts.take()  # what the trainer logs at the step's advantage call
     finally:
         ray.shutdown()
+        setup_counts._actor = None
 
     extra = out.non_tensor_batch
     assert list(extra["exit_reason"]) == ["submitted"] * 8, extra["error"]
+    assert step == EpisodeSetups(
+        agent=SetupCounts(set_up=2, forked=6), grading=SetupCounts(set_up=2, forked=8)
+    )
     assert out.batch["rm_scores"].sum(dim=1).tolist() == [1.0] * 8
     for purpose in ("agent", "grading"):
         set_ups: Counter[str] = Counter()
