@@ -28,6 +28,7 @@ ray = need_module("ray", TRAIN)
 from sandlot.datasets.loaders import load_instances  # noqa: E402
 from sandlot.datasets.rows import build_row  # noqa: E402
 from sandlot.rollout.trajectory import EpisodeSetups  # noqa: E402
+from sandlot.sandboxes.labels import pin_run_id  # noqa: E402
 from sandlot.sandboxes.setups.counts import SetupCounts  # noqa: E402
 from sandlot.trainer import setup_counts  # noqa: E402
 from sandlot.trainer.launch import (  # noqa: E402
@@ -157,6 +158,7 @@ def setup(qwen_dir: Path, tmp_path: Path) -> Setup:
     env = {
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]),
         "SANDLOT_LOCAL_ROOT": str(local_root),
+        "SANDLOT_RUN_ID": pin_run_id(),  # the workers' tally is the one this process reads
     }
     for name in ("SANDLOT_TEST_CACHE", "PATH", "HOME"):
         if name in os.environ:
