@@ -16,8 +16,10 @@ An episode, as uni-agent's and SWE-agent's loops run it:
    sandbox;
 3. take the model patch (what ``submit`` returned, else ``git diff`` against ``base_commit``);
 4. grade it with :func:`~sandlot.rewards.evaluate` in a fresh sandbox (``reward.mode:
-   fresh``) or in the agent's sandbox (``same``; the graded files are put back from a host
-   copy first, and the trajectory warns that processes the agent left could touch them).
+   fresh``; with a set-up cache, a fork of the instance's clean set-up, which the first
+   grading of the instance makes) or in the agent's sandbox (``same``; the graded files are
+   put back from a host copy first, and the trajectory warns that processes the agent left
+   could touch them).
 
 Every sandbox is closed on every path. :func:`run_episode` never raises but for cancellation:
 a failed start, a failed setup or a model-server failure is a trajectory with
