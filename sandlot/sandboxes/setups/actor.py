@@ -25,7 +25,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from pydantic import BaseModel
@@ -160,37 +160,19 @@ async def _delete(refs: list[SnapshotRef]) -> None:
 
 
 class RemoteSetups:
-    """A Ray handle of a :class:`SetupActor`, called as the actor itself is."""
+    """A Ray handle of a :class:`SetupActor`, called as the actor itself is
+    (``await remote.claim(...)`` is ``await handle.claim.remote(...)``)."""
 
     def __init__(self, handle: Any) -> None:
         self._handle = handle
 
-    async def claim(self, key: str, holder: str, lease_s: float) -> Claim:
-        claim: Claim = await self._handle.claim.remote(key, holder, lease_s)
-        return claim
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._handle, name)
 
-    async def renew(self, key: str, holder: str, lease_s: float) -> bool:
-        return bool(await self._handle.renew.remote(key, holder, lease_s))
+        async def call(*args: Any) -> Any:
+            return await method.remote(*args)
 
-    async def wait(self, timeout_s: float) -> None:
-        await self._handle.wait.remote(timeout_s)
-
-    async def publish(
-        self,
-        key: str,
-        holder: str,
-        ref: SnapshotRef | None,
-        group_size: int | None,
-        lease: str | None,
-    ) -> None:
-        await self._handle.publish.remote(key, holder, ref, group_size, lease)
-
-    async def acquire(self, key: str, lease: str) -> SnapshotRef | None:
-        ref: SnapshotRef | None = await self._handle.acquire.remote(key, lease)
-        return ref
-
-    async def release(self, lease: str) -> None:
-        await self._handle.release.remote(lease)
+        return call
 
 
 class SharedSetups:
@@ -208,10 +190,11 @@ class SharedSetups:
         self._client = uuid.uuid4().hex
         self._actors: dict[str, Any] = {}
 
-    async def setups(self, backend: str) -> RemoteSetups:
+    async def setups(self, backend: str) -> SetupActor:
         """The actor that shares ``backend``'s snapshots (created on first use, pinned to this
-        node for ``"node"`` scope, one for the cluster for ``"global"``)."""
-        return RemoteSetups(await self._actor(backend))
+        node for ``"node"`` scope, one for the cluster for ``"global"``), called as a
+        :class:`SetupActor` of this process is."""
+        return cast(SetupActor, RemoteSetups(await self._actor(backend)))
 
     async def _actor(self, backend: str) -> Any:
         scope = get_backend(backend).snapshot_scope

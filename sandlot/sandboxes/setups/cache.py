@@ -33,7 +33,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from dataclasses import dataclass
 
 import anyio
 from pydantic import BaseModel
@@ -55,28 +55,17 @@ Prepare = Callable[[Sandbox], Awaitable[None]]
 """Sets a started sandbox up for an episode; raises on failure."""
 
 
-class Setups(Protocol):
-    """The calls a cache makes of its table: a :class:`SetupActor` in this process, or
-    :class:`~sandlot.sandboxes.setups.actor.RemoteSetups` for the run's Ray actor."""
+@dataclass(frozen=True)
+class _Sample:
+    """One ``SetupCache.open``: what to open, how to set it up, and its group."""
 
-    async def claim(self, key: str, holder: str, lease_s: float) -> Claim: ...
-
-    async def renew(self, key: str, holder: str, lease_s: float) -> bool: ...
-
-    async def wait(self, timeout_s: float) -> None: ...
-
-    async def publish(
-        self,
-        key: str,
-        holder: str,
-        ref: SnapshotRef | None,
-        group_size: int | None,
-        lease: str | None,
-    ) -> None: ...
-
-    async def acquire(self, key: str, lease: str) -> SnapshotRef | None: ...
-
-    async def release(self, lease: str) -> None: ...
+    key: str
+    backend: str
+    spec: SandboxSpec
+    options: BaseModel
+    prepare: Prepare
+    group_size: int | None
+    fork_first: bool
 
 
 def setup_key(
@@ -151,37 +140,36 @@ class SetupCache:
             SandboxError: as ``Sandbox.start`` or ``prepare`` (the sandbox is closed first).
             Exception: what ``prepare`` raised.
         """
+        one = _Sample(key, backend, spec, options, prepare, group_size, fork_first)
         if group_size is not None and group_size <= 1:  # a group of one: nothing to share
-            return await self._set_up(backend, spec, options, prepare)
+            return await self._set_up(one)
         holder = uuid.uuid4().hex
         try:
             setups = await self._setups(backend)
             state = await self._claim(setups, key, holder)
         except Exception as exc:  # a Ray error: the actor is gone or unreachable
             log.warning("no shared set-up for %s (its table failed: %s), setting up", key, exc)
-            return await self._set_up(backend, spec, options, prepare)
+            return await self._set_up(one)
         if state == "build":
-            sb = await self._build(
-                setups, key, holder, backend, spec, options, prepare, group_size, fork_first
-            )
+            sb = await self._build(setups, one, holder)
             if sb is not None:
                 return sb
         elif state == "ready":
-            fork = await self._fork(setups, key, backend, spec, options, uuid.uuid4().hex)
+            fork = await self._fork(setups, one)
             if fork is not None:
                 return fork
         else:
             why = "its build failed or its builder died" if state == "failed" else "waited too long"
             log.warning("no shared set-up for %s (%s), setting this sample up", key, why)
-        return await self._set_up(backend, spec, options, prepare)
+        return await self._set_up(one)
 
-    async def _setups(self, backend: str) -> Setups:
+    async def _setups(self, backend: str) -> SetupActor:
         if self._own is not None:
             return self._own
         assert self.shared is not None
         return await self.shared.setups(backend)
 
-    async def _claim(self, setups: Setups, key: str, holder: str) -> Claim | None:
+    async def _claim(self, setups: SetupActor, key: str, holder: str) -> Claim | None:
         """``"build"``, ``"ready"``, ``"failed"``, or ``None`` when the wait ran out."""
         deadline = anyio.current_time() + self.wait_s
         delay = _POLL_FIRST_S
@@ -194,21 +182,11 @@ class SetupCache:
             await setups.wait(delay)
             delay = min(delay * 2, _POLL_MAX_S)
 
-    async def _build(
-        self,
-        setups: Setups,
-        key: str,
-        holder: str,
-        backend: str,
-        spec: SandboxSpec,
-        options: BaseModel,
-        prepare: Prepare,
-        group_size: int | None,
-        fork_first: bool,
-    ) -> Sandbox | None:
-        """Set ``key`` up and publish its snapshot (nothing when the build failed: its waiters
-        set up alone), renewing the build's lease meanwhile. Returns the set-up sandbox, or
-        with ``fork_first`` a fork (``None``: set up alone)."""
+    async def _build(self, setups: SetupActor, one: _Sample, holder: str) -> Sandbox | None:
+        """Set ``one``'s key up and publish its snapshot (nothing when the build failed: its
+        waiters set up alone), renewing the build's lease meanwhile. Returns the set-up
+        sandbox, or with ``fork_first`` a fork (``None``: set up alone)."""
+        key = one.key
 
         async def renew() -> None:  # until cancelled, or the build was given up
             with contextlib.suppress(Exception):  # the actor is gone: nobody waits any more
@@ -221,12 +199,12 @@ class SetupCache:
         sb: Sandbox | None = None
         snapshot: Snapshot | None = None
         ref: SnapshotRef | None = None
-        lease = uuid.uuid4().hex if fork_first else None
+        lease = uuid.uuid4().hex if one.fork_first else None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(renew)
                 try:
-                    sb = await self._set_up(backend, spec, options, prepare)
+                    sb = await self._set_up(one)
                     snapshot = await self._freeze(sb, key)
                 except Exception as exc:  # raised as itself, not in the group's ExceptionGroup
                     failure = exc
@@ -234,7 +212,7 @@ class SetupCache:
                     tg.cancel_scope.cancel()
             if failure is not None:
                 raise failure
-            ref = SnapshotRef.of(snapshot, backend) if snapshot is not None else None
+            ref = SnapshotRef.of(snapshot, one.backend) if snapshot is not None else None
         except BaseException:  # failed or cancelled: nothing of the build outlives it
             with anyio.CancelScope(shield=True):
                 if snapshot is not None:
@@ -245,47 +223,33 @@ class SetupCache:
         finally:
             with anyio.CancelScope(shield=True):
                 try:
-                    await setups.publish(key, holder, ref, group_size, lease if ref else None)
+                    await setups.publish(key, holder, ref, one.group_size, lease if ref else None)
                 except Exception as exc:  # the waiters give the build up when its lease ends
                     log.warning("cannot publish the set-up of %s (%s), not shared", key, exc)
                     if ref is not None:
                         await ref.snapshot().delete()
                     ref = None
         assert sb is not None  # set up, else raised
-        if not fork_first or ref is None or lease is None:
+        if ref is None or lease is None:
             return sb
         await sb.close()
-        return await self._start_fork(setups, key, backend, spec, options, ref, lease)
+        return await self._start_fork(setups, one, ref, lease)
 
-    async def _fork(
-        self,
-        setups: Setups,
-        key: str,
-        backend: str,
-        spec: SandboxSpec,
-        options: BaseModel,
-        lease: str,
-    ) -> Sandbox | None:
-        """A started fork of ``key``'s snapshot under ``lease``; ``None`` when the snapshot
-        was evicted meanwhile, the table is unreachable or the fork failed to start."""
+    async def _fork(self, setups: SetupActor, one: _Sample) -> Sandbox | None:
+        """A started fork of ``one``'s key's snapshot; ``None`` when the snapshot was evicted
+        meanwhile, the table is unreachable or the fork failed to start."""
+        lease = uuid.uuid4().hex
         try:
-            ref = await setups.acquire(key, lease)
+            ref = await setups.acquire(one.key, lease)
         except Exception as exc:  # a Ray error: the actor is gone or unreachable
-            log.warning("cannot fork the shared set-up of %s (%s), setting up", key, exc)
+            log.warning("cannot fork the shared set-up of %s (%s), setting up", one.key, exc)
             return None
         if ref is None:
             return None
-        return await self._start_fork(setups, key, backend, spec, options, ref, lease)
+        return await self._start_fork(setups, one, ref, lease)
 
     async def _start_fork(
-        self,
-        setups: Setups,
-        key: str,
-        backend: str,
-        spec: SandboxSpec,
-        options: BaseModel,
-        ref: SnapshotRef,
-        lease: str,
+        self, setups: SetupActor, one: _Sample, ref: SnapshotRef, lease: str
     ) -> Sandbox | None:
         """A started fork of ``ref`` holding ``lease`` (given back when it closes); ``None``
         (logged) when its start failed, so the sample sets up on its own."""
@@ -294,24 +258,24 @@ class SetupCache:
             await setups.release(lease)
 
         snapshot = ref.leased(give_back)
-        fork = open_sandbox(backend, spec, options=options, snapshot=snapshot)
+        fork = open_sandbox(one.backend, one.spec, options=one.options, snapshot=snapshot)
         try:
             await fork.start()
         except Exception as exc:
-            log.warning("a fork of the set-up of %s failed to start, setting up anew: %s", key, exc)
+            log.warning(
+                "a fork of the set-up of %s failed to start, setting up anew: %s", one.key, exc
+            )
             await snapshot.release_lease()  # a fork that failed before holding it
             return None
         self.counts.forked += 1
         return fork
 
-    async def _set_up(
-        self, backend: str, spec: SandboxSpec, options: BaseModel, prepare: Prepare
-    ) -> Sandbox:
-        sb = open_sandbox(backend, spec, options=options)
+    async def _set_up(self, one: _Sample) -> Sandbox:
+        sb = open_sandbox(one.backend, one.spec, options=one.options)
         try:
             await sb.start()
             self.counts.set_up += 1
-            await prepare(sb)
+            await one.prepare(sb)
         except BaseException:
             await sb.close()
             raise

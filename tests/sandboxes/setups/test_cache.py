@@ -113,9 +113,9 @@ async def test_a_group_whose_samples_wait_for_the_set_up_deletes_its_snapshot() 
         assert not await anyio.Path(handle).exists(), "before the cache's close"
 
 
-async def test_a_fork_that_fails_to_start_sets_its_sample_up(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def forks_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fork of a ``local`` snapshot fails to start."""
     start = LocalSandbox._start
 
     async def refuse_forks(self: LocalSandbox, *args: Any, **kwargs: Any) -> None:
@@ -124,6 +124,10 @@ async def test_a_fork_that_fails_to_start_sets_its_sample_up(
         await start(self, *args, **kwargs)
 
     monkeypatch.setattr(LocalSandbox, "_start", refuse_forks)
+
+
+@pytest.mark.usefixtures("forks_fail")
+async def test_a_fork_that_fails_to_start_sets_its_sample_up() -> None:
     async with aclosing(SetupCache()) as setups:
         group = [
             await setups.open("a", "local", SPEC, OPTIONS, ready, group_size=2) for _ in range(2)
@@ -134,17 +138,8 @@ async def test_a_fork_that_fails_to_start_sets_its_sample_up(
         assert setups.counts == SetupCounts(set_up=2, forked=0)
 
 
-async def test_a_fork_first_sample_whose_fork_fails_sets_itself_up(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    start = LocalSandbox._start
-
-    async def refuse_forks(self: LocalSandbox, *args: Any, **kwargs: Any) -> None:
-        if self.origin is not None:
-            raise SandboxError("the fork's overlay cannot be mounted", retryable=False)
-        await start(self, *args, **kwargs)
-
-    monkeypatch.setattr(LocalSandbox, "_start", refuse_forks)
+@pytest.mark.usefixtures("forks_fail")
+async def test_a_fork_first_sample_whose_fork_fails_sets_itself_up() -> None:
     async with aclosing(SetupCache()) as setups:
         sb = await setups.open("a", "local", SPEC, OPTIONS, ready, group_size=2, fork_first=True)
         async with sb:
