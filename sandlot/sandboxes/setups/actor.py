@@ -153,6 +153,9 @@ class SetupActor:
     async def release(self, lease: str) -> None:
         await _delete(self._table.release(lease))
 
+    async def drop(self, prefix: str) -> None:
+        await _delete(self._table.drop(prefix))
+
 
 async def _delete(refs: list[SnapshotRef]) -> None:
     for ref in refs:

@@ -290,6 +290,16 @@ class SetupCache:
             log.warning("cannot snapshot the set-up of %s, its samples set up each: %s", key, exc)
             return None
 
+    async def release(self, instance_id: str, backend: str) -> None:
+        """The samples of ``instance_id`` on ``backend`` are done (a batch ended): evict its
+        set-ups now, for a caller that knows no group size (verl's validation prompts), rather
+        than when evicted for room; a later sample sets up anew. A failure is logged."""
+        try:
+            setups = await self._setups(backend)
+            await setups.drop(f"{instance_id}/{backend}/")
+        except Exception as exc:  # a Ray error: left to eviction and the run's end
+            log.warning("cannot release the set-ups of %s (%s)", instance_id, exc)
+
     async def aclose(self) -> None:
         """Delete every snapshot of this cache's table, or detach from the shared ones (the
         run's last process deletes them); each is removed when its last fork closes.

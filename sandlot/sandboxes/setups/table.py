@@ -133,6 +133,12 @@ class SetupTable(Generic[Ref]):
         held.leases.discard(lease)
         return self._drop(held) if held.evicted else []
 
+    def drop(self, prefix: str) -> list[Ref]:
+        """Evict every set-up key starting with ``prefix`` (the samples that needed them are
+        done; one being built is left to its builder); returns the snapshots no fork holds."""
+        done = [k for k, e in self._keys.items() if k.startswith(prefix) and e.state != "building"]
+        return [ref for key in done for ref in self._evict(key)]
+
     def close(self) -> list[Ref]:
         """Forget everything; returns every snapshot (the run is over: all are deleted)."""
         refs = [held.ref for held in self._held]

@@ -282,3 +282,23 @@ async def test_a_build_cancelled_while_freezing_closes_its_sandbox(
         tg.cancel_scope.cancel()
     await cache.aclose()
     # local_root checks at teardown that the set-up sandbox was closed
+
+
+async def test_release_evicts_an_instances_set_ups_at_once() -> None:
+    """No group size (verl's validation prompts): the batch's end releases the snapshot."""
+    async with aclosing(SetupCache()) as setups:
+        sb = await setups.open("i/local/abc", "local", SPEC, OPTIONS, ready)
+        other = await setups.open("j/local/abc", "local", SPEC, OPTIONS, ready)
+        fork = await setups.open("i/local/abc", "local", SPEC, OPTIONS, ready)
+        assert fork.origin is not None and fork.origin.handle is not None
+        await setups.release("i", "local")
+        assert await anyio.Path(fork.origin.handle).is_dir(), "its fork still runs"
+        for opened in (sb, fork, other):
+            await opened.close()
+        assert not await anyio.Path(fork.origin.handle).exists(), "before the cache's close"
+        again = await setups.open("i/local/abc", "local", SPEC, OPTIONS, ready)
+        assert again.origin is None, "released: set up anew"
+        await again.close()
+        kept = await setups.open("j/local/abc", "local", SPEC, OPTIONS, ready)
+        assert kept.origin is not None, "another instance's set-up stays"
+        await kept.close()

@@ -67,3 +67,16 @@ def test_a_builder_that_forks_holds_its_own_lease() -> None:
     assert table.claim("k", "late", lease_s=10) == "build", "the group opened: a new set-up"
     assert table.release("own") == []
     assert table.release("sibling") == ["snap"]
+
+
+def test_drop_evicts_an_instances_finished_keys() -> None:
+    table: SetupTable[str] = SetupTable()
+    for key in ("i/local/a", "i/local/a/grading", "ii/local/a", "i/local/b"):
+        table.claim(key, "builder", lease_s=10)
+    table.publish("i/local/a", "builder", "snap-a", group_size=None, lease=None)
+    table.publish("i/local/a/grading", "builder", "snap-g", group_size=None, lease="fork")
+    table.publish("ii/local/a", "builder", "snap-ii", group_size=None, lease=None)
+    assert table.drop("i/local/") == ["snap-a"], "the grading's is held by its fork"
+    assert table.claim("i/local/b", "other", lease_s=10) == "wait", "a build is its builder's"
+    assert table.claim("ii/local/a", "other", lease_s=10) == "ready"
+    assert table.release("fork") == ["snap-g"]
