@@ -1,5 +1,6 @@
 """Set-ups shared across processes: two Ray actors (their own processes) share one set-up on
-``local`` through the run's registry actor, and a builder killed mid-build is given up."""
+``local`` through the run's registry actor, a builder killed mid-build is given up, and
+snapshots any node opens are shared by one table for the cluster."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import anyio
 import pytest
 from repo_paths import TESTS
 from requirements import TRAIN, need_module
-from setups_helpers import OPTIONS, SPEC
+from setups_helpers import OPTIONS, SPEC, ready
 
+from sandlot.sandboxes.local import LocalSandbox
 from sandlot.sandboxes.local.reaper import LocalReaper
 from sandlot.sandboxes.setups.actor import SharedSetups
 from sandlot.sandboxes.setups.cache import SetupCache
@@ -97,3 +99,31 @@ def test_two_processes_share_one_set_up_and_a_dead_builder_is_given_up(
     reaper = LocalReaper(str(local_root))
     for sandbox in anyio.run(reaper.list_sandboxes):
         anyio.run(reaper.kill, sandbox)
+
+
+@pytest.mark.slow
+def test_global_snapshots_are_shared_by_one_table_for_the_cluster(
+    local_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend whose snapshot any node opens (Modal's image ids; here ``local`` told so) is
+    shared through ``sandlot-setups-<run>-cluster``, not a table per node."""
+    ray = need_module("ray", TRAIN)
+    monkeypatch.setattr(LocalSandbox, "snapshot_scope", "global")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        node = ray.get_runtime_context().get_node_id()
+
+        async def group() -> list[bool]:
+            cache = SetupCache(shared=SharedSetups("scope"))
+            opened = [await cache.open("k", "local", SPEC, OPTIONS, ready) for _ in range(2)]
+            assert ray.get_actor("sandlot-setups-scope-cluster", namespace="sandlot")
+            with pytest.raises(ValueError):
+                ray.get_actor(f"sandlot-setups-scope-{node}", namespace="sandlot")
+            for sb in opened:
+                await sb.close()
+            await cache.aclose()
+            return [sb.origin is not None for sb in opened]
+
+        assert anyio.run(group) == [False, True]
+    finally:
+        ray.shutdown()
