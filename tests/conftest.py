@@ -16,13 +16,19 @@
   ``SANDLOT_PASSED_OUT=FILE`` writes the node ids of the tests that passed (every phase), and
   ``SANDLOT_PASSED_IN=FILE`` deselects them, so the second run runs only what the first did
   not pass (skipped, deselected by tier, failed).
+* CI's full run is spread over pytest-xdist workers (``-n 2 --dist loadgroup``): the tests of a
+  module that touches Ray share the xdist group ``ray`` and so run in turn on one worker
+  (:func:`touches_ray`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+import re
 import tempfile
+from pathlib import Path
 
 import anyio
 import pytest
@@ -70,7 +76,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             f.writelines(f"{nodeid}\n" for nodeid, n in _PHASES_PASSED.items() if n == 3)
 
 
+# Starting, joining or looking for a Ray cluster, or running sandlot with --ray.
+_RAY_USE = re.compile(r"\bimport ray\b|\bray\.init\(|[\"']--ray[\"']|\bray start\b|RAY_ADDRESS")
+
+
+@functools.cache
+def touches_ray(module: Path) -> bool:
+    """Whether the test module at ``module`` uses Ray on this machine.
+
+    Two such tests must not run at once: ``ray.init()`` joins the newest cluster of the machine
+    (``ray_current_cluster`` in Ray's temp dir) instead of starting its own, so a second test
+    would run inside the first one's cluster and lose its driver when that test shuts the cluster
+    down; and a test that asserts there is no cluster would find one.
+    """
+    return bool(_RAY_USE.search(module.read_text(encoding="utf-8")))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.suffix == ".py" and touches_ray(item.path):
+            item.add_marker(pytest.mark.xdist_group("ray"))
     passed_file = os.environ.get("SANDLOT_PASSED_IN")
     if not passed_file:
         return

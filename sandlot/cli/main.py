@@ -7,6 +7,7 @@ import logging
 import click
 
 from sandlot import __version__
+from sandlot.cli.audit_cmd import audit_command
 from sandlot.cli.data_cmd import data_group
 from sandlot.cli.env_cmd import env_group
 from sandlot.cli.eval_cmd import eval_command
@@ -32,6 +33,7 @@ cli.add_command(image_group)
 cli.add_command(env_group)
 cli.add_command(rollout_command)
 cli.add_command(report_command)
+cli.add_command(audit_command)
 cli.add_command(train_command)
 
 

@@ -40,6 +40,7 @@ from sandlot.datasets.instance import Instance
 from sandlot.datasets.rows import TaskRow
 from sandlot.errors import SandboxError
 from sandlot.preflight import Endpoint, exit_on, no_preflight_option, run_problems
+from sandlot.rollout.audit.run import instances_by_id, run_dataset
 from sandlot.rollout.config import AgentConfig, ConfigError, load_agent_config, with_flags
 from sandlot.rollout.display import LiveDisplay
 from sandlot.rollout.episodes import InProcessEpisodes
@@ -586,7 +587,8 @@ def _write_outputs(
     )
     meta = {k: run[k] for k in ("model", "dataset", "backend", "samples", "run_id")}
     title = f"sandlot rollout: {run['model']}"
-    write_report(log_file.path, out / REPORT_FILE, title=title, meta=meta)
+    instances = {r.instance.instance_id: r.instance for r in rows}
+    write_report(log_file.path, out / REPORT_FILE, title=title, meta=meta, instances=instances)
     return summary
 
 
@@ -655,15 +657,23 @@ def _print_summary(
     help="Where to write the page (default: DIRECTORY/report.html).",
 )
 def report_command(directory: Path, output: Path | None) -> None:
-    """Rebuild report.html of a `sandlot rollout` output directory from its trajectories."""
+    """Rebuild report.html of a `sandlot rollout` output directory from its trajectories (with
+    the audit flags of `sandlot audit`; those that read the instances when the dataset that
+    summary.json names is found)."""
     source = directory / TRAJECTORIES_FILE
     if not source.is_file():
         raise click.ClickException(f"{directory} has no {TRAJECTORIES_FILE}")
     dest = output or directory / REPORT_FILE
     meta = report_meta(directory)
     title = f"sandlot rollout: {meta['model']}" if "model" in meta else "sandlot rollout"
+    dataset = run_dataset(directory)
     try:
-        count = write_report(source, dest, title=title, meta=meta)
+        instances = instances_by_id(dataset)
+    except (ValueError, OSError, ImportError) as exc:
+        click.echo(f"the audit flags that read the instances are left out: {exc}", err=True)
+        instances = {}
+    try:
+        count = write_report(source, dest, title=title, meta=meta, instances=instances)
     except (RolloutError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{count} episode(s); report: {dest}")

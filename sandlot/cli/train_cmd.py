@@ -112,6 +112,13 @@ from sandlot.rollout.config import ConfigError, load_agent_config
     help="Record each sample's tokenization drift (extra_fields drift_tokens); off by default.",
 )
 @click.option(
+    "--trajectory-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep each sample's trajectory there (one file per rollout worker) for `sandlot "
+    "audit DIR`; shared storage on several nodes. Default: kept nowhere.",
+)
+@click.option(
     "--workdir",
     type=click.Path(path_type=Path),
     default=None,
@@ -164,7 +171,7 @@ def train_command(
     fields.update({k: v for k, v in flags.items() if v is not None and v != ()})
     recipe_overrides: Any = fields.get("overrides") or []
     fields["overrides"] = [*recipe_overrides, *overrides]
-    for key in ("agent_config", "train_file", "val_file", "workdir"):
+    for key in ("agent_config", "train_file", "val_file", "workdir", "trajectory_dir"):
         if fields.get(key) is not None:
             fields[key] = Path(str(fields[key]))
     if "mask_exit_reasons" in fields:
@@ -177,6 +184,7 @@ def train_command(
             name=opts.agent_name,
             mask_exit_reasons=opts.mask_exit_reasons,
             check_drift=opts.check_drift,
+            trajectory_dir=opts.trajectory_dir,
         )
         cmd = command(opts, hydra_overrides(opts, loop_yaml))
         cfg = check_startup(opts, cmd[3:])

@@ -1,10 +1,11 @@
 """``report.html``: one self-contained page over a rollout's ``trajectories.jsonl``.
 
 The page lists every episode (the latest trajectory of each ``instance_id``/``sample``, sorted)
-with its reward, exit reason, turns and time split; each row is a ``<details>`` element that
-expands to the prompt, every turn's text, tool calls and observations, the model patch and the
-test log. A summary (pass@1, avg@n, pass@k, exit reasons, mean time split) heads it, and a
-small inline script filters episodes by text and outcome.
+with its reward, exit reason, turns, time split and audit flags (:mod:`sandlot.rollout.audit`);
+each row is a ``<details>`` element that expands to the flags with their turn and command, the
+prompt, every turn's text, tool calls and observations, the model patch and the test log. A
+summary (pass@1, avg@n, pass@k, exit reasons, mean time split, flags per rule) heads it, and a
+small inline script filters episodes by text (rule names included) and outcome.
 
 Self-contained: CSS and script are inline, nothing is loaded from anywhere (a
 ``Content-Security-Policy`` of ``default-src 'none'`` makes sure), so it opens offline and can be
@@ -23,6 +24,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from sandlot.datasets.instance import Instance
+from sandlot.rollout.audit import EpisodeAudit, audit_episode
 from sandlot.rollout.record import EpisodeRecord
 from sandlot.rollout.store import atomic_write, iter_trajectories
 from sandlot.rollout.summary import RolloutSummary, summarize
@@ -53,7 +56,9 @@ table.kv th { color: var(--muted); font-weight: 500; }
   position: sticky; top: 0; background: var(--bg); padding: 8px 0; z-index: 1; }
 .controls input { flex: 0 1 360px; padding: 4px 8px; }
 .row { display: grid; grid-template-columns: minmax(220px, 2.2fr) 60px 70px 130px 60px 80px
-  minmax(180px, 2fr); gap: 10px; align-items: center; padding: 4px 8px; }
+  minmax(180px, 2fr) minmax(120px, 1.5fr); gap: 10px; align-items: center; padding: 4px 8px; }
+.flag { display: inline-block; font-size: 11px; color: var(--bad); border: 1px solid var(--bad);
+  border-radius: 3px; padding: 0 4px; margin: 1px 2px 1px 0; }
 .head { font-weight: 600; color: var(--muted); border-bottom: 2px solid var(--line); }
 details.episode { border-bottom: 1px solid var(--line); }
 details.episode > summary { list-style: none; cursor: pointer; }
@@ -238,10 +243,37 @@ def _step(step: Step) -> str:
     return f'<div class="turn">{"".join(parts)}</div>'
 
 
-def _episode(index: int, traj: Trajectory) -> str:
+def _badges(audit: EpisodeAudit) -> str:
+    return "".join(f'<span class="flag">{_e(name)}</span>' for name in audit.rules)
+
+
+def _flags(audit: EpisodeAudit) -> str:
+    """The episode's audit flags, each with its turn and command."""
+    parts = [f"<h3>Audit flags ({len(audit.flags)})</h3>"] if audit.flags else []
+    for flag in audit.flags:
+        where = f"turn {flag.turn}" if flag.turn is not None else "grader"
+        parts.append(
+            f'<div class="call"><span class="flag">{_e(flag.rule)}</span> {_e(where)}'
+            f"{_pre(flag.command) if flag.command else ''}{_pre(flag.detail)}</div>"
+        )
+    if audit.unchecked:
+        parts.append(
+            f'<p class="warn">not checked (instance unknown): {_e(", ".join(audit.unchecked))}</p>'
+        )
+    return "".join(parts)
+
+
+def _episode(index: int, traj: Trajectory, audit: EpisodeAudit) -> str:
     verdict, verdict_cls = _verdict(traj)
     search = " ".join(
-        [traj.instance_id, f"#{traj.sample}", traj.exit_reason.value, verdict, traj.error or ""]
+        [
+            traj.instance_id,
+            f"#{traj.sample}",
+            traj.exit_reason.value,
+            verdict,
+            traj.error or "",
+            *audit.rules,
+        ]
     ).lower()
     reward_cls = "ok" if traj.reward > 0 else "bad"
     summary = (
@@ -251,7 +283,7 @@ def _episode(index: int, traj: Trajectory) -> str:
         f'<span class="{verdict_cls}">{_e(traj.exit_reason.value)}</span>'
         f'<span class="num">{traj.num_turns}</span>'
         f'<span class="num">{_e(_seconds(traj.timings_s.get("total")))}</span>'
-        f"{_bar(traj.timings_s)}</summary>"
+        f"{_bar(traj.timings_s)}<span>{_badges(audit)}</span></summary>"
     )
     ev = traj.eval
     facts = _facts(
@@ -275,7 +307,7 @@ def _episode(index: int, traj: Trajectory) -> str:
             ("log warnings", "; ".join(ev.log_warnings) if ev else None),
         ]
     )
-    body = [facts]
+    body = [facts, _flags(audit)]
     prompt_end = next(
         (i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"),
         len(traj.messages),
@@ -306,7 +338,7 @@ def _episode(index: int, traj: Trajectory) -> str:
     )
 
 
-def _summary_tables(summary: RolloutSummary) -> str:
+def _summary_tables(summary: RolloutSummary, audits: list[EpisodeAudit]) -> str:
     scores: list[tuple[str, object]] = [
         ("episodes", summary.episodes),
         ("instances", summary.instances),
@@ -338,6 +370,11 @@ def _summary_tables(summary: RolloutSummary) -> str:
         label = f"· {phase}" if phase in ("model", "tools") else phase  # parts of agent
         split.append((label, f"{_seconds(value)}{share}{note}"))
     tables.append(("mean time split", split))
+    flagged: dict[str, int] = {}
+    for audit in audits:
+        for name in audit.rules:
+            flagged[name] = flagged.get(name, 0) + 1
+    tables.append(("audit flags (episodes)", list(flagged.items()) or [("none", 0)]))
     out = []
     for caption, rows in tables:
         cells = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
@@ -350,6 +387,7 @@ def render_report(
     *,
     title: str = "sandlot rollout",
     meta: Mapping[str, object] | None = None,
+    instances: Mapping[str, Instance] | None = None,
 ) -> Iterator[str]:
     """The page, in chunks (join them or write them out).
 
@@ -357,9 +395,13 @@ def render_report(
         trajectories: the episodes (shown sorted by ``instance_id``, then ``sample``).
         title: the page's heading.
         meta: facts shown under the heading (model, dataset, backend, ...).
+        instances: the episodes' instances by id, for the audit rules that read them (an
+            episode without one shows those rules as not checked).
     """
     episodes = sorted(trajectories, key=lambda t: (t.instance_id, t.sample))
     summary = summarize(EpisodeRecord.of(t) for t in episodes)
+    known = instances or {}
+    audits = [audit_episode(t, known.get(t.instance_id)) for t in episodes]
     facts = " · ".join(f"{_e(k)}: {_e(v)}" for k, v in (meta or {}).items() if v not in (None, ""))
     generated = time.strftime("%Y-%m-%d %H:%M:%S")
     yield (
@@ -370,7 +412,7 @@ def render_report(
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
         f'<header><h1>{_e(title)}</h1><p class="meta">{facts}'
         f"{' · ' if facts else ''}generated {_e(generated)}</p></header>"
-        f'<section id="summary"><h2>Summary</h2>{_summary_tables(summary)}</section>'
+        f'<section id="summary"><h2>Summary</h2>{_summary_tables(summary, audits)}</section>'
         f"<h2>Episodes</h2>"
         '<div class="controls"><input id="filter" type="search" '
         'placeholder="filter: instance id, exit reason, verdict, error">'
@@ -386,10 +428,10 @@ def render_report(
         + "</span></div>"
         '<div class="row head"><span>instance</span><span class="num">sample</span>'
         '<span class="num">reward</span><span>exit reason</span><span class="num">turns</span>'
-        '<span class="num">time</span><span>time split</span></div>\n'
+        '<span class="num">time</span><span>time split</span><span>flags</span></div>\n'
     )
-    for index, traj in enumerate(episodes):
-        yield _episode(index, traj) + "\n"
+    for index, (traj, audit) in enumerate(zip(episodes, audits, strict=True)):
+        yield _episode(index, traj, audit) + "\n"
     yield f"<script>{_SCRIPT}</script></body></html>\n"
 
 
@@ -399,8 +441,10 @@ def write_report(
     *,
     title: str = "sandlot rollout",
     meta: Mapping[str, object] | None = None,
+    instances: Mapping[str, Instance] | None = None,
 ) -> int:
-    """Build the page from a ``trajectories.jsonl`` and write it atomically to ``dest``.
+    """Build the page from a ``trajectories.jsonl`` and write it atomically to ``dest``
+    (``instances`` as :func:`render_report`).
 
     Returns:
         The number of episodes shown.
@@ -410,7 +454,8 @@ def write_report(
         TrajectoryFileError: a line other than the last is not a trajectory.
     """
     episodes = list(iter_trajectories(trajectories))
-    atomic_write(dest, "".join(render_report(episodes, title=title, meta=meta)))
+    page = render_report(episodes, title=title, meta=meta, instances=instances)
+    atomic_write(dest, "".join(page))
     return len(episodes)
 
 

@@ -78,6 +78,7 @@ from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token
 from sandlot.datasets.rows import DEFAULT_AGENT_NAME, TaskRow
 from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import AgentConfig, load_agent_config
+from sandlot.rollout.dump import TrajectoryDump
 from sandlot.rollout.generation import GenerationConfig
 from sandlot.rollout.policy import ContextLengthError, Message, PolicyError, PolicyTurn
 from sandlot.rollout.trajectory import ExitReason, Trajectory
@@ -325,6 +326,8 @@ class SandlotAgentLoop(AgentLoopBase):
             to train only on episodes the model ended itself.
         check_drift: compare each sample's buffer with the chat template's rendering
             (``extra_fields["drift_tokens"]``; module docstring).
+        trajectory_dir: keep each sample's :class:`Trajectory` there, one file per worker
+            process (:mod:`sandlot.rollout.dump`), for ``sandlot audit``; ``None``: kept nowhere.
         **kwargs: verl's constructor arguments (``trainer_config``, ``server_manager``,
             ``tokenizer``, ``processor``, ``dataset_cls``, ``data_config``, ``hf_model_type``,
             ``tools``, the YAML entry's ``name``).
@@ -336,6 +339,7 @@ class SandlotAgentLoop(AgentLoopBase):
         agent_config: str | None = None,
         mask_exit_reasons: Iterable[str] | None = None,
         check_drift: bool = False,
+        trajectory_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         # verl passes the YAML entry's name and consumes the row's agent_name column.
@@ -360,6 +364,7 @@ class SandlotAgentLoop(AgentLoopBase):
         except (OSError, ValueError) as exc:
             self._config = exc
         self.check_drift = bool(check_drift)
+        self.dump = TrajectoryDump(trajectory_dir) if trajectory_dir else None
         self.routing_replay = bool(self.rollout_config.get("enable_rollout_routing_replay", False))
 
     def _use_generation(self, generation: GenerationConfig, hf_model_type: str | None) -> None:
@@ -400,6 +405,11 @@ class SandlotAgentLoop(AgentLoopBase):
             traj = _failed(kwargs, f"agent loop: {type(exc).__name__}: {exc}")
             traj.error = f"{traj.error}\n{traceback.format_exc(limit=5)}"
         await setup_counts.add(traj.setups)
+        if self.dump is not None:
+            try:
+                await self.dump.append(traj)
+            except OSError:  # the sample is trained on all the same
+                log.exception("cannot keep the trajectory in %s", self.dump.path)
         if not policy.tokens.prompt_ids:  # failed before the first generation
             messages = [dict(m) for m in _plain_list(kwargs.get("raw_prompt", []))]
             ids = await self.ct_build_initial_tokens(messages) if messages else []

@@ -61,9 +61,11 @@ def write_agent_loop_config(
     name: str = DEFAULT_AGENT_NAME,
     mask_exit_reasons: Sequence[str] | None = None,
     check_drift: bool = False,
+    trajectory_dir: str | Path | None = None,
 ) -> Path:
     """Write verl's ``agent_loop_config_path`` YAML registering :data:`LOOP_TARGET` as ``name``
-    (with ``check_drift``, each sample records its tokenization drift; off by default).
+    (with ``check_drift``, each sample records its tokenization drift; off by default; with
+    ``trajectory_dir``, each sample's trajectory is kept there for ``sandlot audit``).
 
     Raises:
         FileNotFoundError / sandlot.rollout.ConfigError: ``agent_config`` is missing or invalid
@@ -80,6 +82,8 @@ def write_agent_loop_config(
     entry["mask_exit_reasons"] = reasons
     if check_drift:
         entry["check_drift"] = True
+    if trajectory_dir is not None:
+        entry["trajectory_dir"] = str(Path(trajectory_dir).expanduser().resolve())
     out = Path(path).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump([entry], sort_keys=False))
@@ -128,6 +132,9 @@ class TrainOptions:
         default_factory=lambda: [r.value for r in DEFAULT_MASKED_EXITS]
     )
     check_drift: bool = False
+    trajectory_dir: Path | None = None
+    """Where the workers keep each sample's trajectory (``sandlot audit DIR``); ``None``:
+    nowhere. Shared storage when the rollout runs on several nodes."""
     overrides: list[str] = field(default_factory=list)
     workdir: Path = Path("outputs/sandlot-train")
 

@@ -31,6 +31,9 @@ request's ``model`` picks the policy:
 ``status-<code>``
     Always answers HTTP ``<code>`` with an OpenAI error body (``status-401`` echoes the
     ``Authorization`` header it received, as a careless server might).
+any name of ``scripts``
+    Makes, one per turn, the calls its function gives for the instance (its record), as
+    ``solver`` does with :func:`solver_script`.
 
 Any completion carries vLLM's extras when the request asks for them: ``logprobs`` for
 ``logprobs: true``, ``token_ids`` and ``prompt_token_ids`` for ``return_token_ids: true``.
@@ -55,7 +58,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -158,6 +161,7 @@ class ScriptedServer:
         sleep_s: how long ``sleeper`` waits before answering.
         flaky_failures: 429 answers ``flaky`` gives per conversation before it answers.
         retry_after: the ``Retry-After`` header of those answers (``None``: no header).
+        scripts: further models: name -> the calls it makes on an instance record.
     """
 
     def __init__(
@@ -167,8 +171,10 @@ class ScriptedServer:
         sleep_s: float = 30.0,
         flaky_failures: int = 2,
         retry_after: str | None = "0",
+        scripts: Mapping[str, Callable[[dict[str, Any]], list[Call]]] | None = None,
     ) -> None:
         self.instances = {i["instance_id"]: dict(i) for i in instances}
+        self.scripts = dict(scripts or {})
         self.sleep_s = sleep_s
         self.flaky_failures = flaky_failures
         self.retry_after = retry_after
@@ -306,11 +312,11 @@ class ScriptedServer:
             script: list[Call] = [("bash", {"command": f"echo {token}"}), ("submit", {})]
             call = script[min(turn, len(script) - 1)]
             return 200, {}, self._calls([call], native, messages, thought=f"my key: {token}")
-        if model in ("solver", "flaky", "sleeper"):
+        if model in ("solver", "flaky", "sleeper") or model in self.scripts:
             instance = self._instance(messages)
             if instance is None:
                 return 200, {}, _completion("I do not know this task.", None, messages)
-            script = solver_script(instance)
+            script = self.scripts.get(model, solver_script)(instance)
             call = script[min(turn, len(script) - 1)]
             return 200, {}, self._calls([call], native, messages, thought=f"Step {turn + 1}.")
         return 404, {}, {"error": {"message": f"The model `{model}` does not exist."}}

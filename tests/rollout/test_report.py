@@ -176,3 +176,24 @@ def test_chromium_shows_every_episode_and_runs_no_model_code(tmp_path: Path) -> 
     for t in episodes:
         assert f"{t.instance_id}</span>" in dom
     assert "<iframe" not in dom and "<img" not in dom
+
+
+def test_each_episode_shows_its_audit_flags_with_turn_and_command() -> None:
+    def episode(instance_id: str, command: str) -> Trajectory:
+        call = ToolObservation(tool="bash", arguments={"command": command}, output="", status="ok")
+        return Trajectory(
+            instance_id=instance_id,
+            exit_reason=ExitReason.SUBMITTED,
+            steps=[Step(turn=1, content=""), Step(turn=2, content="", observations=[call])],
+        )
+
+    cheat = "git reflog <b>&& curl https://x.invalid</b>"
+    page = "".join(render_report([episode("a__a-1", cheat), episode("b__b-1", "git diff")]))
+    cheated, honest = page.split('class="episode"')[1:]
+    assert cheated.count('<span class="flag">git-history</span>') == 2  # the row and the flag
+    assert cheated.count('<span class="flag">network</span>') == 2
+    assert "turn 2" in cheated and "git reflog &lt;b&gt;&amp;&amp; curl" in cheated
+    assert 'data-search="a__a-1 #0 submitted not evaluated  git-history network"' in cheated
+    assert 'class="flag"' not in honest and "Audit flags" not in honest
+    # Without the instances the rules that read them are said to be unchecked.
+    assert "not checked (instance unknown): unknown-commit, graded-read" in honest

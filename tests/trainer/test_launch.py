@@ -135,6 +135,9 @@ def test_registration_yaml(tmp_path: Path, agent_config: Path) -> None:
     assert "check_drift" not in entries[0]
     out = write_agent_loop_config(tmp_path / "d.yaml", agent_config, check_drift=True)
     assert OmegaConf.load(out)[0].check_drift is True
+    assert "trajectory_dir" not in OmegaConf.load(out)[0]
+    out = write_agent_loop_config(tmp_path / "t.yaml", agent_config, trajectory_dir="kept")
+    assert OmegaConf.load(out)[0].trajectory_dir == str(Path("kept").resolve())
 
 
 @pytest.mark.slow

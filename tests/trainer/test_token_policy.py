@@ -13,7 +13,9 @@ from requirements import TRAIN, need_module
 
 need_module("verl.experimental.agent_loop", TRAIN)
 
+from sandlot.rollout.dump import DUMP_GLOB  # noqa: E402
 from sandlot.rollout.policy import ContextLengthError, PolicyError  # noqa: E402
+from sandlot.rollout.store import iter_trajectories  # noqa: E402
 from sandlot.rollout.trajectory import ExitReason, Trajectory  # noqa: E402
 from sandlot.trainer.agent_loop import TokenPolicy  # noqa: E402
 from sandlot.trainer.drift import template_ids  # noqa: E402
@@ -313,3 +315,16 @@ async def test_a_response_length_other_than_verls_masks_samples_naming_both(
     assert "generation.response_length=1000" in error
     assert "actor_rollout_ref.rollout.response_length=4096" in error
     assert not server.requests
+
+
+async def test_trajectory_dir_keeps_every_sample_for_the_audit(
+    make_loop: Any, tokenizer: Any, tmp_path: Any
+) -> None:
+    loop = make_loop(ScriptedServer(tokenizer, []), trajectory_dir=str(tmp_path / "kept"))
+    raw = np.array([{"role": "user", "content": "hi"}], dtype=object)
+    for index in (3, 3):
+        await loop.run({"logprobs": True}, raw_prompt=raw, index=index, extra_info={})
+    (dump,) = (tmp_path / "kept").glob(DUMP_GLOB)
+    kept = list(iter_trajectories(dump, latest=False))
+    assert [(t.instance_id, t.exit_reason.value) for t in kept] == [("3", "infra_error")] * 2
+    assert "not a sandlot row" in (kept[0].error or "")

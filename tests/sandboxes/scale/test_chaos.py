@@ -137,9 +137,12 @@ async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -
         "create_settle_s": 2.0,  # a stalled create lands 0.6 s after it was sent
     }
     try:
-        # Another run's sandboxes, which a listing that ignores its filter returns too.
+        # Another run's sandboxes, which a listing that ignores its filter returns too. They are
+        # created before the chaos, by a control plane with the default timeouts: the 0.3 s of
+        # the sandboxes under test is about the faults, not about a busy machine's first calls.
         opts = VefaasOptions(**options)
-        control = ControlPlane(credentials(opts), opts)
+        setup_opts = VefaasOptions(**{**options, "control_timeout_s": 60.0})
+        control = ControlPlane(credentials(setup_opts), setup_opts)
         bystanders = [
             await control.create(
                 control.create_request(
