@@ -390,7 +390,7 @@ def rollout_command(
                         backend=backend_name,
                         model_name_or_path=model,
                         concurrency=concurrency,
-                        share_setups=samples > 1,
+                        group_size=samples,
                     )
                     try:
                         async with ray_eps:
@@ -406,6 +406,7 @@ def rollout_command(
                         model_name_or_path=model,
                         sandbox_options=options,
                         setups=setups if samples > 1 else None,
+                        group_size=samples,
                     ) as episodes:
                         try:
                             await run_rollout(rows, episodes, log_file, **common)
@@ -617,6 +618,9 @@ def _print_summary(
     table.add_row("infra errors", f"{summary.infra_errors} (retries this run: {stats.retries})")
     tokens = f"{summary.prompt_tokens} prompt, {summary.completion_tokens} completion"
     table.add_row("tokens", tokens)
+    for purpose, counts in (("agent", summary.setups.agent), ("grading", summary.setups.grading)):
+        if counts.set_up or counts.forked:
+            table.add_row(f"{purpose} sandboxes", f"{counts.set_up} set up, {counts.forked} forked")
     rate = stats.new / elapsed * 60 if elapsed > 0 else 0.0
     table.add_row("wall time", f"{elapsed:.1f} s ({rate:.1f} episodes/min)")
     console.print(table)

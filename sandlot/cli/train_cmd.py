@@ -56,8 +56,9 @@ from sandlot.rollout.config import ConfigError, load_agent_config
     "--mode",
     type=click.Choice(["async", "v1", "sync"]),
     default=None,
-    help="async: verl's fully-async trainer (default); v1: verl's V1 separate_async trainer "
-    "(standalone rollout pool); sync: verl's V1 synchronous trainer, colocated (the baseline).",
+    help="async: verl's fully-async trainer (the default without a recipe); v1: verl's V1 "
+    "separate_async trainer (standalone rollout pool; the recipes' default); sync: verl's V1 "
+    "synchronous trainer, colocated (the baseline).",
 )
 @click.option(
     "--agent-name",
@@ -82,8 +83,15 @@ from sandlot.rollout.config import ConfigError, load_agent_config
     "--total-rollout-steps",
     type=int,
     default=None,
-    help="async: prompts to roll out in all (verl's unit; x n samples each); "
-    "default: the training set x trainer.total_epochs.",
+    help="Prompts to roll out in all (verl's unit; x n samples each; v1: turned into "
+    "training steps); default: the training set x trainer.total_epochs.",
+)
+@click.option(
+    "--max-off-policy-threshold",
+    type=int,
+    default=None,
+    help="v1: model versions a trajectory may span before it is dropped (verl's default 8); "
+    "async bounds staleness with --staleness-threshold instead.",
 )
 @click.option(
     "--adv-estimator",

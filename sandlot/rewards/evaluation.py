@@ -76,6 +76,7 @@ from sandlot.sandboxes.base import Sandbox, output_tail
 from sandlot.sandboxes.open import open as open_sandbox
 from sandlot.sandboxes.registry import choose_backend, get_backend
 from sandlot.sandboxes.setups.cache import SetupCache, setup_key
+from sandlot.sandboxes.setups.counts import SetupCounts
 from sandlot.tools.trusted_git import TrustedGit
 
 log = logging.getLogger("sandlot.rewards")
@@ -103,7 +104,7 @@ async def evaluate(
     sandbox_options: BaseModel | dict[str, Any] | None = None,
     integrity_checks: bool = True,
     setups: SetupCache | None = None,
-    uses: int | None = None,
+    group_size: int | None = None,
     test_empty: bool = False,
 ) -> EvalResult:
     """Evaluate ``model_patch`` on ``instance`` in a fresh sandbox and grade it.
@@ -123,11 +124,13 @@ async def evaluate(
         integrity_checks: revert the model's changes to test infrastructure and grade pytest
             runs from sandlot's channel (``docs/reward-integrity.md``). ``False`` grades as
             the SWE-bench harness does; only for measuring what the checks cost.
-        setups: share the instance's set-up with the other evaluations of it (a
-            :class:`~sandlot.sandboxes.setups.cache.SetupCache` made with ``fork_first=True``, so
-            the patch is applied in a fork of the clean set-up, never in the snapshotted sandbox);
-            ``timings_s["setup"]`` then covers the fork's start.
-        uses: how many evaluations of the instance open through ``setups`` (``SetupCache.open``).
+        setups: share the instance's clean set-up with the other evaluations of it (a
+            :class:`~sandlot.sandboxes.setups.cache.SetupCache`, opened with ``fork_first``, so
+            the patch is applied in a fork of the clean set-up, never in the snapshotted
+            sandbox); ``timings_s["setup"]`` then covers the fork's start, and the result's
+            ``setup`` says whether this evaluation set the instance up, forked it, or both.
+        group_size: how many evaluations of the instance open through ``setups`` (its
+            ``group_size``: the snapshot goes once they all opened).
         test_empty: run the tests for an empty ``model_patch`` too (the repository as it is
             at ``base_commit``, with ``test_patch``: ``sandlot data selftest``'s run before the
             fix) instead of returning ``empty_patch`` without a sandbox.
@@ -142,6 +145,7 @@ async def evaluate(
         if setups is None:
             async with open_sandbox(backend_name, spec, options=sandbox_options) as sb:
                 t = time.monotonic()
+                counts.set_up += 1
                 await prepare_repo(sb, instance, backend_name)
                 timings["setup"] = time.monotonic() - t
                 return await _test_and_grade(
@@ -150,14 +154,18 @@ async def evaluate(
         raw = sandbox_options
         raw = raw.model_dump() if isinstance(raw, BaseModel) else dict(raw or {})
         options = get_backend(backend_name).Options.model_validate(raw)
-        key = setup_key(instance.instance_id, backend_name, spec, options)
+        key = setup_key(instance.instance_id, backend_name, spec, options, "grading")
 
         async def prepare(sb: Sandbox) -> None:
+            counts.set_up += 1
             await prepare_repo(sb, instance, backend_name)
 
         t = time.monotonic()
-        sb = await setups.open(key, backend_name, spec, options, prepare, uses=uses)
+        sb = await setups.open(
+            key, backend_name, spec, options, prepare, group_size=group_size, fork_first=True
+        )
         timings["setup"] = time.monotonic() - t
+        counts.forked += sb.origin is not None
         try:
             return await _test_and_grade(
                 sb, instance, model_patch or "", base, timings, timeout, integrity_checks
@@ -165,7 +173,10 @@ async def evaluate(
         finally:
             await sb.close()
 
-    return await _guarded(steps, instance, model_patch, model_name_or_path, test_empty)
+    counts = SetupCounts()
+    result = await _guarded(steps, instance, model_patch, model_name_or_path, test_empty)
+    result.setup = counts
+    return result
 
 
 async def evaluate_in_sandbox(

@@ -20,10 +20,10 @@ class Evaluator(Protocol):
     they took. Use as an async context manager."""
 
     async def evaluate(
-        self, instance: Instance, prediction: Prediction, *, uses: int, test_empty: bool
+        self, instance: Instance, prediction: Prediction, *, group_size: int, test_empty: bool
     ) -> EvalResult:
         """:func:`~sandlot.rewards.evaluation.evaluate` of ``prediction`` on ``instance``
-        (``uses``: how many evaluations of the instance share its set-up; ``test_empty``: as
+        (``group_size``: how many evaluations of the instance share its set-up; ``test_empty``: as
         ``evaluate``'s). Never raises but for cancellation."""
         ...
 
@@ -60,7 +60,7 @@ class InProcessEvaluator:
         self.backend = backend
         self.timeout = timeout
         self.sandbox_options = sandbox_options
-        self._setups = SetupCache(fork_first=True) if share_setups else None
+        self._setups = SetupCache() if share_setups else None
 
     async def __aenter__(self) -> InProcessEvaluator:
         return self
@@ -70,7 +70,7 @@ class InProcessEvaluator:
             await self._setups.aclose()
 
     async def evaluate(
-        self, instance: Instance, prediction: Prediction, *, uses: int, test_empty: bool
+        self, instance: Instance, prediction: Prediction, *, group_size: int, test_empty: bool
     ) -> EvalResult:
         return await evaluate(
             instance,
@@ -80,9 +80,9 @@ class InProcessEvaluator:
             timeout=self.timeout,
             sandbox_options=self.sandbox_options,
             setups=self._setups,
-            uses=uses,
+            group_size=group_size,
             test_empty=test_empty,
         )
 
     async def set_ups(self) -> int | None:
-        return self._setups.set_ups if self._setups is not None else None
+        return self._setups.counts.set_up if self._setups is not None else None

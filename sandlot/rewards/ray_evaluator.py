@@ -45,10 +45,10 @@ class EvalWorker:
         self._evaluator = InProcessEvaluator(backend=backend, timeout=timeout, share_setups=True)
 
     async def evaluate(
-        self, instance: Instance, prediction: Prediction, uses: int, test_empty: bool
+        self, instance: Instance, prediction: Prediction, group_size: int, test_empty: bool
     ) -> EvalResult:
         return await self._evaluator.evaluate(
-            instance, prediction, uses=uses, test_empty=test_empty
+            instance, prediction, group_size=group_size, test_empty=test_empty
         )
 
     async def set_ups(self) -> int | None:
@@ -157,7 +157,7 @@ class RayEvaluator:
                 self._owns_ray = False
 
     async def evaluate(
-        self, instance: Instance, prediction: Prediction, *, uses: int, test_empty: bool
+        self, instance: Instance, prediction: Prediction, *, group_size: int, test_empty: bool
     ) -> EvalResult:
         """The evaluation, on the actor that holds ``instance``'s set-up (the least loaded one
         for its first evaluation). A lost actor or node is an ``error`` result with failure
@@ -168,7 +168,7 @@ class RayEvaluator:
         if i is None:
             i = self._home[iid] = min(range(len(self.actors)), key=self._load.__getitem__)
         self._load[i] += 1
-        ref = self.actors[i].evaluate.remote(instance, prediction, uses, test_empty)
+        ref = self.actors[i].evaluate.remote(instance, prediction, group_size, test_empty)
         try:
             result: EvalResult = await ref
             return result

@@ -6,6 +6,8 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
+from sandlot.sandboxes.setups.counts import SetupCounts
+
 
 class EvalStatus(str, Enum):
     """How an evaluation ended. ``resolved``/``unresolved``/``timed_out`` completed grading."""
@@ -126,6 +128,9 @@ class EvalResult(BaseModel):
         error: what went wrong for error statuses, naming the step and what to do.
         failure: the cause of an error status (``None`` for the others).
         timings_s: seconds spent per step (``setup``, ``apply``, ``tests``, ``total``).
+        setup: whether this evaluation set its sandbox up (``set_up``), started it as a fork
+            of the instance's clean set-up (``forked``), or both (the evaluation that set a
+            shared set-up up runs in a fork of it); 0 and 0 when no sandbox was opened.
         log: the test command's output (combined stdout and stderr).
     """
 
@@ -147,4 +152,5 @@ class EvalResult(BaseModel):
     error: str | None = None
     failure: EvalFailure | None = None
     timings_s: dict[str, float] = Field(default_factory=dict)
+    setup: SetupCounts = Field(default_factory=SetupCounts)
     log: str = ""

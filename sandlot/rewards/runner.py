@@ -150,9 +150,8 @@ async def run_evaluations(
     """Evaluate each prediction set (file) on ``instances``, ``workers`` evaluations at a time
     in all, writing as results come, each set with its own run report. An instance that
     several sets evaluate is set up once for all of them
-    (:class:`~sandlot.sandboxes.setups.cache.SetupCache` with ``fork_first``: every evaluation runs
-    in a fork of the clean set-up; a snapshot that fails falls back to one set-up per
-    evaluation).
+    (:class:`~sandlot.sandboxes.setups.cache.SetupCache`: every evaluation runs in a fork of
+    the clean set-up; a snapshot that fails falls back to one set-up per evaluation).
 
     Args:
         instances: the dataset (already filtered to the instances to run).
@@ -192,7 +191,7 @@ async def run_evaluations(
             )
     plans = [_plan(instances, preds, output_dir, run_id, on_result) for preds in prediction_sets]
     # The evaluations that open a sandbox (an empty patch is graded without one).
-    uses = Counter(
+    group_sizes = Counter(
         inst.instance_id
         for plan in plans
         for inst, pred in plan.todo
@@ -203,7 +202,7 @@ async def run_evaluations(
     async def one(plan: _Plan, inst: Instance, pred: Prediction, runs: Evaluator) -> None:
         async with limiter:
             result = await runs.evaluate(
-                inst, pred, uses=uses[inst.instance_id], test_empty=test_empty
+                inst, pred, group_size=group_sizes[inst.instance_id], test_empty=test_empty
             )
         directory = _instance_dir(output_dir, run_id, pred)
         await anyio.to_thread.run_sync(_write_artifacts, directory, inst, pred, result)
@@ -226,7 +225,7 @@ async def run_evaluations(
                         backend=backend,
                         timeout=timeout,
                         sandbox_options=sandbox_options,
-                        share_setups=any(n > 1 for n in uses.values()),
+                        share_setups=any(n > 1 for n in group_sizes.values()),
                     )
                 )
             async with anyio.create_task_group() as tg:

@@ -16,8 +16,10 @@ An episode, as uni-agent's and SWE-agent's loops run it:
    sandbox;
 3. take the model patch (what ``submit`` returned, else ``git diff`` against ``base_commit``);
 4. grade it with :func:`~sandlot.rewards.evaluate` in a fresh sandbox (``reward.mode:
-   fresh``) or in the agent's sandbox (``same``; the graded files are put back from a host
-   copy first, and the trajectory warns that processes the agent left could touch them).
+   fresh``; with a set-up cache, a fork of the instance's clean set-up, which the first
+   grading of the instance makes) or in the agent's sandbox (``same``; the graded files are
+   put back from a host copy first, and the trajectory warns that processes the agent left
+   could touch them).
 
 Every sandbox is closed on every path. :func:`run_episode` never raises but for cancellation:
 a failed start, a failed setup or a model-server failure is a trajectory with
@@ -387,12 +389,13 @@ async def run_episode(
         backend: overrides the config's backend (``None``: ``config.sandbox.resolved_backend``).
         model_name_or_path: recorded in the trajectory and its ``EvalResult``.
         sandbox_options: overrides the config's options for the backend.
-        setups: shares the set-up of the row's samples (:mod:`sandlot.sandboxes.setups.cache`;
-            ``reward.mode: fresh`` only): a fork of the first sample's set-up sandbox, whose
-            ``timings_s["setup"]`` then covers the start too (``Trajectory.forked`` says
-            whether it was a fork).
-        group_size: how many samples of the row open through ``setups`` (its ``uses``:
-            the snapshot is deleted once the last one opened); ``None``: kept until evicted.
+        setups: shares the set-ups of the row's samples (:mod:`sandlot.sandboxes.setups.cache`;
+            ``reward.mode: fresh`` only): the agent's sandbox is a fork of the first sample's
+            set-up sandbox, whose ``timings_s["setup"]`` then covers the start too, and the
+            grading's a fork of the instance's clean set-up (``Trajectory.setups`` counts
+            both).
+        group_size: how many samples of the row open through ``setups`` (each snapshot is
+            deleted once the last one opened); ``None``: kept until evicted.
 
     Returns:
         The :class:`Trajectory`; ``timings_s`` has ``start``, ``setup``, ``agent``, ``model``,
@@ -415,12 +418,13 @@ async def run_episode(
             key = setup_key(ep.instance.instance_id, backend, spec, options)
 
             async def prepare(sb: Sandbox) -> None:
+                traj.setups.agent.set_up += 1
                 await prepare_repo(sb, ep.instance, backend)
                 await _remove_graded(ep, sb, None)
 
             with timer("setup"):
-                sb = await setups.open(key, backend, spec, options, prepare, uses=group_size)
-            traj.forked = sb.origin is not None
+                sb = await setups.open(key, backend, spec, options, prepare, group_size=group_size)
+            traj.setups.agent.forked += sb.origin is not None
         else:
             sb = open_sandbox(backend, spec, options=options)
         try:
@@ -428,6 +432,7 @@ async def run_episode(
                 with timer("start"):
                     await sb.start()
                 with timer("setup"):
+                    traj.setups.agent.set_up += 1
                     await prepare_repo(sb, ep.instance, backend)
                     graded = await _remove_graded(ep, sb, Path(copies.name) if copies else None)
                     # Before the first turn: nothing in it is the agent's (rewards.lingering).
@@ -466,7 +471,10 @@ async def run_episode(
                     model_name_or_path=model_name_or_path,
                     timeout=reward.eval_timeout,
                     sandbox_options=options,
+                    setups=setups,
+                    group_size=group_size,
                 )
+                traj.setups.grading = traj.eval.setup
     except PolicyError as exc:
         ep.end(ExitReason.INFRA_ERROR, f"model server: {exc}")
         traj.retryable = exc.retryable

@@ -57,7 +57,8 @@ class InProcessEpisodes:
     with one ``policy``.
 
     ``setups`` (a :class:`~sandlot.sandboxes.setups.cache.SetupCache`, which the caller deletes at
-    the end of the run) makes the samples of a row share one set-up.
+    the end of the run) makes the ``group_size`` samples of a row share one set-up for their
+    agents and one for their gradings.
 
     Raises:
         ConfigError: the config's options for ``backend`` are invalid.
@@ -74,9 +75,11 @@ class InProcessEpisodes:
         model_name_or_path: str = "",
         sandbox_options: BaseModel | None = None,
         setups: SetupCache | None = None,
+        group_size: int | None = None,
     ) -> None:
         self.policy = policy
         self.setups = setups
+        self.group_size = group_size
         self.config = config
         self.backend = backend
         self.model_name_or_path = model_name_or_path
@@ -105,6 +108,7 @@ class InProcessEpisodes:
             model_name_or_path=self.model_name_or_path,
             sandbox_options=self.sandbox_options,
             setups=self.setups,
+            group_size=self.group_size,
         )
 
     async def gauges(self) -> Gauges:

@@ -52,7 +52,7 @@ class EpisodeWorker:
         backend: str,
         model_name_or_path: str,
         env: Mapping[str, str],
-        share_setups: bool = False,
+        group_size: int = 1,
     ) -> None:
         os.environ.update(env)
         # One line per model request would flood the driver's console (log_to_driver).
@@ -66,7 +66,8 @@ class EpisodeWorker:
         self._policy: Policy | None = None
         self._running = 0
         # The samples of a row, on any actor of the node (or cluster), share one set-up.
-        self._setups = SetupCache(shared=SharedSetups()) if share_setups else None
+        self._group_size = group_size
+        self._setups = SetupCache(shared=SharedSetups()) if group_size > 1 else None
 
     async def setup(self) -> None:
         """Create the policy (entering it when it is an async context manager)."""
@@ -94,6 +95,7 @@ class EpisodeWorker:
                 model_name_or_path=self._model,
                 sandbox_options=self._options,
                 setups=self._setups,
+                group_size=self._group_size,
             )
         finally:
             self._running -= 1
@@ -133,9 +135,9 @@ class RayEpisodes:
         model_name_or_path: recorded in trajectories.
         concurrency: episodes at once across the cluster.
         address: the Ray cluster.
-        share_setups: the samples of a row share one set-up across the actors
-            (:mod:`sandlot.sandboxes.setups.actor`: per node, or per cluster for backends
-            whose snapshots any node opens).
+        group_size: the samples of a row; above 1 they share one set-up for their agents and
+            one for their gradings across the actors (:mod:`sandlot.sandboxes.setups.actor`:
+            per node, or per cluster for backends whose snapshots any node opens).
     """
 
     def __init__(
@@ -147,7 +149,7 @@ class RayEpisodes:
         model_name_or_path: str = "",
         concurrency: int = 8,
         address: str | None = None,
-        share_setups: bool = False,
+        group_size: int = 1,
     ) -> None:
         self.policy_factory = policy_factory
         self.config = config
@@ -155,7 +157,7 @@ class RayEpisodes:
         self.model_name_or_path = model_name_or_path
         self.concurrency = concurrency
         self.address = address
-        self.share_setups = share_setups
+        self.group_size = group_size
         self.actors: list[Any] = []
         self._load: list[int] = []
         self._ray: Any = None
@@ -192,7 +194,7 @@ class RayEpisodes:
                 self.backend,
                 self.model_name_or_path,
                 env,
-                self.share_setups,
+                self.group_size,
             )
             for _ in range(count)
         ]

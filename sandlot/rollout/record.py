@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandlot.rollout.trajectory import ExitReason, Trajectory
+from sandlot.rollout.trajectory import EpisodeSetups, ExitReason, Trajectory
 
 EpisodeKey = tuple[str, int]
 """(``instance_id``, ``sample``): what resume matches on."""
@@ -33,6 +33,7 @@ class EpisodeRecord:
     timings_s: dict[str, float]
     prompt_tokens: int
     completion_tokens: int
+    setups: EpisodeSetups
 
     @property
     def key(self) -> EpisodeKey:
@@ -55,4 +56,5 @@ class EpisodeRecord:
             timings_s=dict(traj.timings_s),
             prompt_tokens=traj.usage.prompt_tokens,
             completion_tokens=traj.usage.completion_tokens,
+            setups=traj.setups,
         )

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, Field
 
 from sandlot.rollout.record import EpisodeRecord
-from sandlot.rollout.trajectory import TIMING_KEYS, ExitReason
+from sandlot.rollout.trajectory import TIMING_KEYS, EpisodeSetups, ExitReason
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -51,6 +51,9 @@ class RolloutSummary(BaseModel):
         prompt_tokens / completion_tokens: totals.
         mean_timings_s: mean seconds per phase (``queue``, ``start``, ``setup``, ``agent``,
             ``model``, ``tools``, ``eval``, ``total``), over the episodes that reached it.
+        setups: the sandboxes set up and forked, the agents' and the gradings' (a group of n
+            samples that shares its set-ups: 1 agent set-up and n - 1 forks, 1 grading set-up
+            and n forks).
     """
 
     episodes: int = 0
@@ -71,6 +74,7 @@ class RolloutSummary(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     mean_timings_s: dict[str, float] = Field(default_factory=dict)
+    setups: EpisodeSetups = Field(default_factory=EpisodeSetups)
 
 
 def _ks(n: int) -> list[int]:
@@ -105,6 +109,7 @@ def summarize(records: Iterable[EpisodeRecord]) -> RolloutSummary:
             summary.retried += r.attempts > 1
             summary.prompt_tokens += r.prompt_tokens
             summary.completion_tokens += r.completion_tokens
+            summary.setups += r.setups
             exits[r.exit_reason.value] += 1
             if r.eval_status is not None:
                 statuses[r.eval_status] += 1

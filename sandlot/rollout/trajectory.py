@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandlot.rewards.result import EvalResult
+from sandlot.sandboxes.setups.counts import SetupCounts
 
 
 class ExitReason(str, Enum):
@@ -61,6 +62,18 @@ class Usage(BaseModel):
     last_prompt_tokens: int = 0
 
 
+class EpisodeSetups(BaseModel):
+    """The sandboxes of an episode (or, summed, of a run) by what they were for: the agent's
+    and the grading's, each set up or forked from the set-up its group shares
+    (:mod:`sandlot.sandboxes.setups.cache`)."""
+
+    agent: SetupCounts = Field(default_factory=SetupCounts)
+    grading: SetupCounts = Field(default_factory=SetupCounts)
+
+    def __add__(self, other: EpisodeSetups) -> EpisodeSetups:
+        return EpisodeSetups(agent=self.agent + other.agent, grading=self.grading + other.grading)
+
+
 TIMING_KEYS = ("queue", "start", "setup", "agent", "model", "tools", "eval", "total")
 """The time split, in seconds: waiting for a slot, sandbox start, repository + setup, the
 agent loop (of which model and tools), reward evaluation, and the whole episode."""
@@ -82,8 +95,8 @@ class Trajectory(BaseModel):
             that does not parse, an unknown tool, arguments that are not a JSON object or that
             the tool rejects).
         attempts: how many times the episode was started (infrastructure retries).
-        forked: the sandbox started from the snapshot of another sample's set-up
-            (:mod:`sandlot.sandboxes.setups.cache`) rather than being set up itself.
+        setups: how the agent's sandbox and the grading's came to be: set up, or forked from
+            the snapshot of a set-up of the instance (:class:`EpisodeSetups`).
         warnings: what makes the reward less trustworthy, e.g. graded files the agent's
             sandbox kept (:mod:`sandlot.rollout.graded`).
     """
@@ -106,7 +119,12 @@ class Trajectory(BaseModel):
     timings_s: dict[str, float] = Field(default_factory=dict)
     attempts: int = 1
     warnings: list[str] = Field(default_factory=list)
-    forked: bool = False
+    setups: EpisodeSetups = Field(default_factory=EpisodeSetups)
+
+    @property
+    def forked(self) -> bool:
+        """The agent's sandbox started from the snapshot of another sample's set-up."""
+        return self.setups.agent.forked > 0
 
     @property
     def resolved(self) -> bool:

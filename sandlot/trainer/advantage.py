@@ -26,8 +26,10 @@ Registration: verl imports the ``verl.plugins`` entry-point group on ``import ve
 process (``verl/__init__.py``); sandlot declares this module there (``pyproject.toml``), and
 ``VERL_USE_EXTERNAL_MODULES=sandlot.trainer.advantage`` does the same where sandlot is shipped as
 a Ray ``working_dir`` instead of installed. verl 0.9.1 has no hook for extra step metrics, so each
-call logs its :class:`MaskedStats` (``sandlot.trainer`` logger, INFO) and keeps the last one in
-:data:`last_stats`; the per-sample flag is the ``masked`` column of the batch.
+call logs its :class:`MaskedStats` and the step's sandbox set-ups and forks
+(:mod:`sandlot.trainer.setup_counts`) (``sandlot.trainer`` logger, INFO) and keeps the last ones
+in :data:`last_stats` and :data:`last_setups`; the per-sample flags are the ``masked`` and
+``setups`` columns of the batch.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
+
+from sandlot.rollout.trajectory import EpisodeSetups
+from sandlot.trainer import setup_counts
 
 log = logging.getLogger("sandlot.trainer")
 
@@ -78,6 +83,10 @@ class MaskedStats:
 last_stats: MaskedStats | None = None
 """The stats of the last call in this process (the trainer's)."""
 
+last_setups: EpisodeSetups | None = None
+"""The sandboxes set up and forked since the call before (:mod:`sandlot.trainer.setup_counts`),
+as the last call logged them."""
+
 
 def _kept(response_mask: torch.Tensor, index: np.ndarray) -> tuple[np.ndarray, MaskedStats]:
     """Which rows enter the group statistics, and the counts."""
@@ -103,10 +112,16 @@ def _on_real_samples(
     index: np.ndarray,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    global last_stats
+    global last_stats, last_setups
     kept, stats = _kept(response_mask, np.asarray(index, dtype=object))
     last_stats = stats
-    log.info("sandlot advantage: %s", stats.as_metrics())
+    try:
+        last_setups = setup_counts.take()
+    except Exception as exc:  # a Ray error: the step's set-up counts are lost, nothing else
+        log.warning("cannot read the step's set-up counts (%s)", exc)
+        last_setups = None
+    counted = setup_counts.as_metrics(last_setups) if last_setups is not None else {}
+    log.info("sandlot advantage: %s", {**stats.as_metrics(), **counted})
     advantages = torch.zeros_like(token_level_rewards, dtype=torch.float32)
     if kept.any():
         rows = torch.from_numpy(kept).to(token_level_rewards.device)

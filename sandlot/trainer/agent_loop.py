@@ -35,12 +35,15 @@ Token bookkeeping (the rules of verl's ``docs/extend_guide.rst`` and ``ToolAgent
 Groups: verl runs the ``rollout.n`` samples of a prompt as concurrent ``run`` calls of one
 ``AgentLoopWorker`` (its fully async rollouter sends a prompt's n copies to one worker; the
 synchronous manager splits the batch into contiguous chunks, so a group is split only where a
-chunk boundary cuts it). With ``n > 1`` and ``reward.mode: fresh`` they share one set-up
-through the worker process's :class:`~sandlot.sandboxes.setups.cache.SetupCache` (one per event
-loop): the first sample sets up and snapshots, the others fork, the snapshot is deleted once the
-group's n samples opened (``extra_fields["forked"]`` says which samples forked); what is left
-at the worker's exit is deleted by an ``atexit`` hook, and ``sandlot gc --run-id`` removes what
-a killed worker left.
+chunk boundary cuts it). With ``n > 1`` and ``reward.mode: fresh`` they share one set-up for
+their agents and one for their gradings through the worker process's
+:class:`~sandlot.sandboxes.setups.cache.SetupCache` (one per event loop): the first sample sets
+up and snapshots, the others fork, each snapshot is deleted once the group's n samples opened
+it, and an instance's set-ups are released when the worker has no sample of it running any
+more (validation prompts, sampled ``val_kwargs.n`` times); ``extra_fields["setups"]`` says how
+each sample's sandboxes came to be, and each step's sums are logged by the trainer
+(:mod:`sandlot.trainer.setup_counts`). What is left at the worker's exit is deleted by an
+``atexit`` hook, and ``sandlot gc --run-id`` removes what a killed worker left.
 
 A sample never raises (but for cancellation): a sandbox that does not start, a failed
 evaluation, a model-server error, an aborted generation (``partial_rollout=False``) or a bug of
@@ -54,13 +57,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import functools
 import logging
 import os
 import threading
 import traceback
 import weakref
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -81,6 +86,7 @@ from sandlot.sandboxes.scale.starting import ray_is_running
 from sandlot.sandboxes.setups.actor import SharedSetups
 from sandlot.sandboxes.setups.cache import SetupCache
 from sandlot.settings import settings
+from sandlot.trainer import setup_counts
 from sandlot.trainer.drift import check_drift, drifted_tokens
 from sandlot.trainer.mapping import DEFAULT_MASKED_EXITS, TokenBuffer, to_agent_loop_output
 
@@ -113,6 +119,27 @@ def worker_setups() -> SetupCache:
         # set-up through the run's registry actor.
         _setups[loop] = SetupCache(shared=SharedSetups() if ray_is_running() else None)
     return _setups[loop]
+
+
+_running: Counter[tuple[int, str]] = Counter()
+"""Samples running per (cache, instance) in this process."""
+
+
+@contextlib.asynccontextmanager
+async def _in_batch(setups: SetupCache, instance_id: str, backend: str) -> AsyncIterator[None]:
+    """One sample of ``instance_id`` runs; when the instance has none running any more (its
+    batch ended), its set-ups are released. verl tells the loop no group size for validation
+    prompts (``val_kwargs.n`` samples, not ``rollout.n``): their snapshots go here rather than
+    when evicted; a training group's went when its ``rollout.n`` samples opened them."""
+    key = (id(setups), instance_id)
+    _running[key] += 1
+    try:
+        yield
+    finally:
+        _running[key] -= 1
+        if not _running[key]:
+            del _running[key]
+            await setups.release(instance_id, backend)
 
 
 def _delete_snapshots() -> None:
@@ -377,6 +404,7 @@ class SandlotAgentLoop(AgentLoopBase):
             log.exception("sandlot agent loop failed")
             traj = _failed(kwargs, f"agent loop: {type(exc).__name__}: {exc}")
             traj.error = f"{traj.error}\n{traceback.format_exc(limit=5)}"
+        await setup_counts.add(traj.setups)
         if self.dump is not None:
             try:
                 await self.dump.append(traj)
@@ -439,14 +467,19 @@ class SandlotAgentLoop(AgentLoopBase):
             return _failed(kwargs, f"not a sandlot row: {exc}")
         model = str(self.config.actor_rollout_ref.model.get("path", ""))
         n = int(self.rollout_config.get("n", 1))
-        return await run_episode(
-            row,
-            policy,
-            config,
-            model_name_or_path=model,
-            setups=worker_setups() if n > 1 else None,
-            group_size=n,
-        )
+        if n <= 1:
+            return await run_episode(row, policy, config, model_name_or_path=model)
+        setups = worker_setups()
+        backend = config.sandbox.resolved_backend()
+        async with _in_batch(setups, row.instance.instance_id, backend):
+            return await run_episode(
+                row,
+                policy,
+                config,
+                model_name_or_path=model,
+                setups=setups,
+                group_size=n,
+            )
 
     def _pad_id(self) -> int:
         pad = getattr(self.tokenizer, "pad_token_id", None)

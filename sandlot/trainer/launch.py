@@ -8,12 +8,14 @@ reach Ray workers). :func:`write_agent_loop_config` writes ours, pointing at the
 
 Modes:
 
-* ``async`` (default): ``python -m verl.experimental.fully_async_policy.fully_async_main``
-  (Hydra config ``fully_async_ppo_trainer``): separate rollout and trainer GPUs, staleness,
-  partial rollout;
-* ``v1``: ``python -m verl.trainer.main_ppo trainer.use_v1=True
+* ``async`` (the option's default): ``python -m
+  verl.experimental.fully_async_policy.fully_async_main`` (Hydra config
+  ``fully_async_ppo_trainer``): separate rollout and trainer GPUs, staleness, partial rollout;
+* ``v1`` (the recipes' default): ``python -m verl.trainer.main_ppo trainer.use_v1=True
   trainer.v1.trainer_mode=separate_async`` (where verl's maintainers are heading): a standalone
-  rollout pool of ``nnodes_rollout`` nodes, weights sent over a checkpoint engine (nccl);
+  rollout pool of ``nnodes_rollout`` nodes, weights sent over a checkpoint engine (nccl),
+  partial rollout always, staleness bounded in model versions (``max_off_policy_threshold``),
+  ``total_rollout_steps`` turned into training steps;
 * ``sync``: ``python -m verl.trainer.main_ppo trainer.use_v1=True trainer.v1.trainer_mode=sync``
   colocated on every node (the synchronous baseline; verl's legacy ``use_v1=False`` trainer is
   deprecated).
@@ -111,8 +113,14 @@ class TrainOptions:
     partial_rollout: bool = True
     ppo_mini_batch_size: int = 32
     total_rollout_steps: int | None = None
-    """Prompts the fully-async rollouter generates in all (verl's unit: each gives
-    ``n_resp_per_prompt`` samples); ``None`` = the training set times ``trainer.total_epochs``."""
+    """Prompts to roll out in all (verl's unit: each gives ``n_resp_per_prompt`` samples);
+    ``None`` = the training set times ``trainer.total_epochs``. ``async``: the rollouter's
+    ``rollout.total_rollout_steps``; ``v1``: ``trainer.total_training_steps``, this over the
+    prompts of a step (``trigger_parameter_sync_step`` x ``ppo_mini_batch_size``), rounded up."""
+    max_off_policy_threshold: int | None = None
+    """``v1``: how many model versions a trajectory may span before it is dropped
+    (``trainer.v1.sampler.max_off_policy_threshold``; ``None``: verl's default, 8); what
+    bounds staleness there, where ``async`` has ``staleness_threshold``."""
     rollout_name: str = "vllm"
     adv_estimator: str = "sandlot_grpo"
     """``sandlot_grpo`` / ``sandlot_rloo`` keep masked samples out of the group baseline
@@ -133,6 +141,11 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.mode not in ENTRY:
             raise LaunchError(f"mode {self.mode!r}: expected one of {', '.join(ENTRY)}")
+        if self.mode == "v1" and not self.partial_rollout:
+            raise LaunchError(
+                "mode v1: verl's separate_async trainer always resumes generations cut by a "
+                "weight sync (partial rollout); use --mode async for --no-partial-rollout"
+            )
 
 
 def token_budget(opts: TrainOptions) -> int:
@@ -192,6 +205,7 @@ def hydra_overrides(opts: TrainOptions, loop_config: Path) -> list[str]:
     elif opts.mode == "v1":
         # trainer_separate_async.py asserts a standalone rollout pool and a checkpoint engine
         # other than naive (the trainer's GPUs do not hold the rollout's weights).
+        step_prompts = opts.trigger_parameter_sync_step * opts.ppo_mini_batch_size
         mode = [
             "trainer.use_v1=True",
             "trainer.v1.trainer_mode=separate_async",
@@ -201,10 +215,16 @@ def hydra_overrides(opts: TrainOptions, loop_config: Path) -> list[str]:
             f"actor_rollout_ref.rollout.n_gpus_per_node={opts.ngpus_per_node}",
             f"actor_rollout_ref.rollout.checkpoint_engine.backend={opts.checkpoint_engine}",
             f"trainer.v1.separate_async.parameter_sync_step={opts.trigger_parameter_sync_step}",
-            f"data.train_batch_size={opts.trigger_parameter_sync_step * opts.ppo_mini_batch_size}",
+            f"data.train_batch_size={step_prompts}",
             f"trainer.nnodes={opts.nnodes_train}",
             f"trainer.n_gpus_per_node={opts.ngpus_per_node}",
         ]
+        if opts.total_rollout_steps is not None:
+            steps = -(-opts.total_rollout_steps // step_prompts)
+            mode.append(f"trainer.total_training_steps={steps}")
+        if opts.max_off_policy_threshold is not None:
+            threshold = opts.max_off_policy_threshold
+            mode.append(f"trainer.v1.sampler.max_off_policy_threshold={threshold}")
     else:
         # verl's V1 synchronous trainer (trainer_sync.py), colocated on every node.
         mode = [

@@ -48,7 +48,7 @@ EXTRA_FIELD_KEYS = (
     "turn_scores",
     "tool_rewards",
     "drift_tokens",
-    "forked",
+    "setups",
 )
 """The ``extra_fields`` keys of every sample (the same keys on every path, so verl can stack
 them into ``non_tensor_batch`` columns)."""
@@ -178,7 +178,7 @@ def to_agent_loop_output(
         "turn_scores": [],
         "tool_rewards": [],
         "drift_tokens": drift_tokens,
-        "forked": traj.forked,
+        "setups": traj.setups.model_dump(),
     }
     return AgentLoopOutput(
         prompt_ids=list(tokens.prompt_ids),

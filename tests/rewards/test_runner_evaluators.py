@@ -28,9 +28,11 @@ class Recorder:
         return None
 
     async def evaluate(
-        self, instance: Instance, prediction: Prediction, *, uses: int, test_empty: bool
+        self, instance: Instance, prediction: Prediction, *, group_size: int, test_empty: bool
     ) -> EvalResult:
-        self.calls.append((instance.instance_id, prediction.model_name_or_path, uses, test_empty))
+        self.calls.append(
+            (instance.instance_id, prediction.model_name_or_path, group_size, test_empty)
+        )
         await anyio.lowlevel.checkpoint()
         return EvalResult(
             instance_id=instance.instance_id,
@@ -75,15 +77,15 @@ def test_an_instances_later_evaluation_waits_for_the_next_instances_first(
     assert [(iid, model) for iid, model, _, _ in calls] == [
         ("a", "m1"), ("b", "m1"), ("a", "m2"), ("c", "m1"), ("b", "m2"), ("c", "m2"),
     ]  # fmt: skip
-    assert {uses for _, _, uses, _ in calls} == {2}
+    assert {size for _, _, size, _ in calls} == {2}
 
 
 def test_empty_patches_open_a_sandbox_only_with_test_empty(tmp_path: Path) -> None:
     sets = [_set("gold", "diff"), _set("before", "")]
     without = _run(tmp_path / "without", sets).calls
-    assert {(model, uses) for _, model, uses, _ in without} == {("gold", 1), ("before", 1)}
+    assert {(model, size) for _, model, size, _ in without} == {("gold", 1), ("before", 1)}
     tested = _run(tmp_path / "tested", sets, test_empty=True).calls
-    assert {(model, uses, flag) for _, model, uses, flag in tested} == {
+    assert {(model, size, flag) for _, model, size, flag in tested} == {
         ("gold", 2, True),
         ("before", 2, True),
     }

@@ -24,7 +24,15 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from requirements import EVAL, TEST_IMAGE, bwrap_missing, docker_engine, importable, needs
+from requirements import (
+    EVAL,
+    TEST_IMAGE,
+    bwrap_missing,
+    docker_engine,
+    importable,
+    missing,
+    needs,
+)
 from rollout.scripted_server import ScriptedServer
 
 from sandlot.cli.main import cli
@@ -294,6 +302,34 @@ def test_rollout_resolves_swe_mini_and_eval_agrees(
     run_report = json.loads(report.read_text())
     assert set(run_report["resolved_ids"]) == {i for i, ok in rollout_verdicts.items() if ok}
     assert set(run_report["unresolved_ids"]) == {i for i, ok in rollout_verdicts.items() if not ok}
+
+
+@pytest.mark.slow
+@needs(importable("swebench", EVAL))
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_the_samples_of_an_instance_share_one_agent_and_one_grading_set_up(
+    backend: str, server: ScriptedServer, dataset: Path, config: Path, tmp_path: Path
+) -> None:
+    """``-n 4`` over two instances, reward mode ``fresh``: per instance one agent set-up and
+    one grading set-up, every other sandbox a fork, every sample graded."""
+    if backend == "local":
+        if reason := bwrap_missing():
+            missing(reason)
+        common = ["--backend", "local"]
+    else:
+        docker_engine()
+        common = ["--backend", "docker", "--image", TEST_IMAGE]
+    out = tmp_path / "out"
+    ids = "minicalc__minicalc-1,textkit__textkit-1"
+    args = rollout_args(dataset, config, server.url, out, *common, "--instance-ids", ids, "-n", "4")
+    output = run(args, {"SANDLOT_LOCAL_ROOT": str(tmp_path / "sandboxes")}, tmp_path)
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert summary["eval_statuses"] == {"resolved": 8}, output
+    setups = summary["setups"]
+    assert setups["agent"]["set_up"] <= 2 and setups["grading"]["set_up"] <= 2, setups
+    assert setups["agent"]["set_up"] + setups["agent"]["forked"] == 8, setups
+    assert setups["grading"]["forked"] == 8, setups  # the first grading runs in a fork too
+    assert "agent sandboxes" in output and "grading sandboxes" in output
 
 
 @pytest.mark.slow

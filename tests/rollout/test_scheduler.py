@@ -555,7 +555,7 @@ async def test_ray_runs_streams_and_cancels_with_the_same_guarantees(
     rows: Sequence[TaskRow] = [row(i) for i in range(6)]
     seen: list[str] = []
     with TrajectoryLog(path) as log:
-        eps = RayEpisodes(ray_policy, config, backend=FAKE, concurrency=4, share_setups=True)
+        eps = RayEpisodes(ray_policy, config, backend=FAKE, concurrency=4, group_size=2)
         async with eps:
             assert 1 <= len(eps.actors) <= 4  # one per CPU, at most the concurrency
             stats = await run_rollout(

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import anyio
 import numpy as np
 import pytest
 from requirements import TRAIN, need_module
@@ -19,7 +20,9 @@ from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
-from sandlot.trainer import advantage  # noqa: E402
+from sandlot.rollout.trajectory import EpisodeSetups  # noqa: E402
+from sandlot.sandboxes.setups.counts import SetupCounts  # noqa: E402
+from sandlot.trainer import advantage, setup_counts  # noqa: E402
 
 LENGTH = 4
 
@@ -52,6 +55,19 @@ def test_the_issue_example_gives_the_real_samples_zero_advantage() -> None:
         samples=4, masked=1, groups=1, groups_without_baseline=0
     )
     assert advantage.last_stats.as_metrics()["sandlot/masked_samples"] == 1.0
+
+
+def test_each_call_takes_the_set_ups_counted_since_the_last() -> None:
+    setup_counts.take()  # whatever an earlier test left
+    group = EpisodeSetups(
+        agent=SetupCounts(set_up=1, forked=3), grading=SetupCounts(set_up=1, forked=4)
+    )
+    anyio.run(setup_counts.add, group)
+    data = batch([1.0, 0.0], [False, False], ["a", "a"])
+    compute_advantage(data, adv_estimator="sandlot_grpo", config=AlgoConfig())
+    assert advantage.last_setups == group
+    compute_advantage(data, adv_estimator="sandlot_grpo", config=AlgoConfig())
+    assert advantage.last_setups == EpisodeSetups()
 
 
 def test_real_samples_match_verls_grpo_on_the_unmasked_group() -> None:

@@ -27,6 +27,10 @@ ray = need_module("ray", TRAIN)
 
 from sandlot.datasets.loaders import load_instances  # noqa: E402
 from sandlot.datasets.rows import build_row  # noqa: E402
+from sandlot.rollout.trajectory import EpisodeSetups  # noqa: E402
+from sandlot.sandboxes.labels import pin_run_id  # noqa: E402
+from sandlot.sandboxes.setups.counts import SetupCounts  # noqa: E402
+from sandlot.trainer import setup_counts  # noqa: E402
 from sandlot.trainer.launch import (  # noqa: E402
     TrainOptions,
     hydra_overrides,
@@ -154,6 +158,7 @@ def setup(qwen_dir: Path, tmp_path: Path) -> Setup:
     env = {
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]),
         "SANDLOT_LOCAL_ROOT": str(local_root),
+        "SANDLOT_RUN_ID": pin_run_id(),  # the workers' tally is the one this process reads
     }
     for name in ("SANDLOT_TEST_CACHE", "PATH", "HOME"):
         if name in os.environ:
@@ -209,8 +214,9 @@ def test_agent_loop_manager_runs_sandlot_episodes(
 
 def test_the_samples_of_a_prompt_share_one_set_up(setup: Setup, qwen_dir: Path) -> None:
     """GRPO groups: n=4 samples of 2 prompts, repeated as verl's trainers repeat a batch
-    (``DataProto.repeat(n, interleave=True)``), run on one worker: one set-up per prompt, the
-    other samples are forks, and every snapshot is gone when the run ends."""
+    (``DataProto.repeat(n, interleave=True)``), run on one worker: per prompt one agent
+    set-up and one grading set-up, the other sandboxes are forks, every sample graded, and
+    every snapshot is gone when the run ends."""
     from verl.experimental.agent_loop import AgentLoopManager
 
     fresh = setup.tmp_path / "fresh.yaml"
@@ -227,15 +233,27 @@ def test_the_samples_of_a_prompt_share_one_set_up(setup: Setup, qwen_dir: Path) 
             config=cfg, llm_client=server, reward_loop_worker_handles=None
         )
         out = manager.generate_sequences(batch(records).repeat(4, interleave=True))
+        step = setup_counts.take()  # what the trainer logs at the step's advantage call
     finally:
         ray.shutdown()
+        setup_counts._actor = None
 
     extra = out.non_tensor_batch
     assert list(extra["exit_reason"]) == ["submitted"] * 8, extra["error"]
+    assert step == EpisodeSetups(
+        agent=SetupCounts(set_up=2, forked=6), grading=SetupCounts(set_up=2, forked=8)
+    )
     assert out.batch["rm_scores"].sum(dim=1).tolist() == [1.0] * 8
-    forked = zip(extra["instance_id"], extra["forked"], strict=True)
-    set_ups = Counter(instance for instance, fork in forked if not fork)
-    assert set_ups == {INSTANCE: 1, "textkit__textkit-1": 1}
+    for purpose in ("agent", "grading"):
+        set_ups: Counter[str] = Counter()
+        forks: Counter[str] = Counter()
+        for instance, setups in zip(extra["instance_id"], extra["setups"], strict=True):
+            set_ups[instance] += setups[purpose]["set_up"]
+            forks[instance] += setups[purpose]["forked"]
+        assert set_ups == {INSTANCE: 1, "textkit__textkit-1": 1}, purpose
+        assert forks == {INSTANCE: 3 + (purpose == "grading")} | {
+            "textkit__textkit-1": 3 + (purpose == "grading")
+        }, purpose
     assert not list(setup.local_root.iterdir()), "sandboxes or snapshots left"
 
 

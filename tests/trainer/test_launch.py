@@ -18,7 +18,13 @@ need_module("verl.experimental.agent_loop", TRAIN)
 need_module("transfer_queue", TRAIN)
 
 from sandlot.cli.train_cmd import train_command  # noqa: E402
-from sandlot.trainer.launch import ENTRY, LOOP_TARGET, write_agent_loop_config  # noqa: E402
+from sandlot.trainer.launch import (  # noqa: E402
+    ENTRY,
+    LOOP_TARGET,
+    LaunchError,
+    TrainOptions,
+    write_agent_loop_config,
+)
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "examples" / "train").glob("*.yaml"))
 RECIPES = [r for r in RECIPES if r.name != "runtime_env.yaml"]
@@ -171,8 +177,26 @@ def test_every_recipe_and_mode_passes_verls_startup(
     if mode == "v1":
         assert arr.rollout.nnodes == recipe_opts["nnodes_rollout"]
         assert arr.rollout.checkpoint_engine.backend != "naive"
+        sampler = cfg.trainer.v1.sampler
+        if "max_off_policy_threshold" in recipe_opts:
+            assert sampler.max_off_policy_threshold == recipe_opts["max_off_policy_threshold"]
+        if "total_rollout_steps" in recipe_opts:
+            sync_step = recipe_opts["trigger_parameter_sync_step"]
+            prompts = sync_step * recipe_opts["ppo_mini_batch_size"]
+            steps = cfg.trainer.total_training_steps
+            assert (steps - 1) * prompts < recipe_opts["total_rollout_steps"] <= steps * prompts
     if mode == "async" and "total_rollout_steps" in recipe_opts:
         assert cfg.rollout.total_rollout_steps == recipe_opts["total_rollout_steps"]
+
+
+def test_v1_refuses_to_turn_partial_rollout_off(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="--mode async for --no-partial-rollout"):
+        TrainOptions(tmp_path, tmp_path, "m", mode="v1", partial_rollout=False)
+
+
+def test_the_recipes_default_to_verls_v1_trainer_but_the_baseline() -> None:
+    modes = {r.stem: yaml.safe_load(r.read_text())["mode"] for r in RECIPES}
+    assert modes == {"debug": "v1", "dense_8b": "v1", "moe_30b_a3b": "v1", "sync_baseline": "sync"}
 
 
 def problems_of(result: Any) -> str:

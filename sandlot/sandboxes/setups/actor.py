@@ -25,7 +25,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from pydantic import BaseModel
@@ -94,13 +94,21 @@ class LeasedSnapshot(Snapshot):
 
 
 class SetupActor:
-    """The actor: a :class:`SetupTable` and the deletion of what it gives up."""
+    """A :class:`SetupTable` and the deletion of what it gives up: what a
+    :class:`~sandlot.sandboxes.setups.cache.SetupCache` asks, in its own process or hosted by
+    a named Ray actor (:class:`SharedSetups`). Every method is a coroutine, so both are
+    called alike (``await``; :class:`RemoteSetups` wraps the Ray handle).
+
+    Args:
+        max_snapshots: how many ready snapshots the table keeps (>= 1).
+    """
 
     def __init__(self, max_snapshots: int) -> None:
         self._table: SetupTable[SnapshotRef] = SetupTable(max_snapshots)
         self._clients: set[str] = set()
+        self._published: anyio.Event | None = None
 
-    def attach(self, client: str) -> None:
+    async def attach(self, client: str) -> None:
         self._clients.add(client)
 
     async def detach(self, client: str) -> bool:
@@ -111,27 +119,63 @@ class SetupActor:
         await _delete(self._table.close())
         return True
 
-    def claim(self, key: str, holder: str, lease_s: float) -> Claim:
+    async def claim(self, key: str, holder: str, lease_s: float) -> Claim:
         return self._table.claim(key, holder, lease_s)
 
-    def renew(self, key: str, holder: str, lease_s: float) -> bool:
+    async def renew(self, key: str, holder: str, lease_s: float) -> bool:
         return self._table.renew(key, holder, lease_s)
 
-    async def publish(
-        self, key: str, holder: str, ref: SnapshotRef | None, opened: int, uses: int | None
-    ) -> None:
-        await _delete(self._table.publish(key, holder, ref, opened=opened, uses=uses))
+    async def wait(self, timeout_s: float) -> None:
+        """Return at the next ``publish`` of any key, or after ``timeout_s`` seconds (a
+        waiter claims again: its key may be ready, or its builder's lease run out)."""
+        if self._published is None:
+            self._published = anyio.Event()
+        with anyio.move_on_after(timeout_s):
+            await self._published.wait()
 
-    def acquire(self, key: str, lease: str) -> SnapshotRef | None:
+    async def publish(
+        self,
+        key: str,
+        holder: str,
+        ref: SnapshotRef | None,
+        group_size: int | None,
+        lease: str | None,
+    ) -> None:
+        deleted = self._table.publish(key, holder, ref, group_size=group_size, lease=lease)
+        if self._published is not None:
+            self._published.set()
+            self._published = None
+        await _delete(deleted)
+
+    async def acquire(self, key: str, lease: str) -> SnapshotRef | None:
         return self._table.acquire(key, lease)
 
     async def release(self, lease: str) -> None:
         await _delete(self._table.release(lease))
 
+    async def drop(self, prefix: str) -> None:
+        await _delete(self._table.drop(prefix))
+
 
 async def _delete(refs: list[SnapshotRef]) -> None:
     for ref in refs:
         await ref.snapshot().delete()  # logged, not raised, when it fails
+
+
+class RemoteSetups:
+    """A Ray handle of a :class:`SetupActor`, called as the actor itself is
+    (``await remote.claim(...)`` is ``await handle.claim.remote(...)``)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._handle, name)
+
+        async def call(*args: Any) -> Any:
+            return await method.remote(*args)
+
+        return call
 
 
 class SharedSetups:
@@ -141,29 +185,21 @@ class SharedSetups:
         run: the run whose actors to use (default: this process's run id, which Ray's workers
             inherit as ``SANDLOT_RUN_ID``).
         max_snapshots: how many ready snapshots an actor keeps (for the actor that is created).
-        wait_s: how long a sample waits for another process's set-up before setting up alone.
-        lease_s: a builder that has not renewed its build for this long (its process died) is
-            given up: its waiters set up alone.
     """
 
-    def __init__(
-        self,
-        run: str | None = None,
-        *,
-        max_snapshots: int = 64,
-        wait_s: float = 1800.0,
-        lease_s: float = 30.0,
-    ) -> None:
+    def __init__(self, run: str | None = None, *, max_snapshots: int = 64) -> None:
         self.run = run or run_id()
         self.max_snapshots = max_snapshots
-        self.wait_s = wait_s
-        self.lease_s = lease_s
         self._client = uuid.uuid4().hex
         self._actors: dict[str, Any] = {}
 
-    async def actor(self, backend: str) -> Any:
+    async def setups(self, backend: str) -> SetupActor:
         """The actor that shares ``backend``'s snapshots (created on first use, pinned to this
-        node for ``"node"`` scope)."""
+        node for ``"node"`` scope, one for the cluster for ``"global"``), called as a
+        :class:`SetupActor` of this process is."""
+        return cast(SetupActor, RemoteSetups(await self._actor(backend)))
+
+    async def _actor(self, backend: str) -> Any:
         scope = get_backend(backend).snapshot_scope
         if scope not in self._actors:
             import ray

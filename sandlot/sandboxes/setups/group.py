@@ -1,5 +1,5 @@
 """``sandlot.open_group``: n sandboxes of one spec, set up once (a GRPO group): one key of a
-:class:`~sandlot.sandboxes.setups.cache.SetupCache` with ``fork_first``."""
+:class:`~sandlot.sandboxes.setups.cache.SetupCache`, opened with ``fork_first``."""
 
 from __future__ import annotations
 
@@ -56,12 +56,14 @@ async def open_group(
     sandboxes: list[Sandbox] = []
     failures: list[Exception] = []
     async with AsyncExitStack() as stack:
-        setups = SetupCache(fork_first=True)
+        setups = SetupCache()
         stack.push_async_callback(setups.aclose)
 
         async def one() -> None:
             try:
-                sb = await setups.open("group", name, proto.spec, proto.options, _as_is, uses=n)
+                sb = await setups.open(
+                    "group", name, proto.spec, proto.options, _as_is, group_size=n, fork_first=True
+                )
             except Exception as exc:  # the group fails: the others are cancelled and closed
                 failures.append(exc)
                 tg.cancel_scope.cancel()

@@ -7,9 +7,9 @@ snapshot (``ready``) or nothing (``failed``: each sample sets itself up). A buil
 the builder renews while it works (``renew``): a builder whose process died stops renewing,
 and the next ``claim`` after the lease ran out finds the key ``failed`` rather than waiting for
 ever. A fork holds a lease on its snapshot (``acquire`` / ``release``): an evicted snapshot
-(more than ``max_snapshots`` ready, or its key's ``uses`` opened) is deleted once no fork of
-any process holds it. The table never deletes anything itself: the snapshots its calls return
-are the caller's to delete.
+(more than ``max_snapshots`` ready, or its key's ``group_size`` samples opened) is deleted
+once no fork of any process holds it. The table never deletes anything itself: the snapshots
+its calls return are the caller's to delete.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class _Key(Generic[Ref]):
     held: _Held[Ref] | None = None
     state: Literal["building", "ready", "failed"] = "building"
     opened: int = 0
-    uses: int | None = None
+    group_size: int | None = None
 
 
 class SetupTable(Generic[Ref]):
@@ -85,21 +85,25 @@ class SetupTable(Generic[Ref]):
         return True
 
     def publish(
-        self, key: str, holder: str, ref: Ref | None, *, opened: int, uses: int | None
+        self, key: str, holder: str, ref: Ref | None, *, group_size: int | None, lease: str | None
     ) -> list[Ref]:
         """``holder`` finished building ``key``: ``ref`` is its snapshot (``None``: no
-        snapshot, the key's samples set up alone); ``opened`` of the key's ``uses`` samples
-        (``None``: unknown) run without a lease. Returns the snapshots to delete (``ref``
-        itself when the build had been given up, the ones evicted to make room)."""
+        snapshot, the key's samples set up alone). The builder's sample counts as the first of
+        the key's ``group_size`` (``None``: unknown); with ``lease`` it forks the snapshot too
+        and holds it under that lease until ``release``. Returns the snapshots to delete
+        (``ref`` itself when the build had been given up, the ones evicted to make room)."""
         entry = self._keys.get(key)
         if entry is None or entry.state != "building" or entry.builder != holder:
             return [ref] if ref is not None else []
         if ref is None:
             entry.state = "failed"
             return []
-        entry.state, entry.held, entry.opened, entry.uses = "ready", _Held(ref), opened, uses
+        entry.state, entry.held, entry.group_size = "ready", _Held(ref), group_size
         self._held.add(entry.held)
-        if uses is not None and opened >= uses:
+        if lease is not None:
+            self._hold(entry.held, lease)
+        entry.opened = 1
+        if group_size is not None and group_size <= 1:
             return self._evict(key)
         ready = [k for k, e in self._keys.items() if e.state == "ready"]
         return [r for k in ready[: max(0, len(ready) - self.max_snapshots)] for r in self._evict(k)]
@@ -111,12 +115,15 @@ class SetupTable(Generic[Ref]):
         if entry is None or entry.held is None:
             return None
         held = entry.held
-        held.leases.add(lease)
-        self._leases[lease] = held
+        self._hold(held, lease)
         entry.opened += 1
-        if entry.uses is not None and entry.opened >= entry.uses:
+        if entry.group_size is not None and entry.opened >= entry.group_size:
             self._evict(key)  # held: deleted at its last release
         return held.ref
+
+    def _hold(self, held: _Held[Ref], lease: str) -> None:
+        held.leases.add(lease)
+        self._leases[lease] = held
 
     def release(self, lease: str) -> list[Ref]:
         """A fork closed; returns its snapshot when that was evicted and this its last lease."""
@@ -125,6 +132,12 @@ class SetupTable(Generic[Ref]):
             return []
         held.leases.discard(lease)
         return self._drop(held) if held.evicted else []
+
+    def drop(self, prefix: str) -> list[Ref]:
+        """Evict every set-up key starting with ``prefix`` (the samples that needed them are
+        done; one being built is left to its builder); returns the snapshots no fork holds."""
+        done = [k for k, e in self._keys.items() if k.startswith(prefix) and e.state != "building"]
+        return [ref for key in done for ref in self._evict(key)]
 
     def close(self) -> list[Ref]:
         """Forget everything; returns every snapshot (the run is over: all are deleted)."""

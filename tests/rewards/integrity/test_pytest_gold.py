@@ -247,7 +247,7 @@ def results(
     async def run_all() -> dict[tuple[str, bool], EvalResult]:
         out: dict[tuple[str, bool], EvalResult] = {}
         limiter = anyio.CapacityLimiter(2)
-        async with aclosing(SetupCache(fork_first=True)) as setups:
+        async with aclosing(SetupCache()) as setups:
 
             async def run(name: str, checks: bool) -> None:
                 async with limiter:
@@ -257,7 +257,7 @@ def results(
                         backend="local",
                         integrity_checks=checks,
                         setups=setups,
-                        uses=len(_RUNS),
+                        group_size=len(_RUNS),
                     )
 
             async with anyio.create_task_group() as tg:

@@ -1,5 +1,6 @@
-"""Snapshots and groups beyond the contract: the checks of ``sandlot.open(snapshot=)``, the
-deferred removal, ``open_group``'s failures, and ``sandlot gc`` of snapshots (local, docker)."""
+"""Snapshots beyond the contract: the checks of ``sandlot.open(snapshot=)``, the deferred
+removal, and ``sandlot gc`` of snapshots (local, docker); ``open_group`` is tested with the
+set-ups (``tests/sandboxes/setups/``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import pytest
 from requirements import TEST_IMAGE, bwrap_missing, docker_engine_missing, missing
 
 import sandlot
-from sandlot import SandboxError, SandboxSetupError
 from sandlot.sandboxes.labels import RUN_ID, run_id
 from sandlot.sandboxes.local import LocalSandbox
 from sandlot.sandboxes.local.reaper import LocalReaper
@@ -72,25 +72,6 @@ async def test_gc_removes_the_snapshots_a_run_left(local_root: str) -> None:
     await snap.delete()  # gone already: logged, not raised
 
 
-async def test_a_group_falls_back_to_setting_each_up_when_freezing_fails(
-    local_root: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async def refuse(self: LocalSandbox) -> str:
-        raise SandboxError("cannot freeze", retryable=False)
-
-    monkeypatch.setattr(LocalSandbox, "_snapshot", refuse)
-    async with sandlot.open_group(n=2, post_setup_cmd=TOKEN, root_dir=local_root) as group:
-        tokens = {(await sb.read_file("token.txt")) for sb in group}
-        assert len(tokens) == 2 and all(sb.origin is None for sb in group)
-
-
-async def test_a_failing_set_up_fails_the_group_and_leaves_nothing(local_root: str) -> None:
-    with pytest.raises(SandboxSetupError):
-        async with sandlot.open_group(n=2, post_setup_cmd="exit 3", root_dir=local_root):
-            pass
-    assert os.listdir(local_root) == []
-
-
 async def test_docker_snapshots_are_labelled_images_that_gc_and_delete_remove() -> None:
     if reason := docker_engine_missing():
         missing(reason)
@@ -136,23 +117,3 @@ async def test_a_jailed_fork_of_the_host_stacks_the_snapshots_workdir(
             assert await anyio.to_thread.run_sync(os.listdir, fork.host_workdir) == []
     finally:
         await snap.delete()
-
-
-async def test_a_group_sandbox_whose_fork_fails_to_start_is_set_up_instead(
-    local_root: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    start = LocalSandbox._start
-    refused: list[str] = []
-
-    async def refuse_one_fork(self: LocalSandbox) -> None:
-        if self.origin is not None and not refused:
-            refused.append(self.id)
-            raise SandboxError("the fork's overlay cannot be mounted", retryable=False)
-        await start(self)
-
-    monkeypatch.setattr(LocalSandbox, "_start", refuse_one_fork)
-    async with sandlot.open_group(n=3, post_setup_cmd=TOKEN, root_dir=local_root) as group:
-        tokens = [await sb.read_file("token.txt") for sb in group]
-        assert sorted(sb.origin is not None for sb in group) == [False, True, True]
-        assert len(set(tokens)) == 2  # the forks' token, and the set-up's own
-    assert os.listdir(local_root) == []
