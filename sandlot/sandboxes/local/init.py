@@ -387,6 +387,10 @@ def _handle(
             found = _tree(by_id.get(fields[1], -1), marker)
             if not found:
                 break
+            if sig == 9:
+                # Frozen first: killed one by one, a shell whose child died before it could
+                # run its next command in between (`sleep 300; echo never` printed "never").
+                _signal_all(found, _signal.SIGSTOP)
             _signal_all(found, sig)
     elif op == b"T":
         pid, sig, newer = int(fields[1]), int(fields[2]), int(fields[3])
