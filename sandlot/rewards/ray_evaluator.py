@@ -7,27 +7,22 @@ results and reports are those of one machine."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import anyio
 
-from sandlot._optional import require
 from sandlot.datasets.instance import Instance
 from sandlot.errors import SandlotError
 from sandlot.rewards.evaluators import InProcessEvaluator
 from sandlot.rewards.predictions import Prediction
 from sandlot.rewards.result import EvalFailure, EvalResult, EvalStatus
 from sandlot.sandboxes.base import live_sandboxes
-from sandlot.sandboxes.labels import forwarded_env
+from sandlot.sandboxes.scale.ray_pool import CANCEL_WAIT_S, RayActorPool
 
 log = logging.getLogger("sandlot.rewards")
-
-_CANCEL_WAIT_S = 75.0  # a cancelled evaluation's time to close its sandboxes (close: 60 s)
 
 
 class RayClusterError(SandlotError, ConnectionError):
@@ -39,7 +34,7 @@ class EvalWorker:
     its instances' set-ups shared. Plain Python (wrapped with ``ray.remote`` by the driver),
     so it can also be tested without Ray."""
 
-    def __init__(self, backend: str, timeout: float | None, env: Mapping[str, str]) -> None:
+    def __init__(self, backend: str, timeout: float | None, *, env: Mapping[str, str]) -> None:
         os.environ.update(env)
         self._backend = backend
         self._evaluator = InProcessEvaluator(backend=backend, timeout=timeout, share_setups=True)
@@ -54,7 +49,7 @@ class EvalWorker:
     async def set_ups(self) -> int | None:
         return await self._evaluator.set_ups()
 
-    async def close(self, wait_s: float = _CANCEL_WAIT_S) -> int:
+    async def close(self, wait_s: float = CANCEL_WAIT_S) -> int:
         """Wait (at most ``wait_s``) for cancelled evaluations to close their sandboxes, then
         delete the set-ups' snapshots. Returns the sandboxes still open."""
         with anyio.move_on_after(wait_s):
@@ -90,71 +85,32 @@ class RayEvaluator:
     def __init__(
         self, *, backend: str, timeout: float | None, workers: int, address: str | None = None
     ) -> None:
+        self._pool = RayActorPool(error=RayClusterError, log=log, actor_name="an evaluation actor")
+        self.left_open = 0
         self.backend = backend
         self.timeout = timeout
         self.workers = workers
         self.address = address
-        self.actors: list[Any] = []
-        self.left_open = 0
-        self._load: list[int] = []
         self._home: dict[str, int] = {}
-        self._ray: Any = None
-        self._owns_ray = False
+
+    @property
+    def actors(self) -> list[Any]:
+        """The actors' handles (none before entering or after leaving)."""
+        return self._pool.actors
 
     async def __aenter__(self) -> RayEvaluator:
         """Join the cluster and start the actors.
 
         Raises:
             RayClusterError: no cluster at the address.
-            ImportError: ``ray`` is not installed (names the extra).
+            BackendUnavailableError: ``ray`` is not installed (names the extra).
         """
-        ray = self._ray = require("ray", "train")
-        if not ray.is_initialized():
-            address = self.address or os.environ.get("RAY_ADDRESS") or "auto"
-            try:
-                ray.init(address=address, log_to_driver=True)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise RayClusterError(
-                    f"no Ray cluster at {address!r} ({exc}); start one with `ray start --head` "
-                    "or set RAY_ADDRESS"
-                ) from None
-            self._owns_ray = True
-        env = forwarded_env()
-        cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
-        count = max(1, min(self.workers, cpus))
-        per_actor = math.ceil(self.workers / count)
-        remote_cls = ray.remote(EvalWorker)
-        self.actors = [
-            remote_cls.options(
-                num_cpus=0,
-                max_concurrency=per_actor + 4,  # + set_ups and close calls
-                scheduling_strategy="SPREAD",
-                runtime_env={"env_vars": env},
-            ).remote(self.backend, self.timeout, env)
-            for _ in range(count)
-        ]
-        self._load = [0] * count
+        args = (self.backend, self.timeout)
+        self._pool.start(EvalWorker, *args, wanted=self.workers, address=self.address)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        ray = self._ray
-
-        async def close(actor: Any) -> None:
-            try:
-                self.left_open += await actor.close.remote()
-            except Exception as exc:  # a dead actor: its sandboxes died with it
-                log.warning("closing an evaluation actor failed: %s", exc)
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
-
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as tg:
-                for actor in self.actors:
-                    tg.start_soon(close, actor)
-            self.actors = []
-            if self._owns_ray:
-                ray.shutdown()
-                self._owns_ray = False
+        self.left_open += await self._pool.close()
 
     async def evaluate(
         self, instance: Instance, prediction: Prediction, *, group_size: int, test_empty: bool
@@ -162,23 +118,15 @@ class RayEvaluator:
         """The evaluation, on the actor that holds ``instance``'s set-up (the least loaded one
         for its first evaluation). A lost actor or node is an ``error`` result with failure
         ``infrastructure``; cancelling cancels the actor's task (its sandboxes close)."""
-        ray = self._ray
         iid = instance.instance_id
         i = self._home.get(iid)
         if i is None:
-            i = self._home[iid] = min(range(len(self.actors)), key=self._load.__getitem__)
-        self._load[i] += 1
-        ref = self.actors[i].evaluate.remote(instance, prediction, group_size, test_empty)
+            i = self._home[iid] = self._pool.least_loaded()
+        args = (instance, prediction, group_size, test_empty)
         try:
-            result: EvalResult = await ref
+            result: EvalResult = await self._pool.call(i, "evaluate", *args)
             return result
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                ray.cancel(ref)
-                with anyio.move_on_after(_CANCEL_WAIT_S), contextlib.suppress(Exception):
-                    await ref
-            raise
-        except ray.exceptions.RayError as exc:
+        except self._pool.ray.exceptions.RayError as exc:
             return EvalResult(
                 instance_id=iid,
                 model_name_or_path=prediction.model_name_or_path,
@@ -186,8 +134,6 @@ class RayEvaluator:
                 error=f"ray: {type(exc).__name__}: {exc}",
                 failure=EvalFailure.INFRASTRUCTURE,
             )
-        finally:
-            self._load[i] -= 1
 
     async def set_ups(self) -> int | None:
         """The actors' set-ups, summed."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,7 +15,6 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 
-from sandlot._optional import require
 from sandlot.datasets.rows import TaskRow
 from sandlot.rollout.agent import run_episode
 from sandlot.rollout.config import AgentConfig
@@ -25,17 +23,12 @@ from sandlot.rollout.errors import RolloutError
 from sandlot.rollout.policy import Policy
 from sandlot.rollout.trajectory import Trajectory
 from sandlot.sandboxes.base import live_sandboxes
-from sandlot.sandboxes.labels import forwarded_env
+from sandlot.sandboxes.scale.ray_pool import CANCEL_WAIT_S, RayActorPool
 from sandlot.sandboxes.scale.starting import starting_gate
 from sandlot.sandboxes.setups.actor import SharedSetups
 from sandlot.sandboxes.setups.cache import SetupCache
 
 log = logging.getLogger("sandlot.rollout")
-
-
-# How long a cancelled Ray episode gets to close its sandboxes before the driver moves on
-# (Sandbox.close's own budget is 60 s).
-_RAY_CANCEL_WAIT_S = 75.0
 
 
 class EpisodeWorker:
@@ -51,8 +44,9 @@ class EpisodeWorker:
         config: AgentConfig,
         backend: str,
         model_name_or_path: str,
-        env: Mapping[str, str],
         group_size: int = 1,
+        *,
+        env: Mapping[str, str],
     ) -> None:
         os.environ.update(env)
         # One line per model request would flood the driver's console (log_to_driver).
@@ -104,7 +98,7 @@ class EpisodeWorker:
         """(sandboxes in STARTING, sandboxes open) in this actor."""
         return starting_gate().stats.starting, live_sandboxes(self._backend)
 
-    async def close(self, wait_s: float = _RAY_CANCEL_WAIT_S) -> int:
+    async def close(self, wait_s: float = CANCEL_WAIT_S) -> int:
         """Wait (at most ``wait_s``) for cancelled episodes to close their sandboxes, then
         close the policy. Returns the sandboxes still open."""
         with anyio.move_on_after(wait_s):
@@ -158,47 +152,20 @@ class RayEpisodes:
         self.concurrency = concurrency
         self.address = address
         self.group_size = group_size
-        self.actors: list[Any] = []
-        self._load: list[int] = []
-        self._ray: Any = None
-        self._owns_ray = False
         self.left_open = 0
+        self._pool = RayActorPool(error=RolloutError, log=log, actor_name="a rollout actor")
+
+    @property
+    def actors(self) -> list[Any]:
+        """The actors' handles (none before entering or after leaving)."""
+        return self._pool.actors
 
     async def __aenter__(self) -> RayEpisodes:
-        ray = self._ray = require("ray", "train")
-        if not ray.is_initialized():
-            address = self.address or os.environ.get("RAY_ADDRESS") or "auto"
-            try:
-                ray.init(address=address, log_to_driver=True)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise RolloutError(
-                    f"no Ray cluster at {address!r} ({exc}); start one with `ray start --head` "
-                    "or set RAY_ADDRESS"
-                ) from None
-            self._owns_ray = True
-        env = forwarded_env()
-        cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
-        count = max(1, min(self.concurrency, cpus))
-        per_actor = math.ceil(self.concurrency / count)
-        remote_cls = ray.remote(EpisodeWorker)
-        self.actors = [
-            remote_cls.options(
-                num_cpus=0,
-                max_concurrency=per_actor + 4,  # + gauges and close calls
-                scheduling_strategy="SPREAD",
-                max_restarts=2,
-                runtime_env={"env_vars": env},
-            ).remote(
-                self.policy_factory,
-                self.config,
-                self.backend,
-                self.model_name_or_path,
-                env,
-                self.group_size,
-            )
-            for _ in range(count)
-        ]
-        self._load = [0] * count
+        args = (self.policy_factory, self.config, self.backend, self.model_name_or_path)
+        wanted, address = self.concurrency, self.address
+        self._pool.start(
+            EpisodeWorker, *args, self.group_size, wanted=wanted, address=address, max_restarts=2
+        )
         try:
             for actor in self.actors:
                 await actor.setup.remote()
@@ -211,46 +178,18 @@ class RayEpisodes:
         await self._shutdown()
 
     async def _shutdown(self) -> None:
-        ray = self._ray
-
-        async def close(actor: Any) -> None:
-            try:
-                self.left_open += await actor.close.remote()
-            except Exception as exc:  # a dead actor: its sandboxes died with it
-                log.warning("closing a rollout actor failed: %s", exc)
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
-
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as tg:
-                for actor in self.actors:
-                    tg.start_soon(close, actor)
-            self.actors = []
-            if self._owns_ray:
-                ray.shutdown()
-                self._owns_ray = False
+        self.left_open += await self._pool.close()
 
     async def run(self, row: TaskRow, sample: int) -> Trajectory:
-        ray = self._ray
-        i = min(range(len(self.actors)), key=self._load.__getitem__)
-        self._load[i] += 1
-        ref = self.actors[i].run.remote(row, sample)
+        i = self._pool.least_loaded()
         try:
-            traj: Trajectory = await ref
+            traj: Trajectory = await self._pool.call(i, "run", row, sample)
             return traj
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                ray.cancel(ref)
-                with anyio.move_on_after(_RAY_CANCEL_WAIT_S), contextlib.suppress(Exception):
-                    await ref
-            raise
-        except ray.exceptions.RayError as exc:
+        except self._pool.ray.exceptions.RayError as exc:
             # A lost actor or node may not recur; an exception raised by the episode would.
-            retryable = not isinstance(exc, ray.exceptions.RayTaskError)
+            retryable = not isinstance(exc, self._pool.ray.exceptions.RayTaskError)
             error = f"ray: {type(exc).__name__}: {exc}"
             return infra_error_trajectory(row, sample, error, retryable=retryable)
-        finally:
-            self._load[i] -= 1
 
     async def gauges(self) -> Gauges:
         starting = alive = 0
