@@ -1,0 +1,104 @@
+"""The kubelet of the fake Kubernetes API server (``fakes.fake_kubernetes``): a pod's container
+is a private root directory (``fakes.jail``), its PID 1 and every exec a bubblewrap process
+over it, tagged ``FAKE_K8S_POD=<uid>`` so that killing the pod kills them all.
+
+A pod is cut off the network (``--unshare-net``, loopback only) when a NetworkPolicy of its
+namespace selects it and allows no egress, read at each process's start: a fake of a deny-all
+policy that the network plugin enforces (a real pod keeps its interface; the traffic is
+dropped). Exec processes outlive a client that goes away, as under a real kubelet; they die
+with their pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+from fakes.jail import default_signals, jail_argv, make_root
+
+MARKER = "FAKE_K8S_POD"
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class Container:
+    """The processes and files of one pod's container.
+
+    Args:
+        parent: where the root directory goes.
+        uid: the pod's uid (the marker's value, the root's name).
+        env: the container's ``env`` as ``{name: value}``.
+    """
+
+    def __init__(self, parent: Path, uid: str, env: dict[str, str]) -> None:
+        self.uid = uid
+        self.root = make_root(parent, uid)
+        self.env = {"PATH": IMAGE_PATH, "HOME": "/root", **env, MARKER: uid}
+        self.init: asyncio.subprocess.Process | None = None
+        self.sockets: set[Any] = set()  # exec websockets to drop when the pod dies
+
+    async def spawn(
+        self, argv: list[str], *, network: bool, pipes: bool = True
+    ) -> asyncio.subprocess.Process:
+        """Start ``argv`` in the container (``pipes``: stdin, stdout and stderr are pipes)."""
+        jail = jail_argv(self.root, network=network, own_pids=False, env=self.env)
+        pipe = asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL
+        return await asyncio.create_subprocess_exec(
+            *jail, *argv, stdin=pipe, stdout=pipe, stderr=pipe, preexec_fn=default_signals
+        )
+
+    async def start(self, command: list[str], *, network: bool) -> None:
+        """Start PID 1 (``command``, the pod's ``command``)."""
+        self.init = await self.spawn(command, network=network, pipes=False)
+
+    def signal_all(self, sig: int) -> int:
+        """Send ``sig`` to every process of the container; how many there were."""
+        pids = _pids_with(f"{MARKER}={self.uid}")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return len(pids)
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM, up to ``grace_s`` for them to go, SIGKILL; the files removed."""
+        self.drop_sockets()
+        if self.signal_all(signal.SIGTERM):
+            for _ in range(int(grace_s / 0.05)):
+                await asyncio.sleep(0.05)
+                if not _pids_with(f"{MARKER}={self.uid}"):
+                    break
+        self.kill()
+
+    def kill(self) -> None:
+        """Every process killed at once, exec sockets dropped, files removed."""
+        self.drop_sockets()
+        while self.signal_all(signal.SIGKILL):
+            pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def drop_sockets(self) -> None:
+        """Close the exec websockets' connections without a status (the node went away)."""
+        for ws in list(self.sockets):
+            transport = getattr(getattr(ws, "_req", None), "transport", None)
+            if transport is not None:
+                transport.abort()
+        self.sockets.clear()
+
+
+def _pids_with(marker: str) -> list[int]:
+    needle = marker.encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
