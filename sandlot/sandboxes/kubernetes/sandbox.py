@@ -303,7 +303,11 @@ class KubernetesSandbox(StreamedExec):
                 raise SandboxStartError(f"pod {self._pod} vanished while starting", retryable=True)
             if check(read):
                 return
-            left = max(1, math.ceil(deadline - time.monotonic()))
+            left = min(deadline - time.monotonic(), opts.watch_timeout_s)
+            if unschedulable_since is not None:  # no event may come: look again in time
+                patience = unschedulable_since + opts.unschedulable_timeout_s
+                left = min(left, patience - time.monotonic())
+            left = max(1, math.ceil(left))
             watch = sdk.watch.Watch()
             try:
                 async for event in watch.stream(
@@ -311,8 +315,8 @@ class KubernetesSandbox(StreamedExec):
                     opts.namespace,
                     field_selector=f"metadata.name={self._pod}",
                     resource_version=read["metadata"]["resourceVersion"],
-                    timeout_seconds=min(left, opts.watch_timeout_s),
-                    _request_timeout=min(left, opts.watch_timeout_s) + opts.create_timeout_s,
+                    timeout_seconds=left,
+                    _request_timeout=left + opts.create_timeout_s,
                 ):
                     if event["type"] == "DELETED":
                         raise SandboxStartError(
