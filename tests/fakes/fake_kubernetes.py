@@ -7,7 +7,8 @@ It speaks the API's HTTP and websocket protocols, as far as sandlot's backend us
   ``watch=true`` streams ``{"type", "object"}`` lines from ``resourceVersion`` (events kept
   for the last :data:`HISTORY` changes; older: an ``ERROR`` event with a 410 ``Status``), or,
   without one, ``ADDED`` for every pod first; ``timeoutSeconds`` ends it);
-* ``/api/v1/namespaces/{ns}/pods/{name}``: read, delete (``gracePeriodSeconds``: the pod gets
+* ``/api/v1/namespaces/{ns}/pods/{name}``: read, patch (its labels), delete
+  (``gracePeriodSeconds``: the pod gets
   a ``deletionTimestamp``, its processes SIGTERM, then SIGKILL after the grace, then it is
   gone);
 * ``/api/v1/namespaces/{ns}/pods/{name}/exec``: the websocket of ``v5.channel.k8s.io`` (or
@@ -16,7 +17,8 @@ It speaks the API's HTTP and websocket protocols, as far as sandlot's backend us
   ``details.causes``), v5's ``[255, 0]`` closes stdin; a pod that is not running is a 400
   before the upgrade;
 * ``/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies`` and
-  ``/apis/apps/v1/namespaces/{ns}/daemonsets``: create and list (409 ``AlreadyExists``).
+  ``/apis/apps/v1/namespaces/{ns}/daemonsets``: create (409 ``AlreadyExists``), replace
+  (``PUT``) and list.
 
 Every request needs ``Authorization: Bearer`` :data:`TOKEN` (401 otherwise); errors are
 ``Status`` objects. Pods run as ``fakes.kube_node`` containers: a pod is ``Pending``
@@ -31,7 +33,9 @@ Faults: ``lost_creates`` (the next N creates take effect, then the connection is
 unanswered), ``dropped_watches`` (the next N watches close their connection unanswered after
 the events they replay), ``fault_rate`` (that fraction of create, read, list, delete and exec
 calls fail at random with one of :data:`FAULTS`: 500, 429, a connection closed before the
-call took effect, or, for creates, after), each served fault in ``faults_served``.
+call took effect, or, for creates, after; and of watches, dropped), each served fault in
+``faults_served``. ``peak_pending`` is the most pods seen ``Pending`` (not being deleted) at
+once.
 """
 
 from __future__ import annotations
@@ -296,7 +300,8 @@ class FakeKubernetes:
     def _fault(self, call: str) -> str | None:
         if self.fault_rate and self.rng.random() < self.fault_rate:
             fault = self.rng.choice(FAULTS if call == "create" else FAULTS[:3])
-            self.faults_served.append((call, fault))
+            if call != "watch":
+                self.faults_served.append((call, fault))
             return fault
         return None
 
@@ -311,7 +316,7 @@ class FakeKubernetes:
             ns, kind, rest = parts[3], parts[4], parts[5:]
             if kind == "pods":
                 return await self._pods(request, ns, rest)
-        if parts[0] == "apis" and len(parts) == 6 and parts[3] == "namespaces":
+        if parts[0] == "apis" and len(parts) in (6, 7) and parts[3] == "namespaces":
             return await self._objects(request, parts[5], parts[4])
         return _status(404, "NotFound", f"the server could not find {request.path}")
 
@@ -327,6 +332,14 @@ class FakeKubernetes:
             obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
             store[key] = obj
             return web.json_response(obj, status=201)
+        if request.method == "PUT":  # replace
+            obj = await request.json()
+            key = (ns, obj["metadata"]["name"])
+            if key not in store:
+                return _status(404, "NotFound", f'{kind} "{key[1]}" not found')
+            obj["metadata"].update(namespace=ns, uid=store[key]["metadata"]["uid"])
+            store[key] = obj
+            return web.json_response(obj)
         items = [o for (n, _), o in store.items() if n == ns]
         return web.json_response({"kind": "List", "metadata": {}, "items": items})
 
@@ -346,6 +359,15 @@ class FakeKubernetes:
             return self._serve_fault(request, fault)
         if pod is None:
             return _status(404, "NotFound", f'pods "{rest[0]}" not found')
+        if method == "PATCH":  # merge and strategic merge agree on a labels map
+            labels = ((await request.json()).get("metadata") or {}).get("labels") or {}
+            have = pod.obj["metadata"].setdefault("labels", {})
+            for key, value in labels.items():
+                if value is None:
+                    have.pop(key, None)
+                else:
+                    have[key] = value
+            await self._changed_pod("MODIFIED", pod)
         if method == "DELETE":
             grace = request.query.get("gracePeriodSeconds")
             if grace is None and request.can_read_body:
@@ -381,7 +403,9 @@ class FakeKubernetes:
         self.pods[(ns, name)] = pod
         await self._changed_pod("ADDED", pod)
         pod.task = asyncio.get_running_loop().create_task(self._run(pod))
-        pending = sum(1 for p in self.pods.values() if p.status.get("phase") == "Pending")
+        pending = sum(
+            1 for p in self.pods.values() if p.status.get("phase") == "Pending" and not p.deleting
+        )
         self.peak_pending = max(self.peak_pending, pending)
         if fault == "lost" or self.lost_creates > 0:
             if fault is None:
@@ -436,8 +460,8 @@ class FakeKubernetes:
             }
             await send("ERROR", gone)
             return response
-        if self.dropped_watches > 0:
-            self.dropped_watches -= 1
+        if self.dropped_watches > 0 or self._fault("watch"):
+            self.dropped_watches = max(0, self.dropped_watches - 1)
             self.faults_served.append(("watch", "dropped"))
             assert request.transport is not None
             request.transport.abort()

@@ -5,7 +5,8 @@ over it, tagged ``FAKE_K8S_POD=<uid>`` so that killing the pod kills them all.
 A pod is cut off the network (``--unshare-net``, loopback only) when a NetworkPolicy of its
 namespace selects it and allows no egress, read at each process's start: a fake of a deny-all
 policy that the network plugin enforces (a real pod keeps its interface; the traffic is
-dropped). Exec processes outlive a client that goes away, as under a real kubelet; they die
+dropped). This machine's package mirrors (:data:`MIRRORS`) are bound read-only into processes
+with the network. Exec processes outlive a client that goes away, as under a real kubelet; they die
 with their pod.
 """
 
@@ -16,6 +17,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,10 @@ from fakes.jail import default_signals, jail_argv, make_root
 
 MARKER = "FAKE_K8S_POD"
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The package mirrors of this machine's pip configuration (file:// indexes, find-links), which
+# stand for a cluster's package mirror: a process with the network sees them, one without
+# does not (so an environment install must be given the network, as on a cluster).
+MIRRORS = tuple(p for p in ("/opt/pypi", "/opt/pypi-more", "/opt/wheels") if os.path.isdir(p))
 
 
 class Container:
@@ -37,6 +43,7 @@ class Container:
     def __init__(self, parent: Path, uid: str, env: dict[str, str]) -> None:
         self.uid = uid
         self.root = make_root(parent, uid)
+        (self.root / "root").mkdir(mode=0o700)
         self.env = {"PATH": IMAGE_PATH, "HOME": "/root", **env, MARKER: uid}
         self.init: asyncio.subprocess.Process | None = None
         self.sockets: set[Any] = set()  # exec websockets to drop when the pod dies
@@ -46,6 +53,17 @@ class Container:
     ) -> asyncio.subprocess.Process:
         """Start ``argv`` in the container (``pipes``: stdin, stdout and stderr are pipes)."""
         jail = jail_argv(self.root, network=network, own_pids=False, env=self.env)
+        # A container's /root is its own and writable (git config --global, pip's cache); the
+        # interpreter running the tests may live under the host's, read-only as before.
+        home = ["--bind", str(self.root / "root"), "/root"]
+        for path in dict.fromkeys((sys.prefix, sys.base_prefix)):
+            if path.startswith("/root/"):
+                home += ["--ro-bind", path, path]
+        if network:  # the mirror is a network service: reachable with a network only
+            for mirror in MIRRORS:
+                home += ["--ro-bind", mirror, mirror]
+        end = jail.index("--proc")
+        jail[end:end] = home
         pipe = asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL
         return await asyncio.create_subprocess_exec(
             *jail, *argv, stdin=pipe, stdout=pipe, stderr=pipe, preexec_fn=default_signals

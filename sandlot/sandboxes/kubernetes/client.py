@@ -12,8 +12,10 @@ same kubeconfig and in-cluster loading) over aiohttp, whose websocket lets the b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,7 +28,7 @@ from sandlot.sandboxes.kubernetes.options import KubernetesOptions
 
 # Statuses another attempt may get past: throttled, server trouble, gateway trouble.
 _TRANSIENT = {429, 500, 502, 503, 504}
-_configs: dict[tuple[str | None, str | None], Any] = {}
+_POD_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def k8s() -> ModuleType:
@@ -45,8 +47,25 @@ def transport_errors() -> tuple[type[BaseException], ...]:
     return (k8s().client.exceptions.ApiException, aiohttp.ClientError, OSError, TimeoutError)
 
 
-async def configuration(options: KubernetesOptions) -> Any:
-    """The client ``Configuration`` of ``options`` (loaded once per kubeconfig and context):
+@dataclass(frozen=True)
+class Cluster:
+    """Where a backend's calls go.
+
+    Attributes:
+        config: the client's ``Configuration`` (server, credentials).
+        namespace: ``options.namespace``, else the kubeconfig context's namespace, else (in a
+            pod) its own namespace, else ``default``: where ``kubectl`` would look.
+    """
+
+    config: Any
+    namespace: str
+
+
+_clusters: dict[tuple[str | None, str | None], Cluster] = {}
+
+
+async def cluster(options: KubernetesOptions) -> Cluster:
+    """The :class:`Cluster` of ``options``, loaded once per kubeconfig and context:
     ``options.kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else, inside a pod,
     its service account.
 
@@ -54,18 +73,27 @@ async def configuration(options: KubernetesOptions) -> Any:
         BackendUnavailableError: no kubeconfig and not in a cluster, or the file is unusable.
     """
     key = (options.kubeconfig, options.context)
-    if key in _configs:
-        return _configs[key]
+    if key not in _clusters:
+        _clusters[key] = await _load(options)
+    found = _clusters[key]
+    return Cluster(found.config, options.namespace or found.namespace)
+
+
+async def _load(options: KubernetesOptions) -> Cluster:
     sdk = k8s()
     cfg = sdk.client.Configuration()
     path = options.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube/config")
+    namespace = None
     try:
         if await anyio.Path(path.split(os.pathsep)[0]).is_file():
-            await sdk.config.load_kube_config(
+            loader = await sdk.config.load_kube_config(
                 config_file=path, context=options.context, client_configuration=cfg
             )
+            namespace = (loader.current_context or {}).get("context", {}).get("namespace")
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             sdk.config.load_incluster_config(client_configuration=cfg)
+            with contextlib.suppress(OSError):
+                namespace = (await anyio.Path(_POD_NAMESPACE).read_text()).strip()
         else:
             raise BackendUnavailableError(
                 f"no kubeconfig at {path} and not inside a cluster: set KUBECONFIG, or the "
@@ -73,8 +101,7 @@ async def configuration(options: KubernetesOptions) -> Any:
             )
     except sdk.config.ConfigException as exc:
         raise BackendUnavailableError(f"kubeconfig {path}: {exc}") from exc
-    _configs[key] = cfg
-    return cfg
+    return Cluster(cfg, namespace or "default")
 
 
 def status_of(exc: BaseException) -> int | None:

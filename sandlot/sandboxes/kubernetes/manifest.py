@@ -52,6 +52,8 @@ def pod_manifest(
     spec: SandboxSpec,
     options: KubernetesOptions,
     tags: Mapping[str, str],
+    *,
+    offline: bool,
 ) -> dict[str, Any]:
     """The pod of one sandbox.
 
@@ -60,19 +62,21 @@ def pod_manifest(
         image: the image reference the cluster pulls.
         spec: ``cpu`` (cores) and ``memory_mb`` (MiB) become the container's requests and
             limits (equal: the Guaranteed class when both are set); ``timeout_s`` the pod's
-            ``activeDeadlineSeconds`` (rounded up); ``env`` the container's environment;
-            ``network=False`` the label the deny-all NetworkPolicy selects.
+            ``activeDeadlineSeconds`` (rounded up); ``env`` the container's environment.
         options: scheduling (``node_selector``, ``tolerations``, ``runtime_class_name``,
             ``priority_class_name``), pulls (``image_pull_secrets``, ``image_pull_policy``),
             ``delete_grace_s`` and ``ephemeral_storage_mb``.
         tags: the ``sandlot.*`` labels plus ``spec.labels`` (:func:`split_tags`).
+        offline: the pod carries :data:`NETWORK_LABEL`, which the deny-all NetworkPolicy
+            selects, from its start (``network=False`` unless an environment install needs
+            the network first: the label is then patched on after it).
 
     No service account token is mounted, privilege escalation is off, capabilities are
     dropped but :data:`KEPT_CAPABILITIES`, and the pod is never restarted.
     """
     labels, annotations = split_tags(tags)
     labels[MANAGED_BY] = "sandlot"
-    if spec.network is False:
+    if offline:
         labels[NETWORK_LABEL] = "none"
     lifetime = max(1, math.ceil(spec.timeout_s))
     resources: dict[str, dict[str, str]] = {}

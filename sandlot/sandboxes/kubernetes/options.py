@@ -15,7 +15,9 @@ class KubernetesOptions(ExecOptions):
     :class:`~sandlot.sandboxes.transport.ExecOptions`'s (``max_output_bytes``, ``stop_grace_s``).
 
     Attributes:
-        namespace: the namespace the pods (and the deny-all NetworkPolicy) live in.
+        namespace: the namespace the pods (and the deny-all NetworkPolicy) live in; ``None``:
+            the kubeconfig context's namespace, else (in a pod) the pod's own, else
+            ``default``, as ``kubectl`` chooses.
         kubeconfig: path of a kubeconfig file; ``None`` reads ``$KUBECONFIG`` or
             ``~/.kube/config``, and inside a pod its service account (in-cluster config).
         context: the kubeconfig context; ``None``: its current context.
@@ -47,7 +49,7 @@ class KubernetesOptions(ExecOptions):
             ``resourceVersion``.
     """
 
-    namespace: str = "default"
+    namespace: str | None = None
     kubeconfig: str | None = None
     context: str | None = None
     image_overrides: dict[str, str] = Field(default_factory=dict)

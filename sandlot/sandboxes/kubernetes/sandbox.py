@@ -32,11 +32,12 @@ from pydantic import BaseModel
 
 from sandlot.errors import SandboxError, SandboxFileError, SandboxStartError
 from sandlot.sandboxes.capped import CappedOutput, clip_tail
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.images import backend_image
 from sandlot.sandboxes.kubernetes.client import (
     api_error,
     api_message,
-    configuration,
+    cluster,
     k8s,
     status_of,
     transport_errors,
@@ -44,6 +45,7 @@ from sandlot.sandboxes.kubernetes.client import (
 from sandlot.sandboxes.kubernetes.exec_stream import PROTOCOLS, ExecStream
 from sandlot.sandboxes.kubernetes.manifest import (
     CONTAINER,
+    NETWORK_LABEL,
     deny_all_policy,
     pod_manifest,
     run_selector,
@@ -108,6 +110,7 @@ class KubernetesSandbox(StreamedExec):
         self._api: Any = None
         self._ws: Any = None
         self._pod: str | None = None
+        self._namespace = ""  # resolved by _clients (options, kubeconfig context, pod)
         self._attempts = 0
 
     @property
@@ -123,9 +126,10 @@ class KubernetesSandbox(StreamedExec):
         """The ``CoreV1Api`` of this sandbox (its two aiohttp sessions made on first use)."""
         sdk = k8s()
         if self._api is None:
-            cfg = await configuration(self.options)
-            self._api = sdk.client.ApiClient(cfg)
-            self._ws = sdk.stream.WsApiClient(cfg)
+            where = await cluster(self.options)
+            self._namespace = where.namespace
+            self._api = sdk.client.ApiClient(where.config)
+            self._ws = sdk.stream.WsApiClient(where.config)
         return sdk.client.CoreV1Api(self._api)
 
     async def _drop_clients(self) -> None:
@@ -166,9 +170,10 @@ class KubernetesSandbox(StreamedExec):
         """The namespace's pods matching the label selector ``sandlot.run_id[=run_id]``, pods
         being deleted left out; each row's labels are its labels and annotations."""
         sdk = k8s()
-        async with sdk.client.ApiClient(await configuration(context)) as api:
+        where = await cluster(context)
+        async with sdk.client.ApiClient(where.config) as api:
             pods = await sdk.client.CoreV1Api(api).list_namespaced_pod(
-                context.namespace,
+                where.namespace,
                 label_selector=run_selector(run_id),
                 _request_timeout=context.create_timeout_s,
             )
@@ -188,11 +193,12 @@ class KubernetesSandbox(StreamedExec):
     async def _kill_listed(cls, context: KubernetesOptions, sandbox: RemoteSandbox) -> None:
         """Delete the pod (``gracePeriodSeconds`` = ``delete_grace_s``); gone already is fine."""
         sdk = k8s()
-        async with sdk.client.ApiClient(await configuration(context)) as api:
+        where = await cluster(context)
+        async with sdk.client.ApiClient(where.config) as api:
             try:
                 await sdk.client.CoreV1Api(api).delete_namespaced_pod(
                     sandbox.id,
-                    context.namespace,
+                    where.namespace,
                     grace_period_seconds=context.delete_grace_s,
                     _request_timeout=context.create_timeout_s,
                 )
@@ -210,7 +216,9 @@ class KubernetesSandbox(StreamedExec):
         image = backend_image(spec.image, "kubernetes", opts.image_overrides)
         self._attempts += 1
         self._pod = f"{self.id}-{self._attempts}"
-        manifest = pod_manifest(self._pod, image, spec, opts, sandbox_labels(self.id, spec.labels))
+        tags = sandbox_labels(self.id, spec.labels)
+        offline = spec.network is False and not self._online_install
+        manifest = pod_manifest(self._pod, image, spec, opts, tags, offline=offline)
         created = time.monotonic()
         await self._create(core, manifest)
         await self._wait_ready(core, image, created)
@@ -219,10 +227,39 @@ class KubernetesSandbox(StreamedExec):
         if await self._run_quiet(remote_shell.mkdir_argv(spec.workdir)) != 0:
             raise SandboxStartError(f"sandbox {self.id}: cannot create workdir {spec.workdir}")
 
+    @property
+    def _online_install(self) -> bool:
+        """Whether the pod gets the network for its environment install only (a spec without
+        network whose recipe installs packages)."""
+        recipe = self.spec.environment
+        return bool(not self.spec.network and recipe is not None and recipe.has_packages)
+
+    async def _install_environment(self, recipe: EnvironmentRecipe) -> None:
+        """The recipe's container script, run in the pod with the network; then, for a spec
+        without network, the pod is labelled for the deny-all NetworkPolicy (a strategic merge
+        patch of its labels). The network plugin applies a policy to a relabelled pod within
+        moments, not before the patch returns: docs/kubernetes.md.
+
+        Raises:
+            SandboxSetupError: the script failed.
+            SandboxError: the label could not be patched.
+        """
+        await super()._install_environment(recipe)
+        if self._online_install:
+            core = await self._clients()
+            patch = {"metadata": {"labels": {NETWORK_LABEL: "none"}}}
+            await self._control(
+                "label the pod offline",
+                core.patch_namespaced_pod,
+                self._pod,
+                self._namespace,
+                patch,
+            )
+
     async def _ensure_policy(self) -> None:
         """Create the namespace's deny-all NetworkPolicy once per process (409: it exists)."""
         opts = self.options
-        key = (opts.kubeconfig, opts.context, opts.namespace)
+        key = (opts.kubeconfig, opts.context, self._namespace)
         if key in _policies:
             return
         sdk = k8s()
@@ -230,14 +267,14 @@ class KubernetesSandbox(StreamedExec):
         try:
             with anyio.fail_after(opts.create_timeout_s):
                 await net.create_namespaced_network_policy(
-                    opts.namespace, deny_all_policy(), _request_timeout=opts.create_timeout_s
+                    self._namespace, deny_all_policy(), _request_timeout=opts.create_timeout_s
                 )
         except transport_errors() as exc:
             status = status_of(exc)
             if status == 403:
                 raise SandboxStartError(
                     f"network=False needs the NetworkPolicy {deny_all_policy()['metadata']['name']}"
-                    f" in namespace {opts.namespace}, and creating it was forbidden "
+                    f" in namespace {self._namespace}, and creating it was forbidden "
                     f"({api_message(exc)}): apply it once as docs/kubernetes.md shows",
                     retryable=False,
                 ) from exc
@@ -255,7 +292,7 @@ class KubernetesSandbox(StreamedExec):
         for _ in range(_CREATE_SENDS):
             try:
                 await self._control(
-                    "create pod", core.create_namespaced_pod, self.options.namespace, manifest
+                    "create pod", core.create_namespaced_pod, self._namespace, manifest
                 )
                 return
             except SandboxError as exc:
@@ -312,7 +349,7 @@ class KubernetesSandbox(StreamedExec):
             try:
                 async for event in watch.stream(
                     core.list_namespaced_pod,
-                    opts.namespace,
+                    self._namespace,
                     field_selector=f"metadata.name={self._pod}",
                     resource_version=read["metadata"]["resourceVersion"],
                     timeout_seconds=left,
@@ -342,7 +379,7 @@ class KubernetesSandbox(StreamedExec):
         """
         try:
             pod = await self._control(
-                "read pod", core.read_namespaced_pod, self._pod, self.options.namespace
+                "read pod", core.read_namespaced_pod, self._pod, self._namespace
             )
         except SandboxError as exc:
             if exc.__cause__ is not None and status_of(exc.__cause__) == 404:
@@ -361,7 +398,7 @@ class KubernetesSandbox(StreamedExec):
                         "delete pod",
                         core.delete_namespaced_pod,
                         self._pod,
-                        self.options.namespace,
+                        self._namespace,
                         grace_period_seconds=self.options.delete_grace_s,
                     )
                 except SandboxError as exc:
@@ -404,7 +441,7 @@ class KubernetesSandbox(StreamedExec):
         api = sdk.client.CoreV1Api(self._ws)
         ws = await api.connect_get_namespaced_pod_exec(
             self._pod,
-            self.options.namespace,
+            self._namespace,
             command=command,
             container=CONTAINER,
             stdin=True,
