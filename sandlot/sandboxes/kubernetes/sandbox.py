@@ -426,7 +426,10 @@ class KubernetesSandbox(StreamedExec):
         try:
             return await fn(*args)
         except SandboxError as exc:
-            raise await self._gone() or exc from exc
+            dead = await self._gone()
+            if dead is None:
+                raise
+            raise dead from exc
         except transport_errors() as exc:
             raise await self._gone() or api_error(f"sandbox {self.id}: {what}", exc) from exc
 
