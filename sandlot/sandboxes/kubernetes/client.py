@@ -65,29 +65,33 @@ _clusters: dict[tuple[str | None, str | None], Cluster] = {}
 
 
 async def cluster(options: KubernetesOptions) -> Cluster:
-    """The :class:`Cluster` of ``options``, loaded once per kubeconfig and context:
+    """The :class:`Cluster` of ``options``, loaded once per kubeconfig path and context:
     ``options.kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else, inside a pod,
     its service account.
 
     Raises:
         BackendUnavailableError: no kubeconfig and not in a cluster, or the file is unusable.
     """
-    key = (options.kubeconfig, options.context)
+    path = _kubeconfig_path(options)
+    key = (path, options.context)
     if key not in _clusters:
-        _clusters[key] = await _load(options)
+        _clusters[key] = await _load(path, options.context)
     found = _clusters[key]
     return Cluster(found.config, options.namespace or found.namespace)
 
 
-async def _load(options: KubernetesOptions) -> Cluster:
+def _kubeconfig_path(options: KubernetesOptions) -> str:
+    return options.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube/config")
+
+
+async def _load(path: str, context: str | None) -> Cluster:
     sdk = k8s()
     cfg = sdk.client.Configuration()
-    path = options.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube/config")
     namespace = None
     try:
         if await anyio.Path(path.split(os.pathsep)[0]).is_file():
             loader = await sdk.config.load_kube_config(
-                config_file=path, context=options.context, client_configuration=cfg
+                config_file=path, context=context, client_configuration=cfg
             )
             namespace = (loader.current_context or {}).get("context", {}).get("namespace")
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):

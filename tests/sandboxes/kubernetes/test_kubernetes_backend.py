@@ -14,6 +14,7 @@ from requirements import bwrap_missing, needs
 
 import sandlot
 from sandlot import SandboxDeadError, SandboxSpec, SandboxStartError
+from sandlot.sandboxes.environment import EnvironmentRecipe
 from sandlot.sandboxes.kubernetes import KubernetesOptions, KubernetesSandbox
 from sandlot.sandboxes.kubernetes.manifest import DENY_ALL_POLICY, NETWORK_LABEL
 from sandlot.sandboxes.labels import OWNER, RUN_ID, SANDBOX_ID, owner
@@ -209,3 +210,18 @@ async def test_open_routes_the_options() -> None:
     assert isinstance(sb.options, KubernetesOptions)
     assert (sb.options.namespace, sb.options.runtime_class_name) == ("ns", "kata")
     assert not sb.supports_snapshot
+
+
+async def test_an_environment_install_gets_the_network_then_the_pod_is_labelled_offline(
+    kube: FakeKubernetes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the install sees of the network, instead of a real virtualenv build.
+    script = "cat /proc/net/dev > /tmp/network-at-install"
+    monkeypatch.setattr(EnvironmentRecipe, "container_script", lambda self: script)
+    recipe = EnvironmentRecipe(pip_packages=["iniconfig"])
+    async with make(kube, SandboxSpec(image="python:3.12", environment=recipe)) as sb:
+        assert sb.pod_name is not None
+        at_install = (await sb.read_file("/tmp/network-at-install")).decode()
+        assert at_install.count(":") > 1, "the install had no network"
+        assert (await sb.exec("cat /proc/net/dev")).stdout.count(":") == 1  # loopback only
+        assert kube.pod(sb.pod_name)["metadata"]["labels"][NETWORK_LABEL] == "none"
