@@ -72,7 +72,7 @@ async def cluster(options: KubernetesOptions) -> Cluster:
     Raises:
         BackendUnavailableError: no kubeconfig and not in a cluster, or the file is unusable.
     """
-    path = _kubeconfig_path(options)
+    path = kubeconfig_path(options)
     key = (path, options.context)
     if key not in _clusters:
         _clusters[key] = await _load(path, options.context)
@@ -80,7 +80,9 @@ async def cluster(options: KubernetesOptions) -> Cluster:
     return Cluster(found.config, options.namespace or found.namespace)
 
 
-def _kubeconfig_path(options: KubernetesOptions) -> str:
+def kubeconfig_path(options: KubernetesOptions) -> str:
+    """The kubeconfig ``options`` mean: ``kubeconfig``, else ``$KUBECONFIG``, else
+    ``~/.kube/config`` (it may not exist)."""
     return options.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube/config")
 
 
@@ -99,13 +101,18 @@ async def _load(path: str, context: str | None) -> Cluster:
             with contextlib.suppress(OSError):
                 namespace = (await anyio.Path(_POD_NAMESPACE).read_text()).strip()
         else:
-            raise BackendUnavailableError(
-                f"no kubeconfig at {path} and not inside a cluster: set KUBECONFIG, or the "
-                "kubernetes backend's kubeconfig option"
-            )
+            raise BackendUnavailableError(no_cluster(path))
     except sdk.config.ConfigException as exc:
         raise BackendUnavailableError(f"kubeconfig {path}: {exc}") from exc
     return Cluster(cfg, namespace or "default")
+
+
+def no_cluster(path: str) -> str:
+    """The message for a machine with no kubeconfig at ``path`` and no in-cluster config."""
+    return (
+        f"no kubeconfig at {path} and not inside a cluster: set KUBECONFIG, or the kubernetes "
+        "backend's kubeconfig option"
+    )
 
 
 def status_of(exc: BaseException) -> int | None:
