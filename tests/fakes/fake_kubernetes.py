@@ -686,4 +686,5 @@ class FakeKubernetes:
         finally:
             feeder.cancel()
             container.sockets.discard(ws)
+            container.release(proc)
         return ws

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,12 +49,14 @@ class Container:
         self.env = {"PATH": IMAGE_PATH, "HOME": "/root", **env, MARKER: uid}
         self.init: asyncio.subprocess.Process | None = None
         self.sockets: set[Any] = set()  # exec websockets to drop when the pod dies
+        self._writers: dict[int, tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = {}
 
     async def spawn(
-        self, argv: list[str], *, network: bool, pipes: bool = True
+        self, argv: list[str], *, network: bool, pipes: bool = True, own_pids: bool = False
     ) -> asyncio.subprocess.Process:
-        """Start ``argv`` in the container (``pipes``: stdin, stdout and stderr are pipes)."""
-        jail = jail_argv(self.root, network=network, own_pids=False, env=self.env)
+        """Start ``argv`` in the container (``pipes``: stdin, stdout and stderr are pipes;
+        ``own_pids``: in a PID namespace of its own, whose processes die with it)."""
+        jail = jail_argv(self.root, network=network, own_pids=own_pids, env=self.env)
         # A container's /root is its own and writable (git config --global, pip's cache); the
         # interpreter running the tests may live under the host's, read-only as before.
         home = ["--bind", str(self.root / "root"), "/root"]
@@ -64,14 +68,38 @@ class Container:
                 home += ["--ro-bind", mirror, mirror]
         end = jail.index("--proc")
         jail[end:end] = home
-        pipe = asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL
-        return await asyncio.create_subprocess_exec(
-            *jail, *argv, stdin=pipe, stdout=pipe, stderr=pipe, preexec_fn=default_signals
-        )
+        if not pipes:
+            null = asyncio.subprocess.DEVNULL
+            return await asyncio.create_subprocess_exec(
+                *jail, *argv, stdin=null, stdout=null, stderr=null, preexec_fn=_child_setup
+            )
+        # stdout and stderr are socket pairs, not pipes: sandlot's exec wrapper kills what
+        # holds its output (`-ef` on /proc/PID/fd/1), and both ends of a pipe are one inode,
+        # so after a PID wrap-around it would take this very test process for a holder; the
+        # two ends of a socket pair are two.
+        out, err = socket.socketpair(), socket.socketpair()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *jail,
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=out[1].fileno(),
+                stderr=err[1].fileno(),
+                preexec_fn=_child_setup,
+            )
+        finally:
+            out[1].close()
+            err[1].close()
+        proc.stdout, out_writer = await asyncio.open_unix_connection(sock=out[0])
+        proc.stderr, err_writer = await asyncio.open_unix_connection(sock=err[0])
+        self._writers[proc.pid] = (out_writer, err_writer)  # a dropped writer closes its socket
+        return proc
 
     async def start(self, command: list[str], *, network: bool) -> None:
         """Start PID 1 (``command``, the pod's ``command``)."""
-        self.init = await self.spawn(command, network=network, pipes=False)
+        # In a PID namespace of its own: its children die with it (a killed test run leaves
+        # no init behind), and its own kills reach no process of the host.
+        self.init = await self.spawn(command, network=network, pipes=False, own_pids=True)
 
     def signal_all(self, sig: int) -> int:
         """Send ``sig`` to every process of the container; how many there were."""
@@ -91,6 +119,11 @@ class Container:
                     break
         self.kill()
 
+    def release(self, proc: asyncio.subprocess.Process) -> None:
+        """Close the output sockets of ``proc`` (an exec that ended)."""
+        for writer in self._writers.pop(proc.pid, ()):
+            writer.close()
+
     def kill(self) -> None:
         """Every process killed at once, exec sockets dropped, files removed."""
         self.drop_sockets()
@@ -105,6 +138,17 @@ class Container:
             if transport is not None:
                 transport.abort()
         self.sockets.clear()
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _child_setup() -> None:
+    """Default signals (:func:`fakes.jail.default_signals`), and SIGKILL for bwrap when the
+    server's thread ends (a test run killed with ``kill -9`` leaves no pod running: bwrap's
+    ``--die-with-parent`` then ends the jail)."""
+    default_signals()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _pids_with(marker: str) -> list[int]:
