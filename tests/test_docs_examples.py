@@ -12,6 +12,8 @@ A block that needs a part beyond the test extra is marked on the line just above
 * ``docker``: a container engine with the test image (``SANDLOT_TEST_IMAGE``);
 * ``modal``: the ``modal`` SDK; the block's ``"modal"`` backend is the suite's fake Modal
   (``tests/fakes/fake_modal.py``, commands in local jails): no test reaches a cloud.
+* ``kubernetes``: its client; ``$KUBECONFIG`` names the suite's fake API server
+  (``tests/fakes/fake_kubernetes.py``, pods in local jails), started for the block.
 
 A missing part skips the block with the reason (a failure under ``CI=true``).
 """
@@ -28,7 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from requirements import MODAL, bwrap_missing, docker_engine_missing, missing, module_missing
+from requirements import (
+    KUBERNETES,
+    MODAL,
+    bwrap_missing,
+    docker_engine_missing,
+    missing,
+    module_missing,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -50,6 +59,19 @@ _PARTS: dict[str, tuple[object, str]] = {
             from fakes.shared import FakeModalSandbox
             from sandlot.sandboxes.registry import register_backend
             register_backend("modal", FakeModalSandbox)
+            """
+        ),
+    ),
+    "kubernetes": (
+        lambda: module_missing("kubernetes_asyncio", KUBERNETES) or bwrap_missing(),
+        textwrap.dedent(
+            f"""\
+            import atexit, os, sys
+            sys.path[:0] = [{str(ROOT / "tests")!r}]
+            from fakes.fake_kubernetes import FakeKubernetes
+            _cluster = FakeKubernetes().start()
+            atexit.register(_cluster.stop)
+            os.environ["KUBECONFIG"] = str(_cluster.kubeconfig())
             """
         ),
     ),

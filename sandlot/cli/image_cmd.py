@@ -201,6 +201,59 @@ def _pull_on_ray(names: list[str], jobs: int, address: str, unpack: bool) -> Non
         raise SystemExit(1)
 
 
+@image_group.command("prepull")
+@click.option("--dataset", type=click.Path(exists=True, path_type=Path), required=True,
+              help="Pre-pull every image the instances of this dataset name.")  # fmt: skip
+@click.option("--backend", default="kubernetes", show_default=True,
+              type=click.Choice(["kubernetes"]), help="The cluster kind.")  # fmt: skip
+@click.option("--apply", "apply_", is_flag=True,
+              help="Create them (replacing same-named ones); else print them.")  # fmt: skip
+@click.option("--namespace", default=None, help="Default: the kubeconfig context's.")
+@click.option("--kubeconfig", default=None, help="Default: $KUBECONFIG, ~/.kube/config.")
+@click.option("--context", default=None, help="The kubeconfig context (default: current).")
+@click.option("--node-selector", "node_selector", multiple=True, metavar="KEY=VALUE",
+              help="Only nodes with this label: the sandboxes' pool (repeat).")  # fmt: skip
+def prepull_command(
+    dataset: Path,
+    backend: str,
+    apply_: bool,
+    namespace: str | None,
+    kubeconfig: str | None,
+    context: str | None,
+    node_selector: tuple[str, ...],
+) -> None:
+    """A DaemonSet pulling every image of DATASET on every node (as DeepSWE does): printed as
+    YAML, or created with --apply (docs/kubernetes.md)."""
+    import anyio
+    import yaml
+
+    from sandlot.sandboxes.kubernetes import KubernetesOptions
+    from sandlot.sandboxes.kubernetes.prepull import apply_daemonsets, prepull_daemonsets
+
+    images = dataset_images(dataset, backend)
+    if not images:
+        raise click.UsageError(f"{dataset} names no container image for backend {backend}")
+    bad = [item for item in node_selector if "=" not in item]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not KEY=VALUE", param_hint="--node-selector")
+    options = KubernetesOptions(
+        namespace=namespace,
+        kubeconfig=kubeconfig,
+        context=context,
+        node_selector=dict(item.split("=", 1) for item in node_selector),
+    )
+    sets = prepull_daemonsets(images, options)
+    if not apply_:
+        click.echo(yaml.safe_dump_all(sets, sort_keys=False), nl=False)
+        return
+    try:
+        where = anyio.run(apply_daemonsets, sets, options)
+    except SandboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+    names = ", ".join(s["metadata"]["name"] for s in sets)
+    click.echo(f"applied {names} in namespace {where}: {len(images)} images on every node")
+
+
 @image_group.command("list")
 def list_command() -> None:
     """Cached images: fetched or unpacked, size, bytes shared with other images, last use."""

@@ -5,6 +5,8 @@
   control plane ``modal.config`` names (``server_url``, ``MODAL_SERVER_URL``) within
   :data:`CONNECT_TIMEOUT_S`: an unreachable one otherwise costs minutes per sandbox.
 * ``vefaas``: the access and secret keys (:func:`sandlot.sandboxes.vefaas.config.credentials`).
+* ``kubernetes``: its client, and a kubeconfig (``kubeconfig`` option, ``$KUBECONFIG``,
+  ``~/.kube/config``) or the service account of the pod this runs in.
 * ``docker``: the engine answers a ping within :data:`CONNECT_TIMEOUT_S`.
 * ``local``: nothing (the images check covers skopeo).
 
@@ -39,11 +41,25 @@ def backend_problems(backend: str, options: Any) -> list[Problem]:
             from sandlot.sandboxes.vefaas.config import credentials
 
             credentials(options)
+        elif backend == "kubernetes":
+            return _kubernetes(subject, options)
         elif backend == "docker":
             return _docker(subject, getattr(options, "base_url", None))
     except SandlotError as exc:  # BackendUnavailableError: no SDK, no credentials
         return [Problem(subject, str(exc))]
     return []
+
+
+def _kubernetes(subject: str, options: Any) -> list[Problem]:
+    import os
+
+    from sandlot.sandboxes.kubernetes.client import k8s, kubeconfig_path, no_cluster
+
+    k8s()
+    path = kubeconfig_path(options)
+    if os.path.isfile(path.split(os.pathsep)[0]) or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return []
+    return [Problem(subject, no_cluster(path))]
 
 
 def _modal(subject: str) -> list[Problem]:

@@ -40,6 +40,7 @@ _LOCATORS = {
     "local": ("root_dir",),
     "modal": ("app_name",),
     "vefaas": ("function_id", "region", "endpoint"),
+    "kubernetes": ("namespace", "kubeconfig", "context"),
 }
 
 _counts: Counter[str] = Counter()

@@ -36,6 +36,7 @@ _BUILTIN: dict[str, str] = {
     "docker": "sandlot.sandboxes.docker:DockerSandbox",
     "modal": "sandlot.sandboxes.modal:ModalSandbox",
     "vefaas": "sandlot.sandboxes.vefaas:VefaasSandbox",
+    "kubernetes": "sandlot.sandboxes.kubernetes:KubernetesSandbox",
 }
 _registered: dict[str, type[Sandbox]] = {}
 

@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from requirements import MODAL, docker_engine_missing, importable, needs
+from requirements import (
+    KUBERNETES,
+    MODAL,
+    docker_engine_missing,
+    importable,
+    module_missing,
+    need,
+    needs,
+)
 from swe_mini_copy import SWE_MINI_ROWS, swe_mini_copy
 
 import sandlot.cli.eval_cmd as eval_cmd
@@ -238,6 +246,18 @@ def test_missing_vefaas_keys_are_one_error(tmp_path: Path, monkeypatch: pytest.M
         eval_args(tmp_path, "--backend", "vefaas", "--image", "python:3.12"),
         "backend vefaas",
         "VOLCE_ACCESS_KEY",
+    )
+
+
+def test_no_kubeconfig_is_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    need(module_missing("kubernetes_asyncio", KUBERNETES) is None, "kubernetes_asyncio missing")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    one_error(
+        eval_args(tmp_path, "--backend", "kubernetes", "--image", "python:3.12"),
+        "backend kubernetes",
+        "no-kubeconfig",
+        "KUBECONFIG",
     )
 
 

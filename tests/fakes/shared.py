@@ -5,14 +5,17 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from requirements import SWEREX, VEFAAS, bwrap_missing, module_missing
+from requirements import KUBERNETES, SWEREX, VEFAAS, bwrap_missing, module_missing
 
 from fakes.fake_modal import FakeModal
 from fakes.fake_vefaas import FakeVefaas
 from sandlot.sandboxes.modal import ModalSandbox
 from sandlot.sandboxes.registry import register_backend
+
+if TYPE_CHECKING:
+    from fakes.fake_kubernetes import FakeKubernetes
 
 
 @functools.cache
@@ -25,6 +28,15 @@ def shared_modal() -> FakeModal:
 @functools.cache
 def shared_vefaas() -> FakeVefaas:
     fake = FakeVefaas().start()
+    atexit.register(fake.stop)
+    return fake
+
+
+@functools.cache
+def shared_kubernetes() -> FakeKubernetes:
+    from fakes.fake_kubernetes import FakeKubernetes  # aiohttp: installed with the client
+
+    fake = FakeKubernetes().start()
     atexit.register(fake.stop)
     return fake
 
@@ -62,4 +74,10 @@ def vefaas_fake_unavailable() -> str | None:
     ]
     if (reason := bwrap_missing()) is not None:
         reasons.append(reason)
+    return "; ".join(reasons) or None
+
+
+def kubernetes_fake_unavailable() -> str | None:
+    """Why the fake Kubernetes cannot run here (bwrap or the client missing), or None."""
+    reasons = [r for r in (module_missing("kubernetes_asyncio", KUBERNETES), bwrap_missing()) if r]
     return "; ".join(reasons) or None

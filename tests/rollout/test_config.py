@@ -20,7 +20,7 @@ from sandlot.rollout.config import (
 from sandlot.sandboxes.registry import get_backend
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agent_config"
-BACKENDS = ("local", "docker", "modal", "vefaas")
+BACKENDS = ("local", "docker", "modal", "vefaas", "kubernetes")
 
 
 def lists_the_backends(message: str) -> bool:

@@ -15,6 +15,9 @@ beside ours that must survive; and SWE-ReX servers restart (0.5 s without answer
 (the control plane still says ``Running``) while commands run. Its instances run
 ``tests/fakes/mini_swerex.py`` (the two SWE-ReX routes sandlot needs to start and run a
 command) instead of a full ``swerex.server``, so that 200 of them start in seconds on two cores.
+``kubernetes``: the fake API server (the real client on the wire) fails creates (500, 429,
+refused, and taken effect but unanswered), reads, deletes and exec upgrades, and drops
+watches; its pods are bubblewrap jails.
 """
 
 from __future__ import annotations
@@ -188,5 +191,37 @@ async def test_vefaas_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -
         leaked = [i.id for i in fake.leaked() if i.id not in bystanders]
         assert not leaked, f"leaked: {leaked}"
         assert all(not fake.instances[i].kill_requested for i in bystanders), "killed another run's"
+    finally:
+        fake.stop()
+
+
+async def test_kubernetes_chaos(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -> None:
+    from fakes.shared import kubernetes_fake_unavailable
+
+    reason = kubernetes_fake_unavailable()
+    need(reason is None, str(reason))
+    from fakes.fake_kubernetes import FakeKubernetes
+
+    from sandlot.sandboxes.kubernetes import KubernetesOptions, KubernetesSandbox
+
+    monkeypatch.setenv("SANDLOT_RUN_ID", "run-kubernetes-chaos")
+    monkeypatch.setenv("SANDLOT_MAX_STARTING", str(MAX_STARTING))
+    fake = FakeKubernetes().start()
+    fake.schedule_latency_s = 0.05
+    try:
+        opts = KubernetesOptions(**fake.options(), create_timeout_s=5.0, delete_grace_s=0)
+        fake.fault_rate = FAILURE_RATE
+        spec = SandboxSpec(image="python:3.12", start_limits=LIMITS)
+        sandboxes: list[Sandbox] = [KubernetesSandbox(spec, opts) for _ in range(N)]
+        ran, reported = await _drive(sandboxes)
+        assert ran + len(reported) == N
+        assert ran > N // 2, f"only {ran} ran: {reported[:3]}"
+        served = {f for _, f in fake.faults_served}
+        assert {"500", "429", "refused", "lost", "dropped"} <= served
+        print(f"kubernetes chaos: {len(fake.faults_served)} faults, {len(fake.pods)} pods left")
+        assert fake.peak_pending <= MAX_STARTING
+        fake.fault_rate = 0.0
+        await anyio.sleep(0.5)  # deletions finish on the server's side
+        assert not fake.live(), f"leaked: {fake.live()}"
     finally:
         fake.stop()
