@@ -50,6 +50,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import tempfile
 import time
 import uuid
@@ -174,10 +175,19 @@ EXCEPTIONS = SimpleNamespace(
 
 # ----------------------------------------------------------------- processes
 
+# An exec's stdout and stderr: each the reader and writer of our end of its socket pair.
+_Output = tuple[
+    tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    tuple[asyncio.StreamReader, asyncio.StreamWriter],
+]
+
 
 class _Stream:
-    def __init__(self, reader: asyncio.StreamReader, sandbox: FakeSandbox) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sandbox: FakeSandbox
+    ) -> None:
         self._reader = reader
+        self._writer = writer  # our end of the output's socket pair, closed at its end
         self._sandbox = sandbox
         self.read = _Method(self._read_all)
 
@@ -197,6 +207,7 @@ class _Stream:
             if self._sandbox.fake.take("stream_failures"):
                 raise StreamTerminatedError("Connection lost")
             if not chunk:
+                self._writer.close()
                 if self._sandbox.returncode is not None:
                     raise StreamTerminatedError("Connection lost")
                 return
@@ -231,14 +242,18 @@ class _Stdin:
 
 class FakeProcess:
     def __init__(
-        self, proc: asyncio.subprocess.Process, timeout: int | None, sandbox: FakeSandbox
+        self,
+        proc: asyncio.subprocess.Process,
+        output: _Output,
+        timeout: int | None,
+        sandbox: FakeSandbox,
     ) -> None:
-        assert proc.stdout and proc.stderr and proc.stdin
+        assert proc.stdin
         self._proc = proc
         # Modal counts an exec's timeout from the exec's start, not from wait().
         self._deadline = None if timeout is None else time.monotonic() + timeout
-        self.stdout = _Stream(proc.stdout, sandbox)
-        self.stderr = _Stream(proc.stderr, sandbox)
+        self.stdout = _Stream(*output[0], sandbox)
+        self.stderr = _Stream(*output[1], sandbox)
         self.stdin = _Stdin(proc.stdin)
         self.wait = _Method(self._wait)
 
@@ -278,6 +293,7 @@ class FakeSandbox:
             loop = asyncio.get_running_loop()
             self._lifetime = loop.call_later(float(kwargs["timeout"]), self.kill, 124)
         self.root = make_root(fake.workdir, self.object_id)
+        self._outputs: list[asyncio.StreamWriter] = []  # the execs' output sockets, our ends
         self.exec = _Method(self._exec)
         self.poll = _Method(self._poll)
         self.terminate = _Method(self._terminate)
@@ -291,8 +307,36 @@ class FakeSandbox:
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.fake.calls.append((name, args, kwargs))
 
-    async def _spawn(
+    async def _spawn_exec(
         self, argv: tuple[str, ...], env: dict[str, str] | None, workdir: str | None
+    ) -> tuple[asyncio.subprocess.Process, _Output]:
+        """:meth:`_spawn` with stdout and stderr on socket pairs, not pipes: sandlot's exec
+        wrapper kills what holds its output (``-ef`` on ``/proc/PID/fd/N``), both ends of a
+        pipe are one inode, and this fake's commands share the host's PID namespace, so after
+        a PID wrap-around the wrapper took the test process itself for a holder and killed it
+        (an xdist worker "not properly terminated"); the two ends of a socket pair are two."""
+        pairs = [socket.socketpair(), socket.socketpair()]
+        try:
+            proc = await self._spawn(argv, env, workdir, pairs[0][1].fileno(), pairs[1][1].fileno())
+        except BaseException:
+            for ours, _ in pairs:
+                ours.close()
+            raise
+        finally:
+            for _, theirs in pairs:
+                theirs.close()
+        out = await asyncio.open_unix_connection(sock=pairs[0][0])
+        err = await asyncio.open_unix_connection(sock=pairs[1][0])
+        self._outputs += [out[1], err[1]]
+        return proc, (out, err)
+
+    async def _spawn(
+        self,
+        argv: tuple[str, ...],
+        env: dict[str, str] | None,
+        workdir: str | None,
+        stdout: int = asyncio.subprocess.PIPE,
+        stderr: int = asyncio.subprocess.PIPE,
     ) -> asyncio.subprocess.Process:
         if self.returncode is not None:
             raise SandboxTerminatedError(f"sandbox {self.object_id} has finished")
@@ -317,8 +361,8 @@ class FakeSandbox:
             *jail,
             *argv,
             stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
             preexec_fn=default_signals,
         )
 
@@ -340,7 +384,8 @@ class FakeSandbox:
             )
         _check_env(env)
         self.fake.maybe_fault("Sandbox.exec")
-        return FakeProcess(await self._spawn(args, env, workdir), timeout, self)
+        proc, output = await self._spawn_exec(args, env, workdir)
+        return FakeProcess(proc, output, timeout, self)
 
     async def _poll(self) -> int | None:
         self._record("Sandbox.poll")
@@ -380,6 +425,9 @@ class FakeSandbox:
         for pid in _pids_with(f"{_MARKER}={self.object_id}"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for writer in self._outputs:
+            writer.close()
+        self._outputs.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
     async def _get_tags(self) -> dict[str, str]:
