@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from dataprep_support import (
     FIXTURES,
     MINICALC_BASE,
@@ -250,8 +250,8 @@ def test_fail_to_pass_given_as_malformed_json(tmp_path: Path) -> None:
     assert "not valid JSON" in str(err.value) and "line 1" in str(err.value)
 
 
-def test_unknown_deployment_is_refused_with_the_known_ones(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
+def _prepare_for(deployment: str, tmp_path: Path) -> Result:
+    return CliRunner().invoke(
         cli,
         [
             "data",
@@ -262,11 +262,25 @@ def test_unknown_deployment_is_refused_with_the_known_ones(tmp_path: Path) -> No
             "--local-save-dir",
             str(tmp_path),
         ],
-        env={"DEPLOYMENT": "kubernetes"},
+        env={"DEPLOYMENT": deployment},
     )
+
+
+def test_unknown_deployment_is_refused_with_the_known_ones(tmp_path: Path) -> None:
+    result = _prepare_for("no-such-backend", tmp_path)
     assert result.exit_code == 2
-    assert "unknown sandbox backend 'kubernetes' (set by $DEPLOYMENT)" in result.output
+    assert "unknown sandbox backend 'no-such-backend' (set by $DEPLOYMENT)" in result.output
     assert all(name in result.output for name in ("local", "docker", "modal", "vefaas"))
+
+
+def test_a_backend_without_a_preparation_is_refused_with_the_supported_ones(
+    tmp_path: Path,
+) -> None:
+    # kubernetes is a registered backend without a preparation of its own (docs/kubernetes.md).
+    result = _prepare_for("kubernetes", tmp_path)
+    assert result.exit_code == 2
+    assert "cannot be prepared for 'kubernetes' (from $DEPLOYMENT)" in result.output
+    assert "supported: local, docker, modal, vefaas" in result.output
     assert list(tmp_path.iterdir()) == []
 
 
