@@ -3,6 +3,7 @@ credentials by name, and one real sandbox of the training set."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,19 @@ def test_one_sandbox_of_the_training_set_starts(monkeypatch: pytest.MonkeyPatch)
     assert problems and problems[0].key == "backend local sandbox"
 
 
+def _no_ray_cluster_on_this_machine(wait_s: float = 120) -> None:
+    """Wait until no Ray GCS runs on this machine (the check looks for one with "auto", which
+    joins any): the Ray tests before this one (xdist group ``ray``) shut theirs down, and
+    ``ray.shutdown()`` returns before its processes have exited."""
+    from ray._private.services import find_gcs_addresses
+
+    deadline = time.monotonic() + wait_s
+    while gcs := find_gcs_addresses():
+        if time.monotonic() > deadline:
+            pytest.fail(f"a Ray cluster still runs on this machine after {wait_s} s: {gcs}")
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 @needs(bwrap_missing)
 def test_preflight_without_a_ray_cluster_fails_with_a_table(
@@ -108,6 +122,7 @@ def test_preflight_without_a_ray_cluster_fails_with_a_table(
     import pyarrow.parquet as pq
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    _no_ray_cluster_on_this_machine()
     monkeypatch.delenv("SANDLOT_BACKEND", raising=False)
     monkeypatch.delenv("DEPLOYMENT", raising=False)
     agent_config = tmp_path / "agent_config.yaml"
