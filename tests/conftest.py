@@ -16,8 +16,8 @@
   ``SANDLOT_PASSED_OUT=FILE`` writes the node ids of the tests that passed (every phase), and
   ``SANDLOT_PASSED_IN=FILE`` deselects them, so the second run runs only what the first did
   not pass (skipped, deselected by tier, failed).
-* CI's full run is spread over pytest-xdist workers (``-n 2 --dist loadgroup``): the tests of a
-  module that touches Ray share the xdist group ``ray`` and so run in turn on one worker
+* On pytest-xdist workers (``-n 2 --dist loadgroup``, docs/testing.md) the tests of a module
+  that touches Ray share the xdist group ``ray`` and so run in turn on one worker
   (:func:`touches_ray`).
 """
 
