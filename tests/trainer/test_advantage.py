@@ -120,26 +120,38 @@ def test_verl_registers_the_estimators_through_its_plugin_entry_point() -> None:
         "print(get_adv_estimator_fn('sandlot_grpo').__module__, "
         "get_adv_estimator_fn('sandlot_rloo').__name__)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.split() == ["sandlot.trainer.advantage", "masked_rloo_advantage"]
     # Shipped as a Ray working_dir (no entry point): runtime_env.yaml's module list does it.
-    env = {
+    modules = {
         **os.environ,
         "VERL_USE_EXTERNAL_PLUGINS": "none",
         "VERL_USE_EXTERNAL_MODULES": "sandlot.trainer.advantage",
     }
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env=env,
-    )
-    assert out.stdout.split()[0] == "sandlot.trainer.advantage"
-    env["VERL_USE_EXTERNAL_MODULES"] = ""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert "Unknown advantage estimator" in out.stderr  # so the two switches are what register it
+    neither = {**modules, "VERL_USE_EXTERNAL_MODULES": ""}
+    # Three fresh interpreters (verl reads the switches when imported), started together: each
+    # spends ~7 s of CPU importing verl, the runs are independent.
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for env in (None, modules, neither)
+    ]
+    try:
+        (plugin, plugin_err), (listed, listed_err), (_, unregistered_err) = [
+            run.communicate(timeout=120) for run in runs
+        ]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    assert runs[0].returncode == 0, plugin_err
+    assert plugin.split() == ["sandlot.trainer.advantage", "masked_rloo_advantage"]
+    assert runs[1].returncode == 0, listed_err
+    assert listed.split()[0] == "sandlot.trainer.advantage"
+    # So the two switches are what register it:
+    assert "Unknown advantage estimator" in unregistered_err
     assert core_algos.get_adv_estimator_fn("sandlot_grpo") is advantage.masked_grpo_advantage

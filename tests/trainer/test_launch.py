@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,36 @@ from sandlot.trainer.launch import (  # noqa: E402
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "examples" / "train").glob("*.yaml"))
 RECIPES = [r for r in RECIPES if r.name != "runtime_env.yaml"]
 MODES = ["async", "v1", "sync"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def load_each_tokenizer_once() -> Iterator[None]:
+    """verl's ``HFModelConfig`` loads the model directory's tokenizer twice (``hf_tokenizer``,
+    then ``hf_processor``, which falls back to the tokenizer for a text-only model), once in the
+    dry run and once in :func:`verl_startup`: four loads of ``qwen_dir``'s 150k-token vocabulary
+    (~2.5 s of CPU each) per test, all of the same unchanged directory. Each is loaded for real
+    once per module and the same object handed out again (the checks only read it; verl's
+    only edits, a missing pad token or a custom chat template, do not apply to ``qwen_dir``)."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    loaded: dict[str, Any] = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for auto in (AutoTokenizer, AutoProcessor):
+
+            def from_pretrained(
+                path: Any,
+                *args: Any,
+                _auto: Any = auto,
+                _load: Any = auto.from_pretrained,
+                **kw: Any,
+            ) -> Any:
+                key = repr((_auto.__name__, str(path), args, sorted(kw.items())))
+                if key not in loaded:
+                    loaded[key] = _load(path, *args, **kw)
+                return loaded[key]
+
+            patch.setattr(auto, "from_pretrained", from_pretrained)
+        yield
 
 
 @pytest.fixture
