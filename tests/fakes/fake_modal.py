@@ -8,8 +8,11 @@ Shapes follow ``modal`` 1.6.4 (``modal/sandbox/_sandbox.py``, ``container_proces
 
 A fake sandbox is a private root directory; each exec runs in a bubblewrap jail over it
 (``block_network`` → no network namespace access), its processes tagged with the sandbox id so
-``terminate`` (or :meth:`FakeModal.die`) kills them all. Every call is recorded in
-``FakeModal.calls`` as ``(name, args, kwargs)``.
+``terminate`` (or :meth:`FakeModal.die`) kills them all. The execs of a sandbox share a PID
+namespace, held by a placeholder PID 1 that the first exec starts: a command sees the
+sandbox's processes, not the host's (when the tests run as root: see
+:func:`fakes.jail.pid_namespace`). Every call is recorded in ``FakeModal.calls`` as
+``(name, args, kwargs)``.
 
 Behaviour of the service the fake reproduces (as read in ``modal/sandbox/_common.py`` and
 ``modal/io_streams.py`` of 1.6.4):
@@ -352,7 +355,7 @@ class FakeSandbox:
     ) -> tuple[asyncio.subprocess.Process, _Output]:
         """:meth:`_spawn` with stdout and stderr on socket pairs, not pipes: sandlot's exec
         wrapper kills what holds its output (``-ef`` on ``/proc/PID/fd/N``), both ends of a
-        pipe are one inode, and this fake's commands share the host's PID namespace, so after
+        pipe are one inode, and this fake's commands may share the host's PID namespace, so after
         a PID wrap-around the wrapper took the test process itself for a holder and killed it
         (an xdist worker "not properly terminated"); the two ends of a socket pair are two."""
         pairs = [socket.socketpair(), socket.socketpair()]
