@@ -8,8 +8,11 @@ Shapes follow ``modal`` 1.6.4 (``modal/sandbox/_sandbox.py``, ``container_proces
 
 A fake sandbox is a private root directory; each exec runs in a bubblewrap jail over it
 (``block_network`` → no network namespace access), its processes tagged with the sandbox id so
-``terminate`` (or :meth:`FakeModal.die`) kills them all. Every call is recorded in
-``FakeModal.calls`` as ``(name, args, kwargs)``.
+``terminate`` (or :meth:`FakeModal.die`) kills them all. The execs of a sandbox share a PID
+namespace, held by a placeholder PID 1 that the first exec starts: a command sees the
+sandbox's processes, not the host's (when the tests run as root: see
+:func:`fakes.jail.pid_namespace`). Every call is recorded in ``FakeModal.calls`` as
+``(name, args, kwargs)``.
 
 Behaviour of the service the fake reproduces (as read in ``modal/sandbox/_common.py`` and
 ``modal/io_streams.py`` of 1.6.4):
@@ -51,15 +54,16 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
-from fakes.jail import default_signals, jail_argv, make_root
+from fakes.jail import default_signals, jail_argv, make_root, pid_namespace
 
 _CHUNK = 64 * 1024
 _MARKER = "FAKE_MODAL_SANDBOX"
@@ -293,6 +297,11 @@ class FakeSandbox:
             loop = asyncio.get_running_loop()
             self._lifetime = loop.call_later(float(kwargs["timeout"]), self.kill, 124)
         self.root = make_root(fake.workdir, self.object_id)
+        # The container's PID 1 (a placeholder for the entrypoint), started by the first exec,
+        # in a PID namespace of its own that every exec joins, as on a worker: an exec sees the
+        # sandbox's processes only, not the host's.
+        self._holder: subprocess.Popen[bytes] | None = None
+        self._pidns: int | Literal["wait"] | None = "wait"  # an fd once known
         self._outputs: list[asyncio.StreamWriter] = []  # the execs' output sockets, our ends
         self.exec = _Method(self._exec)
         self.poll = _Method(self._poll)
@@ -307,12 +316,46 @@ class FakeSandbox:
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.fake.calls.append((name, args, kwargs))
 
+    def _env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/root",
+            **self.env,
+            **(env or {}),
+            _MARKER: self.object_id,
+        }
+
+    def _start_holder(self) -> subprocess.Popen[bytes]:
+        if self._holder is None:
+            self._holder = subprocess.Popen(
+                [
+                    *jail_argv(self.root, network=True, own_pids=True, env=self._env()),
+                    "sleep",
+                    "infinity",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=default_signals,
+            )
+        return self._holder
+
+    async def _pid_namespace(self) -> int | None:
+        """The fd of the PID namespace of the sandbox's PID 1 (``None``: the host's)."""
+        if self._pidns == "wait":
+            fd = await pid_namespace(self._start_holder().pid)
+            if self._pidns == "wait":
+                self._pidns = fd
+            elif fd is not None:  # a concurrent exec found it first
+                os.close(fd)
+        return None if self._pidns == "wait" else self._pidns
+
     async def _spawn_exec(
         self, argv: tuple[str, ...], env: dict[str, str] | None, workdir: str | None
     ) -> tuple[asyncio.subprocess.Process, _Output]:
         """:meth:`_spawn` with stdout and stderr on socket pairs, not pipes: sandlot's exec
         wrapper kills what holds its output (``-ef`` on ``/proc/PID/fd/N``), both ends of a
-        pipe are one inode, and this fake's commands share the host's PID namespace, so after
+        pipe are one inode, and this fake's commands may share the host's PID namespace, so after
         a PID wrap-around the wrapper took the test process itself for a holder and killed it
         (an xdist worker "not properly terminated"); the two ends of a socket pair are two."""
         pairs = [socket.socketpair(), socket.socketpair()]
@@ -343,19 +386,14 @@ class FakeSandbox:
         wait = self.scheduled_at - time.monotonic()
         if wait > 0:  # created, not yet scheduled on a worker
             await asyncio.sleep(wait)
-        full_env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/root",
-            **self.env,
-            **(env or {}),
-            _MARKER: self.object_id,
-        }
+        pidns = await self._pid_namespace()
         jail = jail_argv(
             self.root,
             network=not self.block_network,
             own_pids=False,
-            env=full_env,
+            env=self._env(env),
             cwd=workdir or "/",
+            pidns=pidns,
         )
         return await asyncio.create_subprocess_exec(
             *jail,
@@ -364,6 +402,7 @@ class FakeSandbox:
             stdout=stdout,
             stderr=stderr,
             preexec_fn=default_signals,
+            pass_fds=() if pidns is None else (pidns,),
         )
 
     async def _exec(
@@ -425,6 +464,12 @@ class FakeSandbox:
         for pid in _pids_with(f"{_MARKER}={self.object_id}"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if self._holder is not None:
+            self._holder.kill()  # bwrap, outside the jail: the marker is only inside
+            self._holder.wait()
+        if isinstance(self._pidns, int):
+            os.close(self._pidns)
+        self._pidns = None
         for writer in self._outputs:
             writer.close()
         self._outputs.clear()

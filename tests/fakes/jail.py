@@ -10,10 +10,12 @@ with this very interpreter.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Literal
 
 # Host paths that are not bound (the fake container gets its own or none). ``/opt`` is the
 # container's: an environment recipe installs into /opt/sandlot-env.
@@ -43,7 +45,13 @@ def private_host_paths() -> list[str]:
 
 
 def jail_argv(
-    root: Path, *, network: bool, own_pids: bool, env: dict[str, str], cwd: str = "/"
+    root: Path,
+    *,
+    network: bool,
+    own_pids: bool,
+    env: dict[str, str],
+    cwd: str = "/",
+    pidns: int | None = None,
 ) -> list[str]:
     """bwrap argv running a command with ``root`` as ``/`` and the host's system dirs read-only.
 
@@ -53,6 +61,8 @@ def jail_argv(
         own_pids: a PID namespace of its own (everything dies with its first process).
         env: the complete environment of the command.
         cwd: working directory inside.
+        pidns: an fd of a PID namespace to join (:func:`pid_namespace`; pass it with
+            ``pass_fds``): the command sees that namespace's processes and dies with its first.
     """
     argv = ["bwrap", "--bind", str(root), "/"]
     for entry in sorted(os.listdir("/")):
@@ -71,6 +81,8 @@ def jail_argv(
         argv.append("--unshare-net")
     if own_pids:
         argv.append("--unshare-pid")
+    if pidns is not None:
+        argv += ["--pidns", str(pidns)]
     for key, value in env.items():
         argv += ["--setenv", key, value]
     argv += ["--chdir", cwd, "--"]
@@ -93,3 +105,41 @@ def make_root(parent: Path, name: str) -> Path:
     (root / "tmp").mkdir(parents=True)
     (root / "tmp").chmod(0o1777)
     return root
+
+
+async def pid_namespace(bwrap_pid: int) -> int | None:
+    """An open fd of the PID namespace that bwrap ``bwrap_pid`` (``--unshare-pid``) made: its
+    child's, once it has one; ``None`` if bwrap ended first, or if bwrap made a user namespace
+    too (not root: a later bwrap may not join the PID namespace; execs then see the host's)."""
+    for _ in range(2000):
+        found = _child_pid_namespace(bwrap_pid)
+        if found != "wait":
+            return found
+        await asyncio.sleep(0.005)
+    raise RuntimeError(f"bwrap {bwrap_pid} made no PID namespace in 10 s")
+
+
+def _child_pid_namespace(bwrap_pid: int) -> int | Literal["wait"] | None:
+    """:func:`pid_namespace` now, or ``"wait"`` while bwrap has no child in a new one yet."""
+    try:
+        with open(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children") as f:
+            children = f.read().split()
+        if children and os.readlink(f"/proc/{children[0]}/ns/pid") != os.readlink(
+            "/proc/self/ns/pid"
+        ):
+            if os.readlink(f"/proc/{children[0]}/ns/user") != os.readlink("/proc/self/ns/user"):
+                return None
+            return os.open(f"/proc/{children[0]}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        pass
+    return None if ended(bwrap_pid) else "wait"
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")

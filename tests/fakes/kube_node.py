@@ -1,6 +1,9 @@
 """The kubelet of the fake Kubernetes API server (``fakes.fake_kubernetes``): a pod's container
 is a private root directory (``fakes.jail``), its PID 1 and every exec a bubblewrap process
-over it, tagged ``FAKE_K8S_POD=<uid>`` so that killing the pod kills them all.
+over it, tagged ``FAKE_K8S_POD=<uid>`` so that killing the pod kills them all. PID 1 has a PID
+namespace of its own, which every exec joins (``bwrap --pidns``), as a CRI exec joins its
+container's: a command sees the pod's processes only, not the host's (when the tests run as
+root; otherwise bwrap makes a user namespace per process, and execs see the host's PIDs).
 
 A pod is cut off the network (``--unshare-net``, loopback only) when a NetworkPolicy of its
 namespace selects it and allows no egress, read at each process's start: a fake of a deny-all
@@ -23,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fakes.jail import default_signals, jail_argv, make_root
+from fakes.jail import default_signals, ended, jail_argv, make_root, pid_namespace
 
 MARKER = "FAKE_K8S_POD"
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -48,6 +51,7 @@ class Container:
         (self.root / "root").mkdir(mode=0o700)
         self.env = {"PATH": IMAGE_PATH, "HOME": "/root", **env, MARKER: uid}
         self.init: asyncio.subprocess.Process | None = None
+        self._pidns: int | None = None  # an open fd of the PID namespace of PID 1
         self.sockets: set[Any] = set()  # exec websockets to drop when the pod dies
         self._writers: dict[int, tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = {}
 
@@ -56,7 +60,11 @@ class Container:
     ) -> asyncio.subprocess.Process:
         """Start ``argv`` in the container (``pipes``: stdin, stdout and stderr are pipes;
         ``own_pids``: in a PID namespace of its own, whose processes die with it)."""
-        jail = jail_argv(self.root, network=network, own_pids=own_pids, env=self.env)
+        # An exec joins the PID namespace of the container's PID 1, as a CRI exec does: it sees
+        # the container's processes only (not the host's), and dies with PID 1.
+        join = None if own_pids else self._pidns
+        pidns = () if join is None else (join,)
+        jail = jail_argv(self.root, network=network, own_pids=own_pids, env=self.env, pidns=join)
         # A container's /root is its own and writable (git config --global, pip's cache); the
         # interpreter running the tests may live under the host's, read-only as before.
         home = ["--bind", str(self.root / "root"), "/root"]
@@ -71,7 +79,13 @@ class Container:
         if not pipes:
             null = asyncio.subprocess.DEVNULL
             return await asyncio.create_subprocess_exec(
-                *jail, *argv, stdin=null, stdout=null, stderr=null, preexec_fn=_child_setup
+                *jail,
+                *argv,
+                stdin=null,
+                stdout=null,
+                stderr=null,
+                preexec_fn=_child_setup,
+                pass_fds=pidns,
             )
         # stdout and stderr are socket pairs, not pipes: sandlot's exec wrapper kills what
         # holds its output (`-ef` on /proc/PID/fd/1), and both ends of a pipe are one inode,
@@ -86,6 +100,7 @@ class Container:
                 stdout=out[1].fileno(),
                 stderr=err[1].fileno(),
                 preexec_fn=_child_setup,
+                pass_fds=pidns,
             )
         finally:
             out[1].close()
@@ -100,22 +115,27 @@ class Container:
         # In a PID namespace of its own: its children die with it (a killed test run leaves
         # no init behind), and its own kills reach no process of the host.
         self.init = await self.spawn(command, network=network, pipes=False, own_pids=True)
+        self._pidns = await pid_namespace(self.init.pid)
 
-    def signal_all(self, sig: int) -> int:
-        """Send ``sig`` to every process of the container; how many there were."""
+    def signal_all(self, sig: int) -> list[int]:
+        """Send ``sig`` to every process of the container; their pids."""
         pids = _pids_with(f"{MARKER}={self.uid}")
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        return len(pids)
+        return pids
 
     async def stop(self, grace_s: float) -> None:
-        """SIGTERM, up to ``grace_s`` for them to go, SIGKILL; the files removed."""
+        """SIGTERM, up to ``grace_s`` for them to go, SIGKILL; the files removed.
+
+        The grace watches the processes that got the SIGTERM (a read of their ``stat``, not a
+        scan of every process's environment 20 times a second); any process started meanwhile
+        is found and killed by :meth:`kill`, which scans until none is left."""
         self.drop_sockets()
-        if self.signal_all(signal.SIGTERM):
+        if termed := self.signal_all(signal.SIGTERM):
             for _ in range(int(grace_s / 0.05)):
                 await asyncio.sleep(0.05)
-                if not _pids_with(f"{MARKER}={self.uid}"):
+                if all(ended(pid) for pid in termed):
                     break
         self.kill()
 
@@ -129,6 +149,9 @@ class Container:
         self.drop_sockets()
         while self.signal_all(signal.SIGKILL):
             pass
+        if self._pidns is not None:
+            os.close(self._pidns)
+            self._pidns = None
         shutil.rmtree(self.root, ignore_errors=True)
 
     def drop_sockets(self) -> None:
