@@ -22,7 +22,7 @@ from sandlot.datasets.loaders import load_instances
 from sandlot.rewards.evaluation import evaluate
 from sandlot.rewards.predictions import Prediction, load_predictions
 from sandlot.rewards.result import EvalFailure, EvalResult, EvalStatus
-from sandlot.rewards.runner import run_evaluation
+from sandlot.rewards.runner import RunOutcome, run_evaluation
 
 need_module("swebench", EVAL)
 pytestmark = needs(bwrap_missing)
@@ -117,15 +117,26 @@ def test_gold_wrong_and_empty_runs(
     instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
 ) -> None:
     insts = list(instances.values())
-    gold = _run(
-        run_evaluation,
-        insts,
-        _predictions("gold", instances),
-        run_id="g",
-        output_dir=tmp_path,
-        backend="local",
-        workers=3,
-    )
+    runs: dict[str, RunOutcome] = {}
+
+    async def run(name: str, run_id: str, workers: int) -> None:
+        runs[name] = await run_evaluation(
+            insts,
+            _predictions(name, instances),
+            run_id=run_id,
+            output_dir=tmp_path,
+            backend="local",
+            workers=workers,
+        )
+
+    async def all_three() -> None:  # the three runs go at once
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "gold", "g", 3)
+            tg.start_soon(run, "wrong", "w", 3)
+            tg.start_soon(run, "empty", "e", 4)
+
+    anyio.run(all_three)
+    gold, wrong, empty = runs["gold"], runs["wrong"], runs["empty"]
     assert gold.report["resolved_ids"] == sorted(instances)
     assert gold.report["error_ids"] == [] and gold.report["completed_instances"] == len(insts)
     assert all(r.reward == 1.0 for r in gold.results.values())
@@ -135,28 +146,11 @@ def test_gold_wrong_and_empty_runs(
     assert json.loads((one / "report.json").read_text())["ledger__ledger-1"]["resolved"] is True
     assert json.loads(gold.report_path.read_text())["resolved_instances"] == len(insts)
 
-    wrong = _run(
-        run_evaluation,
-        insts,
-        _predictions("wrong", instances),
-        run_id="w",
-        output_dir=tmp_path,
-        backend="local",
-        workers=3,
-    )
     assert wrong.report["resolved_ids"] == []
     assert wrong.report["unresolved_instances"] == len(insts)
     broke_p2p = [r for r in wrong.results.values() if r.PASS_TO_PASS.failure]
     assert broke_p2p, "a wrong patch should break a PASS_TO_PASS test"
 
-    empty = _run(
-        run_evaluation,
-        insts,
-        _predictions("empty", instances),
-        run_id="e",
-        output_dir=tmp_path,
-        backend="local",
-    )
     assert empty.report["empty_patch_ids"] == sorted(instances)
     assert empty.report["resolved_instances"] == 0
     _assert_no_leaks(sandbox_root)

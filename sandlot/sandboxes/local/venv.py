@@ -5,7 +5,8 @@ environment under ``<cache>/envs/<key>``, where ``<cache>`` is ``$SANDLOT_ENV_CA
 user cache directory (``platformdirs.user_cache_dir("sandlot")``, ``~/.cache/sandlot`` on
 Linux) and ``<key>`` is a hash of the packages, the interpreter's path and its version. It is
 built with ``uv`` (the PyPI package ``uv``, or a ``uv`` on ``PATH``) when present, else with
-``python -m venv`` and pip; ``$SANDLOT_ENV_INSTALLER`` (``uv`` or ``pip``) forces one. The
+``python -m venv`` and pip; ``$SANDLOT_ENV_INSTALLER`` (``uv`` or ``pip``) forces one. Either
+compiles what it installs to bytecode (the environment is read-only in a jail). The
 interpreter is found as :mod:`sandlot.sandboxes.local.pythons` says.
 
 A build installs in SWE-bench's order (``swebench.harness.test_spec.python.
@@ -130,8 +131,8 @@ def _installer() -> str:
 
 
 # Bumped when what a build makes for the same recipe changes (2: pip.conf, ordered installs;
-# 3: editable installs as path entries).
-_LAYOUT = "layout-3"
+# 3: editable installs as path entries; 4: uv compiles the bytecode, as pip does).
+_LAYOUT = "layout-4"
 
 
 def environment_key(recipe: EnvironmentRecipe, interpreter: str, version: str) -> str:
@@ -243,7 +244,11 @@ def _build(env: BuiltEnvironment, version: str, timeout_s: float) -> None:
         if installer == "pip":
             argv = [python, "-m", "pip", "install", "--quiet", *args]
         else:
-            argv = [installer, "pip", "install", "--quiet", "--python", python, *args]
+            # --compile-bytecode: pip compiles by default, uv does not. The environment is
+            # read-only in a jail (and its sandboxes set PYTHONDONTWRITEBYTECODE): without its
+            # .pyc files every python started there compiles what it imports (pytest: ~1 s).
+            argv = [installer, "pip", "install", "--quiet", "--compile-bytecode", "--python"]
+            argv += [python, *args]
         _run(argv, what, recipe, timeout_s)
 
     # swebench's order (make_env_script_list_py): the requirements file, then pip_packages, in

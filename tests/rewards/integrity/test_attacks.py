@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from sandlot.datasets.sandbox_setup import instance_spec, prepare_repo
 from sandlot.rewards.evaluation import evaluate, evaluate_in_sandbox
 from sandlot.rewards.predictions import load_predictions
 from sandlot.rewards.result import ChannelState, EvalResult, EvalStatus
-from sandlot.rewards.runner import run_evaluation
+from sandlot.rewards.runner import RunOutcome, run_evaluation
+from sandlot.sandboxes.setups.cache import SetupCache
 
 need_module("swebench", EVAL)
 
@@ -104,6 +105,88 @@ def _evaluate(inst: Instance, patch: str, backend: str, **kwargs: Any) -> EvalRe
     return anyio.run(lambda: evaluate(inst, patch, backend=backend, **kwargs))
 
 
+# An evaluation: the instance, the patch and evaluate's keyword arguments (backend included).
+Job = tuple[Instance, str, dict[str, Any]]
+_CHUNK = 8  # the evaluations one item runs: its own and those of the next items like it
+_AT_ONCE = 4  # evaluations running at once (sandboxes mostly wait: on git, on pytest's start)
+
+
+class Evaluations:
+    """Each item's own evaluation, run through ``evaluate`` with those of the next items of its
+    test and backend (up to ``_CHUNK``, ``_AT_ONCE`` at a time), then handed to each item to
+    assert on its own.
+
+    Every evaluation starts from the instance's clean set-up in a sandbox of its own: a fork
+    of that set-up (``setups=``, ``fork_first``: what production grading does for a group),
+    never a sandbox another patch ran in. Only the items selected in this session are
+    evaluated; under xdist (whose workers each hold every item) an item runs alone."""
+
+    def __init__(self, session: pytest.Session) -> None:
+        self._session = session
+        self._results: dict[str, EvalResult | Exception] = {}
+
+    def result(self, item: pytest.Item, job: Callable[[pytest.Function], Job]) -> EvalResult:
+        """``item``'s evaluation; ``job`` gives an item's (also the next items')."""
+        if item.nodeid not in self._results:
+            jobs: dict[str, Job] = {}
+            for other in self._next_like(item):
+                try:
+                    jobs[other.nodeid] = job(other)
+                except Exception as exc:  # making the patch failed: that item's failure
+                    self._results[other.nodeid] = exc
+            if jobs:
+                anyio.run(self._run, jobs)
+        got = self._results.pop(item.nodeid)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _next_like(self, item: pytest.Item) -> list[pytest.Function]:
+        """``item`` and the items after it (in run order) of its test and backend."""
+        assert isinstance(item, pytest.Function)
+        if hasattr(self._session.config, "workerinput"):  # an xdist worker
+            return [item]
+
+        same = [
+            other
+            for other in self._session.items
+            if isinstance(other, pytest.Function)
+            and other.parent is item.parent
+            and other.originalname == item.originalname
+            and other.callspec.params.get("backend") == item.callspec.params.get("backend")
+            and other.nodeid not in self._results
+        ]
+        if item not in same:
+            return [item]
+        return same[same.index(item) :][:_CHUNK]
+
+    async def _run(self, jobs: dict[str, Job]) -> None:
+        limit = anyio.CapacityLimiter(_AT_ONCE)
+        setups = SetupCache()
+
+        async def one(nodeid: str, inst: Instance, patch: str, kwargs: dict[str, Any]) -> None:
+            async with limit:
+                self._results[nodeid] = await evaluate(
+                    inst, patch, setups=setups, group_size=len(jobs), **kwargs
+                )
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for nodeid, (inst, patch, kwargs) in jobs.items():
+                    tg.start_soon(one, nodeid, inst, patch, kwargs)
+        finally:
+            await setups.aclose()
+
+
+@pytest.fixture(scope="module")
+def evaluations(request: pytest.FixtureRequest, sandbox_root: Path) -> Evaluations:
+    return Evaluations(request.session)
+
+
+def _params(item: pytest.Function) -> tuple[str, str]:
+    return item.callspec.params["attack"], item.callspec.params["backend"]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "attack",
@@ -113,12 +196,17 @@ def test_attack_does_not_resolve(
     attack: str,
     backend: str,
     local_instances: dict[str, Instance],
-    sandbox_root: Path,
-    tmp_path: Path,
+    evaluations: Evaluations,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    inst = _on(backend, local_instances[TARGET])
-    patch = make_patch(inst, ATTACKS[attack](inst), tmp_path / "work")
-    result = _evaluate(inst, patch, backend)
+    def job(item: pytest.Function) -> Job:
+        attack, backend = _params(item)
+        inst = _on(backend, local_instances[TARGET])
+        work = tmp_path_factory.mktemp("work") / "work"
+        return inst, make_patch(inst, ATTACKS[attack](inst), work), {"backend": backend}
+
+    result = evaluations.result(request.node, job)
     assert result.status is EvalStatus.UNRESOLVED, (result.error, result.log[-2000:])
     assert not result.resolved and result.reward == 0.0
     # A defence says why: files reverted, the channel rejected, or the log distrusted.
@@ -154,13 +242,18 @@ def test_the_attacks_resolve_without_the_defences(
     attack: str,
     backend: str,
     local_instances: dict[str, Instance],
-    sandbox_root: Path,
-    tmp_path: Path,
+    evaluations: Evaluations,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     # Guards the attack tests themselves: each forgery works on the harness's grading alone.
-    inst = _on(backend, local_instances[TARGET])
-    patch = make_patch(inst, ATTACKS[attack](inst), tmp_path / "work")
-    result = _evaluate(inst, patch, backend, integrity_checks=False)
+    def job(item: pytest.Function) -> Job:
+        attack, backend = _params(item)
+        inst = _on(backend, local_instances[TARGET])
+        patch = make_patch(inst, ATTACKS[attack](inst), tmp_path_factory.mktemp("work") / "w")
+        return inst, patch, {"backend": backend, "integrity_checks": False}
+
+    result = evaluations.result(request.node, job)
     assert result.resolved, result.log[-2000:]
     assert result.integrity.channel is ChannelState.UNAVAILABLE
 
@@ -171,31 +264,31 @@ def test_gold_resolves_and_wrong_does_not_with_the_defences(
     backend: str, local_instances: dict[str, Instance], sandbox_root: Path, tmp_path: Path
 ) -> None:
     insts = [_on(backend, i) for i in local_instances.values()]
-    gold = anyio.run(
-        lambda: run_evaluation(
+    runs: dict[str, RunOutcome] = {}
+
+    async def run(name: str) -> None:  # the gold and the wrong run go at once
+        runs[name] = await run_evaluation(
             insts,
-            load_predictions(EXAMPLES / "predictions" / "gold.jsonl", insts),
-            run_id="gold",
+            load_predictions(EXAMPLES / "predictions" / f"{name}.jsonl", insts),
+            run_id=name,
             output_dir=tmp_path,
             backend=backend,
             workers=2,
         )
-    )
+
+    async def both() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "gold")
+            tg.start_soon(run, "wrong")
+
+    anyio.run(both)
+    gold = runs["gold"]
     assert gold.report["resolved_ids"] == sorted(local_instances), gold.report
     for r in gold.results.values():
         assert r.integrity.channel is ChannelState.VERIFIED and r.integrity.log_consistent
         assert r.reverted_files == [] and r.integrity.violations == []
     assert gold.report["integrity"]["triggered_instances"] == 0
-    wrong = anyio.run(
-        lambda: run_evaluation(
-            insts,
-            load_predictions(EXAMPLES / "predictions" / "wrong.jsonl", insts),
-            run_id="wrong",
-            output_dir=tmp_path,
-            backend=backend,
-            workers=2,
-        )
-    )
+    wrong = runs["wrong"]
     assert wrong.report["resolved_ids"] == [] and wrong.report["error_ids"] == []
     assert wrong.report["unresolved_instances"] == len(insts)
 
@@ -266,11 +359,16 @@ def test_the_repository_decides_what_a_patch_changed(
     attack: str,
     backend: str,
     local_instances: dict[str, Instance],
-    sandbox_root: Path,
+    evaluations: Evaluations,
+    request: pytest.FixtureRequest,
 ) -> None:
-    inst = _on(backend, local_instances[TARGET])
-    patch, (outcome, detail) = RAW_ATTACKS[attack](inst)
-    result = _evaluate(inst, patch, backend)
+    def job(item: pytest.Function) -> Job:
+        attack, backend = _params(item)
+        inst = _on(backend, local_instances[TARGET])
+        return inst, RAW_ATTACKS[attack](inst)[0], {"backend": backend}
+
+    _, (outcome, detail) = RAW_ATTACKS[attack](_on(backend, local_instances[TARGET]))
+    result = evaluations.result(request.node, job)
     assert result.status is EvalStatus.UNRESOLVED, (result.error, result.log[-2000:])
     assert not result.resolved and result.reward == 0.0
     if outcome == "reverted":

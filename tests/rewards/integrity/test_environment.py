@@ -250,9 +250,20 @@ _PROBE = (
 )
 
 
+_ATTACKS: dict[tuple[str, str], str] = {}
+
+
 def _attack(backend: str, inst: Instance) -> str:
     """The model patch that makes the venv's pytest rewrite every assert into ``pass``: it
-    needs the text of the file the set-up copies (python3's), read in a sandbox."""
+    needs the text of the file the set-up copies (python3's), read in a sandbox (once per
+    backend and sandbox spec: the tests of a target share it)."""
+    key = (backend, instance_spec(inst, backend).model_dump_json())
+    if key not in _ATTACKS:
+        _ATTACKS[key] = _probed_attack(backend, inst)
+    return _ATTACKS[key]
+
+
+def _probed_attack(backend: str, inst: Instance) -> str:
 
     async def probe() -> str:
         async with sandlot.open(backend, instance_spec(inst, backend)) as sb:
