@@ -59,7 +59,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from fakes.jail import default_signals, jail_argv, make_root
+from fakes.jail import default_start, jail_argv, make_root
 
 _CHUNK = 64 * 1024
 _MARKER = "FAKE_MODAL_SANDBOX"
@@ -357,13 +357,15 @@ class FakeSandbox:
             env=full_env,
             cwd=workdir or "/",
         )
+        prefix, setup = default_start()
         return await asyncio.create_subprocess_exec(
+            *prefix,
             *jail,
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=stdout,
             stderr=stderr,
-            preexec_fn=default_signals,
+            preexec_fn=setup,
         )
 
     async def _exec(
