@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from fakes.fake_kubernetes import FakeKubernetes
 
 SWE_MINI = EXAMPLES / "swe-mini"
-# Each pod pip-installs pytest from the mirror, and every timed-out kill scans the host's /proc
-# (the fake's pods share its PID namespace): minutes on two busy cores.
+# Each pod pip-installs pytest from the mirror (a venv with ensurepip, then pip: ~6 s of CPU per
+# pod, most of each item's ~30 s; the `local` backend's interpreter has pytest already), and
+# every timed-out kill scans the host's /proc (the fake's pods share its PID namespace).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900), needs(importable("swebench", EVAL))]
 
 

@@ -63,7 +63,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
 
-from fakes.jail import default_signals, jail_argv, make_root, pid_namespace
+from fakes.jail import default_signals, default_start, jail_argv, make_root, pid_namespace
 
 _CHUNK = 64 * 1024
 _MARKER = "FAKE_MODAL_SANDBOX"
@@ -395,13 +395,15 @@ class FakeSandbox:
             cwd=workdir or "/",
             pidns=pidns,
         )
+        prefix, setup = default_start()
         return await asyncio.create_subprocess_exec(
+            *prefix,
             *jail,
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=stdout,
             stderr=stderr,
-            preexec_fn=default_signals,
+            preexec_fn=setup,
             pass_fds=() if pidns is None else (pidns,),
         )
 

@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlparse
 
-from fakes.jail import default_signals, jail_argv, make_root
+from fakes.jail import default_start, jail_argv, make_root
 
 AK, SK = "fake-ak", "fake-sk"
 STS_AK, STS_SK, STS_TOKEN = "fake-sts-ak", "fake-sts-sk", "fake-sts-session-token"
@@ -385,14 +385,15 @@ class FakeVefaas:
         argv = jail_argv(root, network=True, own_pids=True, env=env)
         log_path = self.workdir / f"{sandbox_id}.log"
         with log_path.open("wb") as log:
+            prefix, setup = default_start()
             process = self._spawner.submit(
                 subprocess.Popen,
-                [*argv, "/bin/sh", "-c", info["Command"]],
+                [*prefix, *argv, "/bin/sh", "-c", info["Command"]],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=default_signals,
+                preexec_fn=setup,
             ).result()
         inst = Instance(
             sandbox_id, FUNCTION_ID, info["Image"], body.get("Metadata") or {}, port, root, process

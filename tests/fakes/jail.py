@@ -11,9 +11,14 @@ with this very interpreter.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import os
+import shutil
 import signal
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -97,6 +102,45 @@ def default_signals() -> None:
     for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_thread() -> None:
+    default_signals()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@functools.cache
+def _resets_by_exec() -> bool:
+    """Whether ``setpriv --pdeathsig`` (util-linux) and ``env --default-signal`` (coreutils
+    8.31) work here."""
+    if shutil.which("setpriv") is None:
+        return False
+    argv = ["setpriv", "--pdeathsig", "KILL", "--", "env", "--default-signal", "true"]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def default_start(*, die_with_thread: bool = False) -> tuple[list[str], Callable[[], None] | None]:
+    """How to start a fake container's process: an argv prefix and a ``preexec_fn`` (one of
+    them empty) giving it every signal at its default action (:func:`default_signals`) and,
+    with ``die_with_thread``, SIGKILL when the thread that started it ends (a test run killed
+    with ``kill -9`` leaves no bwrap behind, whose ``--die-with-parent`` then ends the jail).
+
+    Where ``setpriv`` and ``env --default-signal`` exist they do it, after the fork: a
+    ``preexec_fn`` makes ``subprocess`` fork() the whole test process (its page tables copied,
+    its at-fork handlers run, Python run in the child), tens of ms with the fake's event loop
+    blocked at every start, where it otherwise uses vfork(). The signal mask is then the
+    starting thread's (the fakes' threads block none).
+    """
+    if _resets_by_exec():
+        death = ["setpriv", "--pdeathsig", "KILL", "--"] if die_with_thread else []
+        return [*death, "env", "--default-signal", "--"], None
+    return [], _die_with_thread if die_with_thread else default_signals
 
 
 def make_root(parent: Path, name: str) -> Path:

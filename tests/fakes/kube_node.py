@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -26,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fakes.jail import default_signals, ended, jail_argv, make_root, pid_namespace
+from fakes.jail import default_start, ended, jail_argv, make_root, pid_namespace
 
 MARKER = "FAKE_K8S_POD"
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -76,15 +75,17 @@ class Container:
                 home += ["--ro-bind", mirror, mirror]
         end = jail.index("--proc")
         jail[end:end] = home
+        prefix, setup = default_start(die_with_thread=True)
         if not pipes:
             null = asyncio.subprocess.DEVNULL
             return await asyncio.create_subprocess_exec(
+                *prefix,
                 *jail,
                 *argv,
                 stdin=null,
                 stdout=null,
                 stderr=null,
-                preexec_fn=_child_setup,
+                preexec_fn=setup,
                 pass_fds=pidns,
             )
         # stdout and stderr are socket pairs, not pipes: sandlot's exec wrapper kills what
@@ -94,12 +95,13 @@ class Container:
         out, err = socket.socketpair(), socket.socketpair()
         try:
             proc = await asyncio.create_subprocess_exec(
+                *prefix,
                 *jail,
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=out[1].fileno(),
                 stderr=err[1].fileno(),
-                preexec_fn=_child_setup,
+                preexec_fn=setup,
                 pass_fds=pidns,
             )
         finally:
@@ -161,17 +163,6 @@ class Container:
             if transport is not None:
                 transport.abort()
         self.sockets.clear()
-
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _child_setup() -> None:
-    """Default signals (:func:`fakes.jail.default_signals`), and SIGKILL for bwrap when the
-    server's thread ends (a test run killed with ``kill -9`` leaves no pod running: bwrap's
-    ``--die-with-parent`` then ends the jail)."""
-    default_signals()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _pids_with(marker: str) -> list[int]:

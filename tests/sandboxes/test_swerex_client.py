@@ -232,3 +232,30 @@ async def test_a_hung_server_is_retried_then_unavailable_never_raw_httpx() -> No
         await c.execute(["true"], timeout=5)
     assert not await c.is_alive()
     await c.aclose()
+
+
+async def test_clients_share_one_verifying_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+    from typing import Any
+
+    from sandlot.runtimes import swerex
+
+    made: list[ssl.SSLContext] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kw: Any) -> ssl.SSLContext:
+        made.append(real(*args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    swerex._tls_context.cache_clear()
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    clients = [SwerexClient(f"https://sandbox-{i}.example", TOKEN) for i in range(3)]
+    assert all(c.client is not None for c in clients)
+    assert len(made) == 1  # the bundle parsed once, not once per client
+    assert made[0].verify_mode == ssl.CERT_REQUIRED
+    monkeypatch.setenv("SSL_CERT_DIR", "/etc/ssl/certs")  # httpx's trust_env: a context of its own
+    assert swerex.shared_tls_context() is not made[0]
+    for c in clients:
+        await c.aclose()

@@ -15,6 +15,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import ssl
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +41,74 @@ def k8s() -> ModuleType:
         BackendUnavailableError: not installed (names the extra).
     """
     return require("kubernetes_asyncio", "kubernetes")
+
+
+class _RestSSL:
+    """The ``ssl`` module as ``kubernetes_asyncio.client.rest`` sees it (:func:`new_client`,
+    :func:`new_watch`).
+
+    Its ``RESTClientObject`` makes an SSL context per client (a ``Watch`` makes a client of its
+    own), and ``create_default_context`` parses the system's CA bundle each time (~30 ms of
+    CPU, the event loop blocked): with two clients per sandbox, a watch per wait and hundreds of
+    sandboxes starting, many seconds. While this thread is in :func:`new_client` or
+    :func:`new_watch`, the context of the configuration's TLS settings is made once and handed
+    out again (the client then applies the same settings to it: the key is every setting it
+    reads); any other caller gets a new one, as before.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(ssl, name)
+
+    def create_default_context(self, *args: Any, **kw: Any) -> ssl.SSLContext:
+        key = getattr(_building, "key", None)
+        if key is None:
+            return ssl.create_default_context(*args, **kw)
+        key = (key, args, tuple(sorted(kw.items())))
+        context = _ssl_contexts.get(key)
+        if context is None:
+            context = _ssl_contexts[key] = ssl.create_default_context(*args, **kw)
+        return context
+
+
+_building = threading.local()
+_ssl_contexts: dict[tuple[Any, ...], ssl.SSLContext] = {}
+
+
+@contextlib.contextmanager
+def _shared_ssl(config: Any) -> Iterator[None]:
+    rest = k8s().client.rest
+    if not isinstance(rest.ssl, _RestSSL):
+        rest.ssl = _RestSSL()
+    _building.key = tuple(
+        getattr(config, name, None)
+        for name in (
+            "ssl_ca_cert",
+            "cert_file",
+            "key_file",
+            "verify_ssl",
+            "disable_strict_ssl_verification",
+        )
+    )
+    try:
+        yield
+    finally:
+        _building.key = None
+
+
+def new_client(config: Any, *, websocket: bool = False) -> Any:
+    """A new ``ApiClient`` (``websocket``: ``WsApiClient``) of ``config``, its SSL context
+    shared with the other clients of the same TLS settings (see :class:`_RestSSL`)."""
+    sdk = k8s()
+    with _shared_ssl(config):
+        return (sdk.stream.WsApiClient if websocket else sdk.client.ApiClient)(config)
+
+
+def new_watch() -> Any:
+    """A new ``watch.Watch`` (it makes an ``ApiClient`` of the default configuration, for
+    decoding events), its SSL context shared likewise."""
+    sdk = k8s()
+    with _shared_ssl(sdk.client.Configuration.get_default_copy()):
+        return sdk.watch.Watch()
 
 
 def transport_errors() -> tuple[type[BaseException], ...]:

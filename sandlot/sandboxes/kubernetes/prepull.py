@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sandlot.errors import SandboxError
-from sandlot.sandboxes.kubernetes.client import api_message, cluster, k8s, status_of
+from sandlot.sandboxes.kubernetes.client import api_message, cluster, k8s, new_client, status_of
 from sandlot.sandboxes.kubernetes.manifest import MANAGED_BY
 from sandlot.sandboxes.kubernetes.options import KubernetesOptions
 
@@ -101,7 +101,7 @@ async def apply_daemonsets(sets: Sequence[dict[str, Any]], options: KubernetesOp
     """
     sdk = k8s()
     where = await cluster(options)
-    async with sdk.client.ApiClient(where.config) as api:
+    async with new_client(where.config) as api:
         apps = sdk.client.AppsV1Api(api)
         for manifest in sets:
             set_name = manifest["metadata"]["name"]

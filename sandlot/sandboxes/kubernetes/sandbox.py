@@ -39,6 +39,8 @@ from sandlot.sandboxes.kubernetes.client import (
     api_message,
     cluster,
     k8s,
+    new_client,
+    new_watch,
     status_of,
     transport_errors,
 )
@@ -128,8 +130,8 @@ class KubernetesSandbox(StreamedExec):
         if self._api is None:
             where = await cluster(self.options)
             self._namespace = where.namespace
-            self._api = sdk.client.ApiClient(where.config)
-            self._ws = sdk.stream.WsApiClient(where.config)
+            self._api = new_client(where.config)
+            self._ws = new_client(where.config, websocket=True)
         return sdk.client.CoreV1Api(self._api)
 
     async def _drop_clients(self) -> None:
@@ -171,7 +173,7 @@ class KubernetesSandbox(StreamedExec):
         being deleted left out; each row's labels are its labels and annotations."""
         sdk = k8s()
         where = await cluster(context)
-        async with sdk.client.ApiClient(where.config) as api:
+        async with new_client(where.config) as api:
             pods = await sdk.client.CoreV1Api(api).list_namespaced_pod(
                 where.namespace,
                 label_selector=run_selector(run_id),
@@ -194,7 +196,7 @@ class KubernetesSandbox(StreamedExec):
         """Delete the pod (``gracePeriodSeconds`` = ``delete_grace_s``); gone already is fine."""
         sdk = k8s()
         where = await cluster(context)
-        async with sdk.client.ApiClient(where.config) as api:
+        async with new_client(where.config) as api:
             try:
                 await sdk.client.CoreV1Api(api).delete_namespaced_pod(
                     sandbox.id,
@@ -314,7 +316,7 @@ class KubernetesSandbox(StreamedExec):
             SandboxStartError: classified (:func:`~sandlot.sandboxes.kubernetes.pod_status.
                 start_failure`), or not ready in time (retryable).
         """
-        opts, sdk = self.options, k8s()
+        opts = self.options
         deadline = created + opts.ready_timeout_s
         unschedulable_since: float | None = None
 
@@ -345,7 +347,7 @@ class KubernetesSandbox(StreamedExec):
                 patience = unschedulable_since + opts.unschedulable_timeout_s
                 left = min(left, patience - time.monotonic())
             left = max(1, math.ceil(left))
-            watch = sdk.watch.Watch()
+            watch = new_watch()
             try:
                 async for event in watch.stream(
                     core.list_namespaced_pod,

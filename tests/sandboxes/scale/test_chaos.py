@@ -36,7 +36,7 @@ from sandlot import SandboxError, SandboxSpec
 from sandlot.sandboxes.base import Sandbox
 from sandlot.sandboxes.scale.starting import StartLimits
 
-# ~45 s each on two busy cores (200 jails and their kill scripts): run with `-m ""`.
+# 11-31 s each on two busy cores (200 jails and their kill scripts): run with `-m ""`.
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 N = 200
