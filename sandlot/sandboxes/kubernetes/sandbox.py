@@ -222,12 +222,25 @@ class KubernetesSandbox(StreamedExec):
         offline = spec.network is False and not self._online_install
         manifest = pod_manifest(self._pod, image, spec, opts, tags, offline=offline)
         created = time.monotonic()
-        await self._create(core, manifest)
-        await self._wait_ready(core, image, created)
-        self._ends_at = created + max(1, math.ceil(spec.timeout_s))
-        # The STARTING slot is held until a command works.
-        if await self._run_quiet(remote_shell.mkdir_argv(spec.workdir)) != 0:
-            raise SandboxStartError(f"sandbox {self.id}: cannot create workdir {spec.workdir}")
+        try:
+            await self._create(core, manifest)
+            await self._wait_ready(core, image, created)
+            self._ends_at = created + max(1, math.ceil(spec.timeout_s))
+            # The STARTING slot is held until a command works.
+            if await self._run_quiet(remote_shell.mkdir_argv(spec.workdir)) != 0:
+                raise SandboxStartError(f"sandbox {self.id}: cannot create workdir {spec.workdir}")
+        except BaseException:
+            # A pod that failed to start stays Pending on the cluster until it is deleted: one
+            # delete now, while the STARTING slot is still held, so that the next attempts do
+            # not put more than the cap in Pending (the base's clean-up of the attempt, after
+            # the slot, tries again if this one fails).
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(self.options.delete_grace_s + 10),
+                contextlib.suppress(Exception),
+            ):
+                await self._delete_pod(core)
+            raise
 
     @property
     def _online_install(self) -> bool:
@@ -394,21 +407,30 @@ class KubernetesSandbox(StreamedExec):
         close the clients; ``close`` tries again on a retryable failure, then reports."""
         try:
             if self._pod is not None:
-                core = await self._clients()
-                try:
-                    await self._control(
-                        "delete pod",
-                        core.delete_namespaced_pod,
-                        self._pod,
-                        self._namespace,
-                        grace_period_seconds=self.options.delete_grace_s,
-                    )
-                except SandboxError as exc:
-                    if exc.__cause__ is None or status_of(exc.__cause__) != 404:
-                        raise SandboxError(str(exc), retryable=True) from exc
-                self._pod = None
+                await self._delete_pod(await self._clients())
         finally:
             await self._drop_clients()
+
+    async def _delete_pod(self, core: Any) -> None:
+        """Delete the pod, if any (``gracePeriodSeconds`` = ``delete_grace_s``; 404 is fine).
+
+        Raises:
+            SandboxError: the API failed (retryable).
+        """
+        if self._pod is None:
+            return
+        try:
+            await self._control(
+                "delete pod",
+                core.delete_namespaced_pod,
+                self._pod,
+                self._namespace,
+                grace_period_seconds=self.options.delete_grace_s,
+            )
+        except SandboxError as exc:
+            if exc.__cause__ is None or status_of(exc.__cause__) != 404:
+                raise SandboxError(str(exc), retryable=True) from exc
+        self._pod = None
 
     async def _probe(self) -> str | None:
         """Why the pod cannot run commands (deleted, evicted, node lost, ended), else
