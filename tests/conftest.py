@@ -27,8 +27,10 @@ import functools
 import itertools
 import os
 import re
+import ssl
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -112,6 +114,21 @@ def anyio_backend() -> str:
     """Every ``pytest.mark.anyio`` test and async fixture runs on asyncio (the backend sandlot
     uses); session-scoped so that fixtures of any scope may be async."""
     return "asyncio"
+
+
+@pytest.fixture
+def ssl_contexts_made(monkeypatch: pytest.MonkeyPatch) -> list[ssl.SSLContext]:
+    """Every context ``ssl.create_default_context`` makes during the test, in order (each one
+    parses the system's CA bundle: what the clients' shared contexts save)."""
+    made: list[ssl.SSLContext] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kw: Any) -> ssl.SSLContext:
+        made.append(real(*args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    return made
 
 
 @pytest.fixture

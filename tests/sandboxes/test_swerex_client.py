@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import sys
 import time
@@ -234,20 +235,12 @@ async def test_a_hung_server_is_retried_then_unavailable_never_raw_httpx() -> No
     await c.aclose()
 
 
-async def test_clients_share_one_verifying_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ssl
-    from typing import Any
-
+async def test_clients_share_one_verifying_tls_context(
+    monkeypatch: pytest.MonkeyPatch, ssl_contexts_made: list[ssl.SSLContext]
+) -> None:
     from sandlot.runtimes import swerex
 
-    made: list[ssl.SSLContext] = []
-    real = ssl.create_default_context
-
-    def counted(*args: Any, **kw: Any) -> ssl.SSLContext:
-        made.append(real(*args, **kw))
-        return made[-1]
-
-    monkeypatch.setattr(ssl, "create_default_context", counted)
+    made = ssl_contexts_made
     swerex._tls_context.cache_clear()
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)

@@ -4,7 +4,6 @@ makes one per client (and per watch), each parsing the system's CA bundle."""
 from __future__ import annotations
 
 import ssl
-from typing import Any
 
 import pytest
 from requirements import importable, needs
@@ -13,20 +12,13 @@ pytestmark = [pytest.mark.anyio, needs(importable("kubernetes_asyncio", "kuberne
 
 
 async def test_clients_and_watches_of_one_configuration_load_the_ca_bundle_once(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, ssl_contexts_made: list[ssl.SSLContext]
 ) -> None:
     from kubernetes_asyncio import client
 
     from sandlot.sandboxes.kubernetes import client as kube
 
-    made: list[ssl.SSLContext] = []
-    real = ssl.create_default_context
-
-    def counted(*args: Any, **kw: Any) -> ssl.SSLContext:
-        made.append(real(*args, **kw))
-        return made[-1]
-
-    monkeypatch.setattr(ssl, "create_default_context", counted)
+    made = ssl_contexts_made
     monkeypatch.setattr(kube, "_ssl_contexts", {})
     config = client.Configuration(host="https://cluster.example:6443")
     insecure = client.Configuration(host="https://cluster.example:6443")
