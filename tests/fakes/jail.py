@@ -81,12 +81,20 @@ def jail_argv(
             argv += ["--ro-bind", str(host), f"/{entry}"]
     for path in private_host_paths():
         argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--die-with-parent", "--clearenv"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--clearenv"]
     if not network:
         argv.append("--unshare-net")
     if own_pids:
         argv.append("--unshare-pid")
-    if pidns is not None:
+    if pidns is None:
+        argv.append("--die-with-parent")
+    else:
+        # No --die-with-parent here: to join the namespace bwrap forks an intermediate child
+        # that exits at once (fork_intermediate_child, bubblewrap 0.8-0.11), and when the
+        # command has already set its parent-death signal by then (a loaded machine), that
+        # exit SIGKILLs it: an exec that dies with 137 within ms (seen with perf's
+        # signal:signal_generate). The namespace's first process has --die-with-parent, and
+        # every process of the namespace dies with it.
         argv += ["--pidns", str(pidns)]
     for key, value in env.items():
         argv += ["--setenv", key, value]
